@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One entry point for newcomers and CI.
+#   ./dev.sh demo    set up, then run the local cluster demo
+#   ./dev.sh test    set up, then run lint, type checks and the whole test suite
+#   ./dev.sh lint    ruff + mypy only
+set -euo pipefail
+cd "$(dirname "$0")"
+cmd=${1:-test}; shift || true
+case "$cmd" in
+    setup) scripts/setup.sh ;;
+    demo)
+        scripts/setup.sh
+        exec .venv/bin/python -m simulations.demo "$@"
+        ;;
+    lint)
+        .venv/bin/ruff check .
+        .venv/bin/ruff format --check .
+        .venv/bin/mypy
+        ;;
+    test)
+        scripts/setup.sh
+        .venv/bin/ruff check .
+        .venv/bin/ruff format --check .
+        .venv/bin/mypy
+        exec .venv/bin/python -m pytest -q "$@"
+        ;;
+    *) echo "usage: $0 demo|test|lint|setup" >&2; exit 2 ;;
+esac

@@ -1,0 +1,36 @@
+"""Phi accrual failure detection (Hayashibara et al. 2004) with Akka's parameters.
+
+* :mod:`phi.formulas` - pure phi functions: Akka's logistic approximation
+  (Akka PhiAccrualFailureDetector.scala), the exact normal tail (Hayashibara et
+  al. 2004) and the exponential model (Cassandra FailureDetector.java /
+  CASSANDRA-2597).
+* :mod:`phi.detector` - :class:`PhiConfig` and the single-peer
+  :class:`PhiAccrualDetector`.
+* :mod:`phi.registry` - :class:`PhiRegistry`, many peers scored at once with numpy.
+
+Layering rule: this package imports only the Python standard library and numpy,
+never reads a clock or randomness, and does no I/O. Time is integer milliseconds
+passed in by the caller (``now_ms``).
+"""
+
+from phi.detector import PhiAccrualDetector, PhiConfig
+from phi.formulas import (
+    elapsed_to_reach_phi,
+    phi_akka,
+    phi_akka_array,
+    phi_exponential,
+    phi_normal_exact,
+)
+from phi.registry import PhiRegistry, RegistryFullError
+
+__all__ = [
+    "PhiAccrualDetector",
+    "PhiConfig",
+    "PhiRegistry",
+    "RegistryFullError",
+    "elapsed_to_reach_phi",
+    "phi_akka",
+    "phi_akka_array",
+    "phi_exponential",
+    "phi_normal_exact",
+]

@@ -1,0 +1,44 @@
+"""swim: a sans-IO SWIM + Lifeguard membership core speaking HashiCorp memberlist's protocol.
+
+The public API is re-exported here; see ``swim.node`` for the state machine's contract.
+"""
+
+from swim.config import Config, ConfigError
+from swim.effects import (
+    EventKind,
+    JoinResult,
+    Member,
+    MemberEvent,
+    Notice,
+    NodeStats,
+    Output,
+    Packet,
+    ProbeResult,
+    StreamKind,
+    StreamRequest,
+    Timer,
+    UserMessage,
+)
+from swim.messages import Address, NodeStateType
+from swim.node import Node
+
+__all__ = [
+    "Address",
+    "Config",
+    "ConfigError",
+    "EventKind",
+    "JoinResult",
+    "Member",
+    "MemberEvent",
+    "Node",
+    "NodeStateType",
+    "NodeStats",
+    "Notice",
+    "Output",
+    "Packet",
+    "ProbeResult",
+    "StreamKind",
+    "StreamRequest",
+    "Timer",
+    "UserMessage",
+]

@@ -1,0 +1,202 @@
+"""Protocol configuration with memberlist's presets.
+
+Rules: every field is an integer with its unit in the name, or a flag; every field says
+where its default comes from; invalid combinations raise ``ConfigError`` at construction,
+so a running node never meets a config it cannot honour.
+
+Sources: hashicorp/memberlist @ 1b4c746 config.go ``DefaultLANConfig``, ``DefaultWANConfig``,
+``DefaultLocalConfig``; net.go constants (``MetaMaxSize``, ``maxPushStateBytes``,
+``maxPushPullRequests``); serf ``DefaultConfig`` (``MaxQueueDepth`` 4096) for the broadcast
+queue bound. Lifeguard switches follow arXiv 1707.00788 §IV (LHA-Probe, LHA-Suspicion, nacks,
+buddy system); they exist so the simulator can run the paper's ablation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+META_MAX_BYTES = 512
+"""net.go ``MetaMaxSize``: node metadata larger than this is refused."""
+
+PROTOCOL_VERSION_MIN = 1
+"""net.go ``ProtocolVersionMin``: the oldest protocol we understand (advertised as PMin)."""
+PROTOCOL_VERSION_MAX = 5
+"""net.go ``ProtocolVersionMax``: the newest protocol we understand (advertised as PMax)."""
+
+
+class ConfigError(ValueError):
+    """A configuration value or combination that the protocol cannot honour."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """All protocol knobs. Defaults are memberlist's LAN profile (``Config.lan()``)."""
+
+    probe_interval_ms: int = 1000
+    """Time between failure probes, before local-health scaling. memberlist ProbeInterval."""
+    probe_timeout_ms: int = 500
+    """Wait for a direct ack before asking helpers; should be ≥ the 99th-pct RTT (SWIM §4).
+    memberlist ProbeTimeout (never scaled by local health, commit 7003fd4)."""
+    indirect_checks: int = 3
+    """Helpers asked to ping a target indirectly (SWIM k). memberlist IndirectChecks."""
+    suspicion_mult: int = 4
+    """α: suspicion min = α·max(1, log10 n)·probe interval. memberlist SuspicionMult (LAN 4
+    since f5f2aba, after Lifeguard's analysis)."""
+    suspicion_max_timeout_mult: int = 6
+    """β: suspicion max = β·min (Lifeguard). memberlist SuspicionMaxTimeoutMult."""
+    retransmit_mult: int = 4
+    """Piggyback limit = mult·ceil(log10(n+1)). memberlist RetransmitMult."""
+    gossip_interval_ms: int = 200
+    """Dedicated gossip round period (0 disables). memberlist GossipInterval."""
+    gossip_nodes: int = 3
+    """Peers per gossip round. memberlist GossipNodes."""
+    gossip_to_the_dead_time_ms: int = 30_000
+    """Keep gossiping to a dead node this long so it can refute; also the reap delay.
+    memberlist GossipToTheDeadTime."""
+    push_pull_interval_ms: int = 30_000
+    """Full TCP state sync period before n-scaling (0 disables). memberlist PushPullInterval."""
+    tcp_timeout_ms: int = 10_000
+    """Deadline for a stream (push-pull, user message) dial+read+write. memberlist TCPTimeout."""
+    awareness_max_multiplier: int = 8
+    """Local health score ranges 0..max−1; timeouts scale ×(score+1).
+    memberlist AwarenessMaxMultiplier."""
+    udp_buffer_size: int = 1400
+    """Packet budget in bytes, including piggybacked gossip. memberlist UDPBufferSize."""
+    disable_tcp_pings: bool = False
+    """Skip the TCP fallback ping when UDP probes fail. memberlist DisableTcpPings."""
+    dead_node_reclaim_time_ms: int = 0
+    """After this long a dead node's name may be reused from another address (0 = never).
+    memberlist DeadNodeReclaimTime."""
+    enable_compression: bool = True
+    """LZW-compress outgoing packets when it helps. memberlist EnableCompression."""
+    protocol_version: int = 2
+    """Protocol version we speak (PCur), 2..5. memberlist ProtocolVersion2Compatible."""
+    delegate_protocol_min: int = 2
+    """Delegate versions advertised in Vsn; Serf's values (serf ProtocolVersionMin), so a
+    mixed cluster passes memberlist's ``verifyProtocol``."""
+    delegate_protocol_max: int = 5
+    """serf ProtocolVersionMax."""
+    delegate_protocol_version: int = 4
+    """serf's default ProtocolVersion (DCur)."""
+
+    # Lifeguard switches (arXiv 1707.00788 §IV); all on in memberlist.
+    lifeguard_lhm: bool = True
+    """LHA-Probe: local health multiplier scales probe and ack deadlines."""
+    lifeguard_dynamic_suspicion: bool = True
+    """LHA-Suspicion: timeout starts at max and decays with independent confirmations."""
+    lifeguard_nacks: bool = True
+    """Ask indirect helpers for nacks, so a missing nack counts against our own health."""
+    lifeguard_buddy: bool = True
+    """Buddy system: a ping to a suspect carries the suspicion so it can refute at once."""
+
+    # Limits (TigerBeetle-style: everything is bounded).
+    max_members: int = 65_536
+    """Member table bound; alive messages for new members beyond it are dropped, counted."""
+    max_broadcast_queue: int = 4096
+    """Queued broadcasts kept; the most-transmitted are pruned beyond it (serf MaxQueueDepth)."""
+    max_push_pull_nodes: int = 65_536
+    """Node states accepted in one push-pull (memberlist allows 1 Mi; we bound it lower)."""
+    max_stream_bytes: int = 20 * 1024 * 1024
+    """Largest stream payload accepted. net.go ``maxPushStateBytes``."""
+    max_pending_relays: int = 1024
+    """Indirect-ping requests we relay at once; more are dropped and counted."""
+    max_user_msg_bytes: int = 20 * 1024 * 1024
+    """Largest user message over a stream. net.go ``maxUserMsgBytes``."""
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @classmethod
+    def lan(cls, **overrides: Any) -> Config:
+        """memberlist ``DefaultLANConfig``: 1 s probes, α=4, β=6, 200 ms gossip to 3 nodes."""
+        return cls(**overrides)
+
+    @classmethod
+    def wan(cls, **overrides: Any) -> Config:
+        """memberlist ``DefaultWANConfig``: 5 s probes with a 3 s timeout, α=6, 500 ms gossip
+        to 4 nodes, 60 s push-pull, 30 s TCP timeout."""
+        values: dict[str, Any] = {
+            "probe_interval_ms": 5000,
+            "probe_timeout_ms": 3000,
+            "suspicion_mult": 6,
+            "gossip_interval_ms": 500,
+            "gossip_nodes": 4,
+            "gossip_to_the_dead_time_ms": 60_000,
+            "push_pull_interval_ms": 60_000,
+            "tcp_timeout_ms": 30_000,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def local(cls, **overrides: Any) -> Config:
+        """memberlist ``DefaultLocalConfig``: 200 ms probe timeout, 1 indirect check, α=3,
+        retransmit mult 2, 100 ms gossip, 15 s push-pull, 1 s TCP timeout."""
+        values: dict[str, Any] = {
+            "probe_timeout_ms": 200,
+            "indirect_checks": 1,
+            "suspicion_mult": 3,
+            "retransmit_mult": 2,
+            "gossip_interval_ms": 100,
+            "gossip_to_the_dead_time_ms": 15_000,
+            "push_pull_interval_ms": 15_000,
+            "tcp_timeout_ms": 1000,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Config:
+        """A copy with some fields changed, validated like a new config."""
+        return dataclasses.replace(self, **changes)
+
+
+def _validate(c: Config) -> None:
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise ConfigError(message)
+
+    for f in dataclasses.fields(c):
+        value = getattr(c, f.name)
+        if f.type in ("bool", bool):
+            need(isinstance(value, bool), f"{f.name} must be a bool, got {value!r}")
+        else:
+            need(
+                isinstance(value, int) and not isinstance(value, bool),
+                f"{f.name} must be an integer, got {value!r}",
+            )
+            need(value >= 0, f"{f.name} must be >= 0, got {value}")
+    need(c.probe_interval_ms > 0, "probe_interval_ms must be > 0")
+    need(c.probe_timeout_ms > 0, "probe_timeout_ms must be > 0")
+    need(
+        c.probe_timeout_ms < c.probe_interval_ms,
+        f"probe_timeout_ms ({c.probe_timeout_ms}) must be shorter than probe_interval_ms "
+        f"({c.probe_interval_ms}): the indirect and TCP phases run in the rest of the interval",
+    )
+    need(c.suspicion_mult >= 1, "suspicion_mult must be >= 1")
+    need(c.suspicion_max_timeout_mult >= 1, "suspicion_max_timeout_mult must be >= 1")
+    need(c.retransmit_mult >= 1, "retransmit_mult must be >= 1")
+    need(c.awareness_max_multiplier >= 1, "awareness_max_multiplier must be >= 1")
+    need(
+        c.gossip_interval_ms == 0 or c.gossip_nodes > 0,
+        "gossip_nodes must be > 0 when gossip_interval_ms is set",
+    )
+    need(
+        512 <= c.udp_buffer_size <= 65_507,
+        f"udp_buffer_size must be within 512..65507 bytes, got {c.udp_buffer_size}",
+    )
+    need(
+        2 <= c.protocol_version <= PROTOCOL_VERSION_MAX,
+        f"protocol_version must be within 2..{PROTOCOL_VERSION_MAX}, got {c.protocol_version}",
+    )
+    need(
+        c.delegate_protocol_min <= c.delegate_protocol_version <= c.delegate_protocol_max,
+        "delegate protocol versions must satisfy min <= version <= max",
+    )
+    need(c.delegate_protocol_max <= 255, "delegate protocol versions must fit in a byte")
+    need(c.tcp_timeout_ms > 0, "tcp_timeout_ms must be > 0")
+    need(c.max_members >= 2, "max_members must be >= 2")
+    need(c.max_broadcast_queue >= 1, "max_broadcast_queue must be >= 1")
+    need(c.max_push_pull_nodes >= 1, "max_push_pull_nodes must be >= 1")
+    need(c.max_stream_bytes >= 1024, "max_stream_bytes must be >= 1024")

@@ -1,0 +1,185 @@
+"""What the sans-IO node hands back to its driver, and the public views of its state.
+
+Rules (DESIGN.md "The core is a function of (state, input, now)"; h11/foca style):
+- Every input call returns one ``Output``: packets to send, streams to open, timers to set,
+  membership events, user messages, probe results and log-worthy notices.
+- A timer is a value with a deadline; the driver hands it back when it fires. The node
+  ignores timers it no longer cares about (stale timers are never cancelled by the driver).
+- ``Member`` and ``MemberEvent`` are immutable snapshots: nothing a caller holds can change
+  the node's state.
+- ``NodeStats`` counts everything the node does and every input it drops, by reason.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import Enum
+
+from swim.messages import Address, NodeStateType
+
+
+@dataclass(frozen=True, slots=True)
+class Packet:
+    """A datagram to send to ``dest``."""
+
+    dest: Address
+    data: bytes
+
+
+class StreamKind(Enum):
+    PUSH_PULL = "push_pull"
+    PING = "ping"
+    USER = "user"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRequest:
+    """Open a TCP stream to ``dest``, write ``data``, read one reply if ``expect_reply``, and
+    report it with ``Node.handle_stream_response(stream_id, ...)`` by ``deadline_ms``."""
+
+    stream_id: int
+    dest: Address
+    data: bytes
+    deadline_ms: int
+    kind: StreamKind
+    expect_reply: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    """Call ``Node.handle_timer(timer, now_ms)`` at or after ``deadline_ms``."""
+
+    deadline_ms: int
+    timer_id: int
+    kind: str
+
+
+class EventKind(Enum):
+    JOINED = "joined"
+    UPDATED = "updated"
+    SUSPECT = "suspect"
+    ALIVE = "alive"
+    """A suspect member refuted the suspicion."""
+    DEAD = "dead"
+    LEFT = "left"
+    REAPED = "reaped"
+    """A dead or left member was dropped from the table after the gossip-to-the-dead time."""
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A snapshot of one member as this node sees it."""
+
+    name: str
+    address: Address
+    meta: bytes
+    incarnation: int
+    state: NodeStateType
+    state_change_ms: int
+    vsn: tuple[int, ...]
+
+    @property
+    def protocol_max(self) -> int:
+        return self.vsn[1] if len(self.vsn) > 1 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class MemberEvent:
+    kind: EventKind
+    member: Member
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """A probe that got an answer: how long it took and the ack payload it carried."""
+
+    node: str
+    rtt_ms: int
+    payload: bytes
+    via: str
+    """``direct``, ``indirect`` or ``tcp``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something a person running the node should be able to read in its logs."""
+
+    level: str
+    """``debug``, ``info``, ``warning`` or ``error``."""
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class UserMessage:
+    source: Address
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class JoinResult:
+    """The outcome of one join attempt (a push-pull with ``join=True``)."""
+
+    address: Address
+    ok: bool
+    detail: str
+
+
+@dataclass(slots=True)
+class Output:
+    """Everything one input produced. The driver executes it in order."""
+
+    packets: list[Packet] = field(default_factory=list)
+    streams: list[StreamRequest] = field(default_factory=list)
+    timers: list[Timer] = field(default_factory=list)
+    events: list[MemberEvent] = field(default_factory=list)
+    user_messages: list[UserMessage] = field(default_factory=list)
+    probe_results: list[ProbeResult] = field(default_factory=list)
+    heard_from: list[str] = field(default_factory=list)
+    """Members that showed a direct sign of life (a valid packet from their address)."""
+    notices: list[Notice] = field(default_factory=list)
+    join_results: list[JoinResult] = field(default_factory=list)
+    reply: bytes | None = None
+    """Bytes to write back on the stream that ``handle_stream`` was called for."""
+
+    def extend(self, other: Output) -> None:
+        self.packets.extend(other.packets)
+        self.streams.extend(other.streams)
+        self.timers.extend(other.timers)
+        self.events.extend(other.events)
+        self.user_messages.extend(other.user_messages)
+        self.probe_results.extend(other.probe_results)
+        self.heard_from.extend(other.heard_from)
+        self.notices.extend(other.notices)
+        self.join_results.extend(other.join_results)
+        if other.reply is not None:
+            self.reply = other.reply
+
+
+@dataclass(slots=True)
+class NodeStats:
+    """Counters for metrics; every dropped input is counted under its reason."""
+
+    packets_in: int = 0
+    packets_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    messages_in: Counter[str] = field(default_factory=Counter)
+    messages_out: Counter[str] = field(default_factory=Counter)
+    dropped: Counter[str] = field(default_factory=Counter)
+    probes_sent: int = 0
+    probes_failed: int = 0
+    indirect_probes_sent: int = 0
+    tcp_fallback_probes: int = 0
+    tcp_fallback_rescues: int = 0
+    nacks_received: int = 0
+    suspicions_raised: int = 0
+    suspicions_refuted_by_others: int = 0
+    refutations: int = 0
+    deaths_declared: int = 0
+    suspicion_timeouts_degraded: int = 0
+    streams_opened: int = 0
+    streams_failed: int = 0
+    push_pulls: int = 0

@@ -1,0 +1,492 @@
+"""The member table and its state transitions: SWIM §4.2 suspicion with incarnation numbers,
+as memberlist implements it, plus Lifeguard's LHA-Suspicion and refutation health.
+
+Rules (hashicorp/memberlist @ 1b4c746 state.go ``aliveNode``, ``suspectNode``, ``deadNode``,
+``refute``, ``mergeState``, ``resetNodes``; suspicion.go):
+- Alive(i) replaces what we know of a member only if i is newer, or if the member left (or
+  died longer ago than the reclaim time) and comes back from another address. Alive about
+  ourselves that differs from what we are is refuted.
+- Suspect(i) applies to an alive member when i ≥ its incarnation; against an existing
+  suspicion it counts as a confirmation from a distinct sender (Lifeguard), re-gossiped once.
+  Suspicion of ourselves is refuted: incarnation = max(own+1, accused+1), health +1.
+- Dead(i) applies when i ≥ the incarnation; a dead message sent by the member itself means
+  it left. Only a leaving node accepts its own death.
+- Only the node itself raises its incarnation.
+- Dead and left members stay in the table, gossiped to, for gossip_to_the_dead_time; they
+  are reaped when the round-robin probe order wraps, and the order is then reshuffled
+  (SWIM §4.3). New members are inserted at a random position.
+- Hostile or invalid input is dropped and counted before anything changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from swim import formulas, wire
+from swim.context import Context
+from swim.effects import EventKind, Member
+from swim.messages import Address, Alive, Dead, NodeStateType, PushNodeState, Suspect, ip_from_bytes
+from swim.wire import DropReason
+
+MAX_NAME_BYTES = 512
+"""Longest node name accepted from the wire (memberlist has no bound; we need one)."""
+
+SUSPICION_TIMER = "suspicion"
+LEAVE_NOTIFY = 1
+
+
+@dataclass(slots=True)
+class MemberState:
+    name: str
+    address: Address
+    meta: bytes
+    incarnation: int
+    state: NodeStateType
+    state_change_ms: int
+    vsn: tuple[int, ...] = ()
+
+    @property
+    def protocol_max(self) -> int:
+        return self.vsn[1] if len(self.vsn) >= 6 else 0
+
+    def dead_or_left(self) -> bool:
+        return self.state in (NodeStateType.DEAD, NodeStateType.LEFT)
+
+    def snapshot(self) -> Member:
+        return Member(
+            self.name,
+            self.address,
+            self.meta,
+            self.incarnation,
+            self.state,
+            self.state_change_ms,
+            self.vsn,
+        )
+
+
+@dataclass(slots=True)
+class _Suspicion:
+    k: int
+    min_ms: int
+    max_ms: int
+    start_ms: int
+    timer_id: int
+    confirmers: set[str] = field(default_factory=set)
+    confirmations: int = 0
+
+
+class Membership:
+    """The member table of one node, including the node itself."""
+
+    def __init__(self, ctx: Context, local: MemberState) -> None:
+        self._ctx = ctx
+        self.local_name = local.name
+        self._members: dict[str, MemberState] = {local.name: local}
+        self._order: list[str] = [local.name]
+        self._by_addr: dict[Address, str] = {local.address: local.name}
+        self._probe_index = 0
+        self._suspicions: dict[str, _Suspicion] = {}
+        self.health_score = 0
+        self.leaving = False
+
+    # --- queries ------------------------------------------------------------------------
+
+    @property
+    def local(self) -> MemberState:
+        return self._members[self.local_name]
+
+    def get(self, name: str) -> MemberState | None:
+        return self._members.get(name)
+
+    def by_address(self, address: Address) -> MemberState | None:
+        name = self._by_addr.get(address)
+        return None if name is None else self._members.get(name)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def states(self) -> list[MemberState]:
+        """Members in probe order (deterministic; never set iteration)."""
+        return [self._members[name] for name in self._order]
+
+    def count(self, state: NodeStateType) -> int:
+        return sum(1 for m in self._members.values() if m.state == state)
+
+    def any_alive_peer(self) -> bool:
+        return any(
+            not m.dead_or_left() and m.name != self.local_name for m in self._members.values()
+        )
+
+    def suspicion_deadline_ms(self, name: str) -> int | None:
+        s = self._suspicions.get(name)
+        if s is None:
+            return None
+        if s.k < 1:
+            return s.start_ms + s.min_ms
+        return s.start_ms + formulas.remaining_suspicion_time_ms(
+            s.confirmations, s.k, 0, s.min_ms, s.max_ms
+        )
+
+    def random_members(self, k: int, exclude: Callable[[MemberState], bool]) -> list[MemberState]:
+        """Up to k distinct members not excluded, chosen at random (util.go ``kRandomNodes``).
+
+        With few members: shuffle and scan; otherwise up to 3n random draws, so the cost is
+        O(k) in the common case rather than O(n).
+        """
+        n = len(self._order)
+        rng = self._ctx.rng
+        if n < 3 * k:
+            names = list(self._order)
+            rng.shuffle(names)
+            picked = [self._members[x] for x in names if not exclude(self._members[x])]
+            return picked[:k]
+        chosen: list[MemberState] = []
+        seen: set[str] = set()
+        for _ in range(3 * n):
+            if len(chosen) >= k:
+                break
+            m = self._members[self._order[rng.randrange(n)]]
+            if m.name in seen or exclude(m):
+                continue
+            seen.add(m.name)
+            chosen.append(m)
+        return chosen
+
+    def next_probe_target(self) -> MemberState | None:
+        """Round-robin over the shuffled order, skipping ourselves and the dead (SWIM §4.3)."""
+        checked = 0
+        while checked < len(self._order):
+            if self._probe_index >= len(self._order):
+                self._reset_order()
+                self._probe_index = 0
+                checked += 1
+                continue
+            m = self._members[self._order[self._probe_index]]
+            self._probe_index += 1
+            if m.name == self.local_name or m.dead_or_left():
+                checked += 1
+                continue
+            return m
+        return None
+
+    def _reset_order(self) -> None:
+        """state.go ``resetNodes``: reap the long dead, then reshuffle the probe order."""
+        now = self._ctx.now_ms
+        window = self._ctx.config.gossip_to_the_dead_time_ms
+        keep: list[str] = []
+        for name in self._order:
+            m = self._members[name]
+            if m.dead_or_left() and now - m.state_change_ms > window and name != self.local_name:
+                self._forget(m)
+            else:
+                keep.append(name)
+        self._order = keep
+        self._ctx.rng.shuffle(self._order)
+
+    def _forget(self, m: MemberState) -> None:
+        del self._members[m.name]
+        if self._by_addr.get(m.address) == m.name:
+            del self._by_addr[m.address]
+        self._cancel_suspicion(m.name)
+        self._ctx.event(EventKind.REAPED, m.snapshot())
+
+    # --- local health (Lifeguard LHA-Probe) ---------------------------------------------
+
+    def apply_health_delta(self, delta: int) -> None:
+        if not self._ctx.config.lifeguard_lhm:
+            return
+        self.health_score = formulas.awareness_apply_delta(
+            self.health_score, delta, self._ctx.config.awareness_max_multiplier
+        )
+
+    def scale_ms(self, timeout_ms: int) -> int:
+        return formulas.awareness_scale_ms(timeout_ms, self.health_score)
+
+    # --- broadcasting -------------------------------------------------------------------
+
+    def _broadcast(self, name: str, msg: Alive | Suspect | Dead, notify: int | None = None) -> None:
+        self._ctx.broadcasts.queue(wire.encode_message(msg), name=name, notify=notify)
+
+    def local_alive(self) -> Alive:
+        me = self.local
+        return Alive(
+            me.incarnation,
+            me.name,
+            me.address.ip_bytes,
+            me.address.port,
+            me.meta,
+            bytes(me.vsn),
+        )
+
+    # --- transitions --------------------------------------------------------------------
+
+    def apply_alive(self, a: Alive, bootstrap: bool = False) -> None:
+        """state.go ``aliveNode``."""
+        ctx = self._ctx
+        if not self._valid_alive(a):
+            return
+        if self.leaving and a.node == self.local_name:
+            return
+        address = Address(ip_from_bytes(a.addr), a.port or self.local.address.port)
+        state = self._members.get(a.node)
+        updates_address = False
+        if state is None:
+            if len(self._members) >= ctx.config.max_members:
+                ctx.drop(DropReason.LIMIT)
+                return
+            state = self._insert(a.node, address, a)
+        elif state.address != address:
+            if not self._may_reclaim(state):
+                ctx.drop(DropReason.REJECTED)
+                ctx.notice(
+                    "error",
+                    "address_conflict",
+                    f"conflicting address for {a.node}: ours {state.address}, theirs "
+                    f"{address}, state {state.state.name.lower()}",
+                )
+                return
+            updates_address = True
+        is_local = a.node == self.local_name
+        if a.incarnation <= state.incarnation and not is_local and not updates_address:
+            return
+        if a.incarnation < state.incarnation and is_local:
+            return
+        self._cancel_suspicion(a.node)
+        if not bootstrap and is_local:
+            if (
+                a.incarnation == state.incarnation
+                and a.meta == state.meta
+                and tuple(a.vsn) == state.vsn
+            ):
+                return
+            self.refute(a.incarnation)
+            ctx.notice("warning", "refute", f"refuting an alive message about us ({a.node})")
+            return
+        self._broadcast(a.node, a)
+        old_state, old_meta = state.state, state.meta
+        if len(a.vsn) >= 6:
+            state.vsn = tuple(a.vsn[:6])
+        state.incarnation = a.incarnation
+        state.meta = a.meta
+        self._set_address(state, address)
+        if state.state != NodeStateType.ALIVE:
+            state.state = NodeStateType.ALIVE
+            state.state_change_ms = ctx.now_ms
+        if old_state in (NodeStateType.DEAD, NodeStateType.LEFT):
+            ctx.event(EventKind.JOINED, state.snapshot())
+        elif old_state == NodeStateType.SUSPECT:
+            ctx.stats.suspicions_refuted_by_others += 1
+            ctx.event(EventKind.ALIVE, state.snapshot())
+        elif old_meta != state.meta:
+            ctx.event(EventKind.UPDATED, state.snapshot())
+
+    def _valid_alive(self, a: Alive) -> bool:
+        ctx = self._ctx
+        if not a.node or len(a.node.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+            ctx.drop(DropReason.MALFORMED)
+            return False
+        if len(a.addr) not in (4, 16) or len(a.meta) > 512:
+            ctx.drop(DropReason.MALFORMED)
+            return False
+        if len(a.vsn) >= 3:
+            pmin, pmax = a.vsn[0], a.vsn[1]
+            if pmin == 0 or pmax == 0 or pmin > pmax:
+                ctx.drop(DropReason.INVALID_VERSION)
+                return False
+        return True
+
+    def _may_reclaim(self, state: MemberState) -> bool:
+        reclaim_ms = self._ctx.config.dead_node_reclaim_time_ms
+        if state.state == NodeStateType.LEFT:
+            return True
+        return (
+            state.state == NodeStateType.DEAD
+            and reclaim_ms > 0
+            and self._ctx.now_ms - state.state_change_ms > reclaim_ms
+        )
+
+    def _insert(self, name: str, address: Address, a: Alive) -> MemberState:
+        # New members start "dead" so that becoming alive reports a join (state.go).
+        state = MemberState(
+            name,
+            address,
+            a.meta,
+            0,
+            NodeStateType.DEAD,
+            self._ctx.now_ms,
+            tuple(a.vsn[:6]) if len(a.vsn) >= 6 else (),
+        )
+        self._members[name] = state
+        self._by_addr.setdefault(address, name)
+        n = len(self._order)
+        offset = self._ctx.rng.randrange(n) if n > 0 else 0
+        self._order.append(name)
+        self._order[offset], self._order[n] = self._order[n], self._order[offset]
+        return state
+
+    def _set_address(self, state: MemberState, address: Address) -> None:
+        if state.address == address:
+            return
+        if self._by_addr.get(state.address) == state.name:
+            del self._by_addr[state.address]
+        state.address = address
+        self._by_addr[address] = state.name
+
+    def apply_suspect(self, s: Suspect) -> None:
+        """state.go ``suspectNode``."""
+        ctx = self._ctx
+        state = self._members.get(s.node)
+        if state is None or s.incarnation < state.incarnation:
+            return
+        suspicion = self._suspicions.get(s.node)
+        if suspicion is not None:
+            if self._confirm(s.node, suspicion, s.sender):
+                self._broadcast(s.node, s)
+            return
+        if state.state != NodeStateType.ALIVE:
+            return
+        if state.name == self.local_name:
+            self.refute(s.incarnation)
+            ctx.notice("warning", "refute", f"refuting a suspect message (from: {s.sender})")
+            return
+        self._broadcast(s.node, s)
+        if s.sender == self.local_name:
+            ctx.stats.suspicions_raised += 1
+        state.incarnation = s.incarnation
+        state.state = NodeStateType.SUSPECT
+        state.state_change_ms = ctx.now_ms
+        self._start_suspicion(state, s.sender)
+        ctx.event(EventKind.SUSPECT, state.snapshot())
+
+    def _start_suspicion(self, state: MemberState, sender: str) -> None:
+        config = self._ctx.config
+        n = len(self._members)
+        min_ms = formulas.suspicion_timeout_ms(config.suspicion_mult, n, config.probe_interval_ms)
+        if config.lifeguard_dynamic_suspicion:
+            k = formulas.suspicion_confirmations(config.suspicion_mult, n)
+            max_ms = config.suspicion_max_timeout_mult * min_ms
+        else:
+            k, max_ms = 0, min_ms
+        timeout_ms = max_ms if k >= 1 else min_ms
+        timer_id = self._ctx.set_timer(SUSPICION_TIMER, timeout_ms, (state.name, state.state_change_ms))
+        suspicion = _Suspicion(k, min_ms, max_ms, self._ctx.now_ms, timer_id)
+        suspicion.confirmers.add(sender)
+        self._suspicions[state.name] = suspicion
+
+    def _confirm(self, name: str, s: _Suspicion, sender: str) -> bool:
+        """suspicion.go ``Confirm``: a new independent suspicion shortens the timeout."""
+        if s.confirmations >= s.k or sender in s.confirmers:
+            return False
+        s.confirmers.add(sender)
+        s.confirmations += 1
+        elapsed = self._ctx.now_ms - s.start_ms
+        remaining = formulas.remaining_suspicion_time_ms(
+            s.confirmations, s.k, elapsed, s.min_ms, s.max_ms
+        )
+        state = self._members[name]
+        self._ctx.cancel_timer(s.timer_id)
+        s.timer_id = self._ctx.set_timer(
+            SUSPICION_TIMER, max(remaining, 0), (name, state.state_change_ms)
+        )
+        return True
+
+    def _cancel_suspicion(self, name: str) -> None:
+        s = self._suspicions.pop(name, None)
+        if s is not None:
+            self._ctx.cancel_timer(s.timer_id)
+
+    def on_suspicion_timeout(self, name: str, state_change_ms: int) -> None:
+        state = self._members.get(name)
+        suspicion = self._suspicions.get(name)
+        if (
+            state is None
+            or suspicion is None
+            or state.state != NodeStateType.SUSPECT
+            or state.state_change_ms != state_change_ms
+        ):
+            return
+        if suspicion.k > 0 and suspicion.confirmations < suspicion.k:
+            # memberlist's "degraded timeout" metric: fewer confirmations than hoped for
+            self._ctx.stats.suspicion_timeouts_degraded += 1
+        self._ctx.notice(
+            "info",
+            "suspect_timeout",
+            f"marking {name} as failed, suspect timeout reached "
+            f"({suspicion.confirmations} peer confirmations)",
+        )
+        self._ctx.stats.deaths_declared += 1
+        self.apply_dead(Dead(state.incarnation, name, self.local_name))
+
+    def apply_dead(self, d: Dead) -> None:
+        """state.go ``deadNode``."""
+        ctx = self._ctx
+        state = self._members.get(d.node)
+        if state is None or d.incarnation < state.incarnation:
+            return
+        self._cancel_suspicion(d.node)
+        if state.dead_or_left():
+            return
+        if state.name == self.local_name:
+            if not self.leaving:
+                self.refute(d.incarnation)
+                ctx.notice("warning", "refute", f"refuting a dead message (from: {d.sender})")
+                return
+            self._broadcast(d.node, d, notify=LEAVE_NOTIFY)
+        else:
+            self._broadcast(d.node, d)
+        state.incarnation = d.incarnation
+        state.state = NodeStateType.LEFT if d.node == d.sender else NodeStateType.DEAD
+        state.state_change_ms = ctx.now_ms
+        kind = EventKind.LEFT if state.state == NodeStateType.LEFT else EventKind.DEAD
+        ctx.event(kind, state.snapshot())
+
+    def refute(self, accused_incarnation: int) -> None:
+        """state.go ``refute``: outbid the accusation and tell everyone we are alive."""
+        me = self.local
+        incarnation = max(me.incarnation + 1, accused_incarnation + 1)
+        if incarnation > 0xFFFF_FFFF:
+            self._ctx.notice("error", "incarnation_overflow", "incarnation would overflow")
+            return
+        me.incarnation = incarnation
+        self._ctx.stats.refutations += 1
+        self.apply_health_delta(1)
+        self._broadcast(me.name, self.local_alive())
+
+    def bump_local(self, meta: bytes | None = None) -> None:
+        """A new local incarnation (startup, metadata update), gossiped as alive."""
+        me = self.local
+        me.incarnation += 1
+        if meta is not None:
+            me.meta = meta
+        self._broadcast(me.name, self.local_alive())
+
+    def merge(self, remote: Sequence[PushNodeState]) -> None:
+        """state.go ``mergeState``: a pushed state is replayed as alive/dead/suspect."""
+        for r in remote:
+            if r.state == NodeStateType.ALIVE:
+                self.apply_alive(Alive(r.incarnation, r.name, r.addr, r.port, r.meta, r.vsn))
+            elif r.state == NodeStateType.LEFT:
+                self.apply_dead(Dead(r.incarnation, r.name, r.name))
+            else:
+                self.apply_suspect(Suspect(r.incarnation, r.name, self.local_name))
+
+    def push_states(self) -> tuple[PushNodeState, ...]:
+        return tuple(
+            PushNodeState(
+                m.name,
+                m.address.ip_bytes,
+                m.address.port,
+                m.meta,
+                m.incarnation,
+                m.state,
+                bytes(m.vsn),
+            )
+            for m in self.states()
+        )
+
+    def leave(self) -> None:
+        self.leaving = True
+        me = self.local
+        self.apply_dead(Dead(me.incarnation, me.name, me.name))
+

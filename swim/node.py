@@ -1,0 +1,549 @@
+"""``swim.Node``: the sans-IO SWIM + Lifeguard state machine speaking memberlist's protocol.
+
+Rules (DESIGN.md; h11/foca style):
+- Inputs: ``handle_datagram``, ``handle_stream`` (a complete stream message someone sent
+  us), ``handle_stream_response`` (the answer on a stream we opened), ``handle_timer``, and
+  commands (``join``, ``leave``, ``set_meta``, user messages, keyring changes). Each takes
+  ``now_ms`` and returns an ``Output``; nothing else leaves the node.
+- Randomness comes only from the injected ``random.Random``; AES-GCM nonces come from the
+  injected nonce source (``secrets.token_bytes`` by default, never the protocol RNG).
+- Malformed or hostile input never raises out of the node: it is dropped, counted by reason
+  in ``stats.dropped``, and leaves membership unchanged. Misuse by the caller raises.
+- Dissemination (memberlist net.go ``sendMsg``, state.go ``gossip``, queue.go): every packet
+  is filled with queued broadcasts up to ``udp_buffer_size``; a gossip round every
+  ``gossip_interval_ms`` sends pending broadcasts to ``gossip_nodes`` random members
+  (alive, suspect, or dead for less than ``gossip_to_the_dead_time_ms``); a push-pull
+  full-state exchange runs on join and every ``push_pull_scale_ms`` (memberlist util.go).
+
+Module map: ``membership`` (table and §4.2 transitions), ``probe`` (the probe cycle),
+``wire`` (bytes), ``queue`` (piggyback queue), ``formulas`` (every derived number).
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from swim import formulas, wire
+from swim.config import META_MAX_BYTES, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, Config
+from swim.context import Context
+from swim.effects import (
+    JoinResult,
+    Member,
+    NodeStats,
+    Output,
+    Packet,
+    StreamKind,
+    StreamRequest,
+    Timer,
+    UserMessage,
+)
+from swim.membership import LEAVE_NOTIFY, SUSPICION_TIMER, Membership, MemberState
+from swim.messages import (
+    Ack,
+    Address,
+    Alive,
+    Dead,
+    ErrResp,
+    IndirectPing,
+    Message,
+    Nack,
+    NodeStateType,
+    Ping,
+    PushPull,
+    Suspect,
+    UserMsg,
+)
+from swim.probe import (
+    PROBE_DEADLINE,
+    PROBE_TCP_GRACE,
+    PROBE_TIMEOUT,
+    RELAY_TIMEOUT,
+    Prober,
+)
+from swim.security import Keyring
+from swim.wire import DropReason, StreamMessage, WireError
+
+PROBE_TICK = "probe_tick"
+GOSSIP_TICK = "gossip_tick"
+PUSH_PULL_TICK = "push_pull_tick"
+STREAM_EXPIRE = "stream_expire"
+MAX_PENDING_STREAMS = 1024
+
+
+@dataclass(slots=True)
+class _Stream:
+    kind: StreamKind
+    dest: Address
+    join: bool
+    timer_id: int
+
+
+class Node:
+    """One member of a SWIM group. See the module docstring for the contract."""
+
+    def __init__(
+        self,
+        name: str,
+        address: Address,
+        *,
+        rng: random.Random,
+        now_ms: int,
+        config: Config | None = None,
+        meta: bytes = b"",
+        keyring: Keyring | None = None,
+        nonce_source: Callable[[int], bytes] = secrets.token_bytes,
+    ) -> None:
+        if not name:
+            raise ValueError("a node needs a non-empty name")
+        _check_meta(meta)
+        Address.from_ip_bytes(address.ip_bytes, address.port)  # validates the IP
+        self.config = config if config is not None else Config.lan()
+        self._ctx = Context(self.config, rng, now_ms)
+        self._keyring = keyring
+        self._nonce_source = nonce_source
+        vsn = (
+            PROTOCOL_VERSION_MIN,
+            PROTOCOL_VERSION_MAX,
+            self.config.protocol_version,
+            self.config.delegate_protocol_min,
+            self.config.delegate_protocol_max,
+            self.config.delegate_protocol_version,
+        )
+        local = MemberState(name, address, meta, 0, NodeStateType.ALIVE, now_ms, vsn)
+        self._members = Membership(self._ctx, local)
+        self._prober = Prober(self._ctx, self._members, self)
+        self._streams: dict[int, _Stream] = {}
+        self._next_stream_id = 0
+        self._leave_done = False
+        self._members.bump_local()
+        self._ctx.out = Output()
+
+    # --- read-only views ----------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._members.local_name
+
+    @property
+    def address(self) -> Address:
+        return self._members.local.address
+
+    @property
+    def incarnation(self) -> int:
+        return self._members.local.incarnation
+
+    @property
+    def health_score(self) -> int:
+        return self._members.health_score
+
+    @property
+    def stats(self) -> NodeStats:
+        return self._ctx.stats
+
+    @property
+    def leaving(self) -> bool:
+        return self._members.leaving
+
+    @property
+    def leave_done(self) -> bool:
+        """True once our leave message has been gossiped out (or nobody is left to tell)."""
+        return self._leave_done
+
+    @property
+    def broadcast_queue_depth(self) -> int:
+        return len(self._ctx.broadcasts) + len(self._ctx.user_broadcasts)
+
+    @property
+    def live_timers(self) -> int:
+        return self._ctx.live_timers
+
+    @property
+    def keyring(self) -> Keyring | None:
+        return self._keyring
+
+    def members(self) -> list[Member]:
+        """Every member we know, ourselves included, sorted by name."""
+        return sorted((m.snapshot() for m in self._members.states()), key=lambda m: m.name)
+
+    def member(self, name: str) -> Member | None:
+        state = self._members.get(name)
+        return None if state is None else state.snapshot()
+
+    def num_members(self) -> int:
+        """Members in the table (alive, suspect, and not yet reaped dead/left)."""
+        return len(self._members)
+
+    def suspicion_deadline_ms(self, name: str) -> int | None:
+        return self._members.suspicion_deadline_ms(name)
+
+    # --- commands -----------------------------------------------------------------------
+
+    def start(self, now_ms: int) -> Output:
+        """Arm the periodic timers, each with a random stagger (state.go ``schedule``)."""
+        self._ctx.begin(now_ms)
+        c = self.config
+        rng = self._ctx.rng
+        self._ctx.set_timer(PROBE_TICK, rng.randrange(c.probe_interval_ms))
+        if c.gossip_interval_ms > 0 and c.gossip_nodes > 0:
+            self._ctx.set_timer(GOSSIP_TICK, rng.randrange(c.gossip_interval_ms))
+        if c.push_pull_interval_ms > 0:
+            self._ctx.set_timer(PUSH_PULL_TICK, rng.randrange(c.push_pull_interval_ms))
+        return self._finish()
+
+    def join(self, seeds: Sequence[Address], now_ms: int) -> Output:
+        """Push-pull (join=True) with every seed; results arrive as ``join_results``."""
+        self._ctx.begin(now_ms)
+        for seed in seeds:
+            if seed != self.address:
+                self._open_push_pull(seed, join=True)
+        return self._finish()
+
+    def leave(self, now_ms: int) -> Output:
+        """Broadcast that we leave, and gossip it at once; watch ``leave_done``."""
+        self._ctx.begin(now_ms)
+        if not self._members.leaving:
+            self._members.leave()
+            if not self._members.any_alive_peer():
+                self._leave_done = True
+            self._gossip_round()
+        return self._finish()
+
+    def set_meta(self, meta: bytes, now_ms: int) -> Output:
+        """New node metadata (≤ 512 bytes), gossiped with a new incarnation."""
+        _check_meta(meta)
+        self._ctx.begin(now_ms)
+        self._members.bump_local(meta)
+        return self._finish()
+
+    def set_ack_payload(self, payload: bytes) -> None:
+        """Bytes carried in every ack we send (memberlist ``PingDelegate.AckPayload``)."""
+        self._prober.ack_payload = bytes(payload)
+
+    def send_user(self, dest: Address, payload: bytes, now_ms: int) -> Output:
+        """A best-effort user message in one packet (memberlist ``SendBestEffort``)."""
+        self._ctx.begin(now_ms)
+        self._emit(dest, [wire.encode_message(UserMsg(payload))], self._members.by_address(dest))
+        return self._finish()
+
+    def send_user_reliable(self, dest: Address, payload: bytes, now_ms: int) -> Output:
+        """A user message over a stream (memberlist ``SendReliable``)."""
+        if len(payload) > self.config.max_user_msg_bytes:
+            raise ValueError(f"user message of {len(payload)} bytes exceeds the limit")
+        self._ctx.begin(now_ms)
+        deadline_ms = self._ctx.now_ms + self.config.tcp_timeout_ms
+        self.open_stream(dest, wire.encode_user_stream(payload), StreamKind.USER, deadline_ms)
+        return self._finish()
+
+    def broadcast_user(self, payload: bytes, now_ms: int) -> Output:
+        """Queue a user message to piggyback on gossip to everyone."""
+        limit = self.config.udp_buffer_size - wire.packet_overhead(self._crypto())
+        if len(payload) + wire.USER_MSG_OVERHEAD + wire.COMPOUND_OVERHEAD > limit:
+            raise ValueError(f"a broadcast user message must fit one packet ({limit} bytes)")
+        self._ctx.begin(now_ms)
+        self._ctx.user_broadcasts.queue(payload)
+        return self._finish()
+
+    def install_key(self, key: bytes) -> None:
+        self._require_keyring().install(key)
+
+    def use_key(self, key: bytes) -> None:
+        self._require_keyring().use(key)
+
+    def remove_key(self, key: bytes) -> None:
+        self._require_keyring().remove(key)
+
+    def _require_keyring(self) -> Keyring:
+        if self._keyring is None:
+            raise ValueError("encryption is not enabled on this node")
+        return self._keyring
+
+    def record_drop(self, reason: DropReason) -> None:
+        """Count input the driver dropped before it reached the node (e.g. a bad stream)."""
+        self._ctx.drop(reason)
+
+    # --- inputs -------------------------------------------------------------------------
+
+    def handle_datagram(self, source: Address, data: bytes, now_ms: int) -> Output:
+        self._ctx.begin(now_ms)
+        stats = self._ctx.stats
+        stats.packets_in += 1
+        stats.bytes_in += len(data)
+        try:
+            decoded = wire.decode_packet(data, self._crypto())
+        except WireError as exc:
+            self._ctx.drop(exc.reason)
+            return self._finish()
+        for reason in decoded.drops:
+            self._ctx.drop(reason)
+        for message in decoded.messages:
+            stats.messages_in[type(message).__name__.lower()] += 1
+            self._dispatch(message, source)
+        sender = self._members.by_address(source)
+        if decoded.messages and sender is not None and sender.name != self.name:
+            self._ctx.out.heard_from.append(sender.name)
+        return self._finish()
+
+    def _dispatch(self, message: Message, source: Address) -> None:
+        if isinstance(message, Ping):
+            self._prober.on_ping(message, source)
+        elif isinstance(message, IndirectPing):
+            self._prober.on_indirect_ping(message, source)
+        elif isinstance(message, Ack):
+            self._prober.on_ack(message, source)
+        elif isinstance(message, Nack):
+            self._prober.on_nack(message)
+        elif isinstance(message, Alive):
+            self._members.apply_alive(message)
+        elif isinstance(message, Suspect):
+            self._members.apply_suspect(message)
+        elif isinstance(message, Dead):
+            self._members.apply_dead(message)
+        elif isinstance(message, UserMsg):
+            self._ctx.out.user_messages.append(UserMessage(source, message.payload))
+        else:
+            self._ctx.drop(DropReason.UNEXPECTED_TYPE)
+
+    def handle_timer(self, timer: Timer, now_ms: int) -> Output:
+        self._ctx.begin(now_ms)
+        entry = self._ctx.take_timer(timer)
+        if entry is not None:
+            kind, data = entry
+            handler = self._timer_handlers.get(kind)
+            if handler is not None:
+                handler(self, data)
+        return self._finish()
+
+    def parse_stream(self, data: bytes) -> tuple[StreamMessage, int] | None:
+        """One complete stream message from the front of ``data``, or None for "need more".
+
+        Raises ``WireError`` as soon as the bytes cannot be a valid message; the driver
+        then closes the stream and calls ``record_drop(error.reason)``.
+        """
+        limits = wire.StreamLimits(
+            self.config.max_stream_bytes,
+            self.config.max_push_pull_nodes,
+            self.config.max_user_msg_bytes,
+        )
+        return wire.parse_stream(data, self._crypto(), limits)
+
+    def handle_stream(self, source: Address, message: StreamMessage, now_ms: int) -> Output:
+        """A message someone sent us on a stream; ``Output.reply`` is the answer, if any."""
+        self._ctx.begin(now_ms)
+        out = self._ctx.out
+        if isinstance(message, Ping):
+            if message.node and message.node != self.name:
+                self._ctx.drop(DropReason.WRONG_NODE)
+            else:
+                ack = wire.encode_message(Ack(message.seq_no))
+                out.reply = self._stream_bytes(ack)
+        elif isinstance(message, PushPull):
+            self._ctx.stats.push_pulls += 1
+            local = PushPull(message.join, self._members.push_states())
+            out.reply = self._stream_bytes(wire.encode_push_pull(local))
+            self._members.merge(message.nodes)
+        elif isinstance(message, UserMsg):
+            out.user_messages.append(UserMessage(source, message.payload))
+        else:
+            self._ctx.drop(DropReason.UNEXPECTED_TYPE)
+        return self._finish()
+
+    def handle_stream_response(
+        self, stream_id: int, message: StreamMessage | None, now_ms: int, error: str = ""
+    ) -> Output:
+        """The reply on a stream we opened, or None with ``error`` if it failed."""
+        self._ctx.begin(now_ms)
+        stream = self._streams.pop(stream_id, None)
+        if stream is not None:
+            self._ctx.cancel_timer(stream.timer_id)
+            if message is None:
+                self._ctx.stats.streams_failed += 1
+            self._stream_done(stream_id, stream, message, error)
+        return self._finish()
+
+    def _stream_done(
+        self, stream_id: int, stream: _Stream, message: StreamMessage | None, error: str
+    ) -> None:
+        if stream.kind == StreamKind.PING:
+            self._prober.on_tcp_result(stream_id, message if isinstance(message, Ack) else None)
+            return
+        if stream.kind != StreamKind.PUSH_PULL:
+            return
+        if isinstance(message, PushPull):
+            self._ctx.stats.push_pulls += 1
+            self._members.merge(message.nodes)
+            if stream.join:
+                self._join_result(stream.dest, True, f"pushed/pulled {len(message.nodes)} states")
+            return
+        if isinstance(message, ErrResp):
+            error = f"remote error: {message.error}"
+        elif message is not None:
+            error = f"unexpected reply {type(message).__name__}"
+        self._ctx.notice("error", "push_pull_failed", f"push/pull with {stream.dest}: {error}")
+        if stream.join:
+            self._join_result(stream.dest, False, error or "failed")
+
+    def _join_result(self, address: Address, ok: bool, detail: str) -> None:
+        level = "info" if ok else "error"
+        self._ctx.notice(level, "join_ok" if ok else "join_failed", f"join {address}: {detail}")
+        self._ctx.out.join_results.append(JoinResult(address, ok, detail))
+
+    # --- timers -------------------------------------------------------------------------
+
+    def _on_probe_tick(self, _data: object) -> None:
+        self._ctx.set_timer(PROBE_TICK, self.config.probe_interval_ms)
+        self._prober.on_tick()
+
+    def _on_gossip_tick(self, _data: object) -> None:
+        self._ctx.set_timer(GOSSIP_TICK, self.config.gossip_interval_ms)
+        self._gossip_round()
+
+    def _on_push_pull_tick(self, _data: object) -> None:
+        interval = formulas.push_pull_scale_ms(self.config.push_pull_interval_ms, len(self._members))
+        self._ctx.set_timer(PUSH_PULL_TICK, interval)
+        peers = self._members.random_members(
+            1, lambda m: m.name == self.name or m.state != NodeStateType.ALIVE
+        )
+        if peers:
+            self._open_push_pull(peers[0].address, join=False)
+
+    def _on_stream_expire(self, stream_id: object) -> None:
+        assert isinstance(stream_id, int)
+        stream = self._streams.pop(stream_id, None)
+        if stream is not None:
+            self._ctx.stats.streams_failed += 1
+            self._stream_done(stream_id, stream, None, "no answer before the deadline")
+
+    def _on_suspicion(self, data: object) -> None:
+        name, state_change_ms = data  # type: ignore[misc]
+        self._members.on_suspicion_timeout(name, state_change_ms)
+
+    _timer_handlers: dict[str, Callable[[Node, object], None]] = {
+        PROBE_TICK: _on_probe_tick,
+        GOSSIP_TICK: _on_gossip_tick,
+        PUSH_PULL_TICK: _on_push_pull_tick,
+        STREAM_EXPIRE: _on_stream_expire,
+        SUSPICION_TIMER: _on_suspicion,
+        PROBE_TIMEOUT: lambda node, seq: node._prober.on_probe_timeout(seq),  # type: ignore[arg-type]
+        PROBE_DEADLINE: lambda node, seq: node._prober.on_probe_deadline(seq),  # type: ignore[arg-type]
+        PROBE_TCP_GRACE: lambda node, seq: node._prober.on_tcp_grace(seq),  # type: ignore[arg-type]
+        RELAY_TIMEOUT: lambda node, seq: node._prober.on_relay_timeout(seq),  # type: ignore[arg-type]
+    }
+
+    # --- dissemination ------------------------------------------------------------------
+
+    def _gossip_round(self) -> None:
+        """state.go ``gossip``: pending broadcasts to a few random live or recently dead."""
+        now = self._ctx.now_ms
+        window = self.config.gossip_to_the_dead_time_ms
+
+        def exclude(m: MemberState) -> bool:
+            if m.name == self.name:
+                return True
+            if m.state in (NodeStateType.ALIVE, NodeStateType.SUSPECT):
+                return False
+            return m.state == NodeStateType.LEFT or now - m.state_change_ms > window
+
+        limit = self.config.udp_buffer_size - wire.packet_overhead(self._crypto())
+        for peer in self._members.random_members(self.config.gossip_nodes, exclude):
+            parts = self._take_broadcasts(limit)
+            if not parts:
+                return
+            self._emit(peer.address, parts, peer)
+
+    def _take_broadcasts(self, limit: int) -> list[bytes]:
+        """Member broadcasts first, then user broadcasts in what room is left (net.go)."""
+        n = len(self._members)
+        overhead = wire.COMPOUND_OVERHEAD
+        parts = self._ctx.broadcasts.take(overhead, limit, n)
+        used = sum(len(p) + overhead for p in parts)
+        avail = limit - used
+        if avail > overhead + wire.USER_MSG_OVERHEAD and len(self._ctx.user_broadcasts):
+            user = self._ctx.user_broadcasts.take(overhead + wire.USER_MSG_OVERHEAD, avail, n)
+            parts.extend(wire.encode_message(UserMsg(p)) for p in user)
+        return parts
+
+    def send(self, dest: Address, message: bytes, member: MemberState | None = None) -> None:
+        """One message, with as many broadcasts piggybacked as fit (net.go ``sendMsg``)."""
+        limit = (
+            self.config.udp_buffer_size
+            - len(message)
+            - wire.packet_overhead(self._crypto())
+        )
+        self._emit(dest, [message, *self._take_broadcasts(limit)], member)
+
+    def send_parts(self, dest: Address, parts: list[bytes], member: MemberState | None) -> None:
+        self._emit(dest, parts, member)
+
+    def _emit(self, dest: Address, parts: list[bytes], member: MemberState | None) -> None:
+        crc = member is not None and member.protocol_max >= 5
+        crypto = self._crypto()
+        stats = self._ctx.stats
+        for start in range(0, len(parts), wire.MAX_COMPOUND_PARTS):
+            chunk = parts[start : start + wire.MAX_COMPOUND_PARTS]
+            data = wire.encode_packet(
+                chunk, compress=self.config.enable_compression, crc=crc, crypto=crypto
+            )
+            self._ctx.out.packets.append(Packet(dest, data))
+            stats.packets_out += 1
+            stats.bytes_out += len(data)
+            for part in chunk:
+                stats.messages_out[_type_name(part)] += 1
+
+    def open_stream(
+        self, dest: Address, message: bytes, kind: StreamKind, deadline_ms: int
+    ) -> int:
+        if len(self._streams) >= MAX_PENDING_STREAMS:
+            self._ctx.drop(DropReason.QUEUE_FULL)
+            return -1
+        self._next_stream_id += 1
+        stream_id = self._next_stream_id
+        expect_reply = kind != StreamKind.USER
+        if expect_reply:
+            grace_ms = deadline_ms - self._ctx.now_ms + self.config.probe_timeout_ms
+            timer_id = self._ctx.set_timer(STREAM_EXPIRE, grace_ms, stream_id)
+            self._streams[stream_id] = _Stream(kind, dest, False, timer_id)
+        self._ctx.stats.streams_opened += 1
+        data = self._stream_bytes(message)
+        self._ctx.out.streams.append(
+            StreamRequest(stream_id, dest, data, deadline_ms, kind, expect_reply)
+        )
+        return stream_id
+
+    def _open_push_pull(self, dest: Address, join: bool) -> None:
+        local = PushPull(join, self._members.push_states())
+        deadline_ms = self._ctx.now_ms + self.config.tcp_timeout_ms
+        stream_id = self.open_stream(
+            dest, wire.encode_push_pull(local), StreamKind.PUSH_PULL, deadline_ms
+        )
+        if stream_id in self._streams:
+            self._streams[stream_id].join = join
+
+    def _stream_bytes(self, message: bytes) -> bytes:
+        return wire.encode_stream(
+            message, compress=self.config.enable_compression, crypto=self._crypto()
+        )
+
+    def _crypto(self) -> wire.Crypto | None:
+        if self._keyring is None:
+            return None
+        return wire.Crypto(self._keyring, self._nonce_source)
+
+    def _finish(self) -> Output:
+        finished = self._ctx.broadcasts.finished
+        if finished:
+            if LEAVE_NOTIFY in finished:
+                self._leave_done = True
+            finished.clear()
+        return self._ctx.finish()
+
+
+def _type_name(part: bytes) -> str:
+    return wire.type_name(part[0]) if part else "empty"
+
+
+def _check_meta(meta: bytes) -> None:
+    if len(meta) > META_MAX_BYTES:
+        raise ValueError(f"node metadata is {len(meta)} bytes; the limit is {META_MAX_BYTES}")
