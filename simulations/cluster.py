@@ -145,7 +145,9 @@ class Cluster:
     def run_for(self, duration_ms: int) -> None:
         self.run_until(self.now_ms + duration_ms)
 
-    def run_until_true(self, predicate: Callable[[], bool], limit_ms: int, step_ms: int = 50) -> int:
+    def run_until_true(
+        self, predicate: Callable[[], bool], limit_ms: int, step_ms: int = 50
+    ) -> int:
         """Advance until ``predicate()`` holds; returns the time it first held, or -1."""
         end = self.now_ms + limit_ms
         while self.now_ms < end:
@@ -183,7 +185,15 @@ class Cluster:
             )
         for request in out.streams:
             self.stats.streams += 1
-            self._stream(name, node, request.stream_id, request.dest, request.data, request.deadline_ms, request.expect_reply)
+            self._stream(
+                name,
+                node,
+                request.stream_id,
+                request.dest,
+                request.data,
+                request.deadline_ms,
+                request.expect_reply,
+            )
 
     def _timer_action(self, name: str, node: Node, timer: Timer) -> Callable[[], None]:
         def fire() -> None:
@@ -217,7 +227,11 @@ class Cluster:
         dst = self._addr_to_name.get(dest)
         latency = self._latency()
         if not self._reachable(name, dst) or (name, dst) in self.blocked:
-            fail_at = deadline_ms if dst is not None and dst not in self.crashed else self.now_ms + latency
+            fail_at = (
+                deadline_ms
+                if dst is not None and dst not in self.crashed
+                else self.now_ms + latency
+            )
             self._schedule(fail_at, self._stream_result(name, node, stream_id, None, "unreachable"))
             return
         assert dst is not None
@@ -225,7 +239,9 @@ class Cluster:
 
         def serve() -> None:
             if dst in self.crashed or (dst, name) in self.blocked:
-                self._schedule(deadline_ms, self._stream_result(name, node, stream_id, None, "reset"))
+                self._schedule(
+                    deadline_ms, self._stream_result(name, node, stream_id, None, "reset")
+                )
                 return
             try:
                 parsed = peer.parse_stream(data)
@@ -233,7 +249,10 @@ class Cluster:
                 peer.record_drop(exc.reason)
                 parsed = None
             if parsed is None:
-                self._schedule(self.now_ms + latency, self._stream_result(name, node, stream_id, None, "bad request"))
+                self._schedule(
+                    self.now_ms + latency,
+                    self._stream_result(name, node, stream_id, None, "bad request"),
+                )
                 return
             out = peer.handle_stream(node.address, parsed[0], self.now_ms)
             self._apply(dst, out)
@@ -247,7 +266,9 @@ class Cluster:
                     reply = None if got is None else got[0]
                 except WireError as exc:
                     error = str(exc)
-            self._schedule(self.now_ms + latency, self._stream_result(name, node, stream_id, reply, error))
+            self._schedule(
+                self.now_ms + latency, self._stream_result(name, node, stream_id, reply, error)
+            )
 
         self._schedule(self.now_ms + latency, serve)
 
@@ -273,7 +294,9 @@ class Cluster:
         member = self.nodes[observer].member(target)
         return None if member is None else member.state
 
-    def all_see(self, target: str, states: Iterable[NodeStateType], observers: Iterable[str] | None = None) -> bool:
+    def all_see(
+        self, target: str, states: Iterable[NodeStateType], observers: Iterable[str] | None = None
+    ) -> bool:
         wanted = set(states)
         names = self.live() if observers is None else list(observers)
         return all(self.state_of(o, target) in wanted for o in names if o != target)

@@ -17,8 +17,8 @@ from swim.effects import (
     EventKind,
     Member,
     MemberEvent,
-    Notice,
     NodeStats,
+    Notice,
     Output,
     Timer,
 )

@@ -369,7 +369,9 @@ class Membership:
         else:
             k, max_ms = 0, min_ms
         timeout_ms = max_ms if k >= 1 else min_ms
-        timer_id = self._ctx.set_timer(SUSPICION_TIMER, timeout_ms, (state.name, state.state_change_ms))
+        timer_id = self._ctx.set_timer(
+            SUSPICION_TIMER, timeout_ms, (state.name, state.state_change_ms)
+        )
         suspicion = _Suspicion(k, min_ms, max_ms, self._ctx.now_ms, timer_id)
         suspicion.confirmers.add(sender)
         self._suspicions[state.name] = suspicion
@@ -489,4 +491,3 @@ class Membership:
         self.leaving = True
         me = self.local
         self.apply_dead(Dead(me.incarnation, me.name, me.name))
-

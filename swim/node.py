@@ -25,6 +25,7 @@ import random
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from swim import formulas, wire
 from swim.config import META_MAX_BYTES, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, Config
@@ -310,10 +311,7 @@ class Node:
         self._ctx.begin(now_ms)
         entry = self._ctx.take_timer(timer)
         if entry is not None:
-            kind, data = entry
-            handler = self._timer_handlers.get(kind)
-            if handler is not None:
-                handler(self, data)
+            self._on_timer(*entry)
         return self._finish()
 
     def parse_stream(self, data: bytes) -> tuple[StreamMessage, int] | None:
@@ -392,16 +390,34 @@ class Node:
 
     # --- timers -------------------------------------------------------------------------
 
-    def _on_probe_tick(self, _data: object) -> None:
-        self._ctx.set_timer(PROBE_TICK, self.config.probe_interval_ms)
-        self._prober.on_tick()
+    def _on_timer(self, kind: str, data: object) -> None:
+        prober = self._prober
+        if kind == PROBE_TICK:
+            self._ctx.set_timer(PROBE_TICK, self.config.probe_interval_ms)
+            prober.on_tick()
+        elif kind == GOSSIP_TICK:
+            self._ctx.set_timer(GOSSIP_TICK, self.config.gossip_interval_ms)
+            self._gossip_round()
+        elif kind == PUSH_PULL_TICK:
+            self._on_push_pull_tick()
+        elif kind == SUSPICION_TIMER:
+            name, state_change_ms = cast(tuple[str, int], data)
+            self._members.on_suspicion_timeout(name, state_change_ms)
+        elif kind == STREAM_EXPIRE:
+            self._on_stream_expire(cast(int, data))
+        elif kind == PROBE_TIMEOUT:
+            prober.on_probe_timeout(cast(int, data))
+        elif kind == PROBE_DEADLINE:
+            prober.on_probe_deadline(cast(int, data))
+        elif kind == PROBE_TCP_GRACE:
+            prober.on_tcp_grace(cast(int, data))
+        elif kind == RELAY_TIMEOUT:
+            prober.on_relay_timeout(cast(int, data))
 
-    def _on_gossip_tick(self, _data: object) -> None:
-        self._ctx.set_timer(GOSSIP_TICK, self.config.gossip_interval_ms)
-        self._gossip_round()
-
-    def _on_push_pull_tick(self, _data: object) -> None:
-        interval = formulas.push_pull_scale_ms(self.config.push_pull_interval_ms, len(self._members))
+    def _on_push_pull_tick(self) -> None:
+        interval = formulas.push_pull_scale_ms(
+            self.config.push_pull_interval_ms, len(self._members)
+        )
         self._ctx.set_timer(PUSH_PULL_TICK, interval)
         peers = self._members.random_members(
             1, lambda m: m.name == self.name or m.state != NodeStateType.ALIVE
@@ -409,28 +425,11 @@ class Node:
         if peers:
             self._open_push_pull(peers[0].address, join=False)
 
-    def _on_stream_expire(self, stream_id: object) -> None:
-        assert isinstance(stream_id, int)
+    def _on_stream_expire(self, stream_id: int) -> None:
         stream = self._streams.pop(stream_id, None)
         if stream is not None:
             self._ctx.stats.streams_failed += 1
             self._stream_done(stream_id, stream, None, "no answer before the deadline")
-
-    def _on_suspicion(self, data: object) -> None:
-        name, state_change_ms = data  # type: ignore[misc]
-        self._members.on_suspicion_timeout(name, state_change_ms)
-
-    _timer_handlers: dict[str, Callable[[Node, object], None]] = {
-        PROBE_TICK: _on_probe_tick,
-        GOSSIP_TICK: _on_gossip_tick,
-        PUSH_PULL_TICK: _on_push_pull_tick,
-        STREAM_EXPIRE: _on_stream_expire,
-        SUSPICION_TIMER: _on_suspicion,
-        PROBE_TIMEOUT: lambda node, seq: node._prober.on_probe_timeout(seq),  # type: ignore[arg-type]
-        PROBE_DEADLINE: lambda node, seq: node._prober.on_probe_deadline(seq),  # type: ignore[arg-type]
-        PROBE_TCP_GRACE: lambda node, seq: node._prober.on_tcp_grace(seq),  # type: ignore[arg-type]
-        RELAY_TIMEOUT: lambda node, seq: node._prober.on_relay_timeout(seq),  # type: ignore[arg-type]
-    }
 
     # --- dissemination ------------------------------------------------------------------
 
@@ -467,11 +466,7 @@ class Node:
 
     def send(self, dest: Address, message: bytes, member: MemberState | None = None) -> None:
         """One message, with as many broadcasts piggybacked as fit (net.go ``sendMsg``)."""
-        limit = (
-            self.config.udp_buffer_size
-            - len(message)
-            - wire.packet_overhead(self._crypto())
-        )
+        limit = self.config.udp_buffer_size - len(message) - wire.packet_overhead(self._crypto())
         self._emit(dest, [message, *self._take_broadcasts(limit)], member)
 
     def send_parts(self, dest: Address, parts: list[bytes], member: MemberState | None) -> None:
@@ -492,9 +487,7 @@ class Node:
             for part in chunk:
                 stats.messages_out[_type_name(part)] += 1
 
-    def open_stream(
-        self, dest: Address, message: bytes, kind: StreamKind, deadline_ms: int
-    ) -> int:
+    def open_stream(self, dest: Address, message: bytes, kind: StreamKind, deadline_ms: int) -> int:
         if len(self._streams) >= MAX_PENDING_STREAMS:
             self._ctx.drop(DropReason.QUEUE_FULL)
             return -1

@@ -26,7 +26,7 @@ from typing import Protocol
 from swim import formulas, wire
 from swim.context import Context
 from swim.effects import ProbeResult, StreamKind
-from swim.membership import MemberState, Membership
+from swim.membership import Membership, MemberState
 from swim.messages import Ack, Address, IndirectPing, Nack, NodeStateType, Ping, Suspect
 from swim.wire import DropReason
 

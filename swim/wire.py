@@ -97,6 +97,7 @@ class WireError(ValueError):
 
 # --- field tables -------------------------------------------------------------------------
 
+
 # kind: u8/u16/u32 (unsigned of that width), int (Go int, ≥ 0 here), str, bytes, bool
 # nil_if_empty: Go would hold a nil slice there, which go-msgpack writes as msgpack nil
 @dataclass(frozen=True, slots=True)
@@ -470,7 +471,7 @@ def encode_push_pull(pp: PushPull) -> bytes:
         {"nodes": len(pp.nodes), "user_state_len": len(pp.user_state), "join": pp.join}.get,
     )
     fields = _FIELDS[PushNodeState]
-    states = [_encode_fields(fields, lambda a, s=s: getattr(s, a)) for s in pp.nodes]
+    states = [_encode_fields(fields, state.__getattribute__) for state in pp.nodes]
     return bytes([MsgType.PUSH_PULL]) + header + b"".join(states) + pp.user_state
 
 
@@ -584,9 +585,7 @@ def _unpack_prefix(data: bytes, offset: int, limits: StreamLimits) -> tuple[Any,
     return obj, offset + unpacker.tell()
 
 
-def _parse_compressed_stream(
-    data: bytes, limits: StreamLimits
-) -> tuple[StreamMessage, int] | None:
+def _parse_compressed_stream(data: bytes, limits: StreamLimits) -> tuple[StreamMessage, int] | None:
     obj, used = _unpack_prefix(data, 1, limits)
     if obj is _MORE:
         return None

@@ -63,8 +63,12 @@ def test_remaining_suspicion_time_memberlist_table(
 # research notes §1.2 table: LAN min / max / after one confirmation (k = 2)
 @pytest.mark.parametrize(
     ("n", "min_ms", "max_ms", "after_one_ms"),
-    [(10, 4000, 24000, 11381), (100, 8000, 48000, 22762), (1000, 12000, 72000, 34144),
-     (10000, 16000, 96000, 45525)],
+    [
+        (10, 4000, 24000, 11381),
+        (100, 8000, 48000, 22762),
+        (1000, 12000, 72000, 34144),
+        (10000, 16000, 96000, 45525),
+    ],
 )
 def test_lan_suspicion_decay(n: int, min_ms: int, max_ms: int, after_one_ms: int) -> None:
     got_min = formulas.suspicion_timeout_ms(4, n, 1000)
@@ -80,8 +84,17 @@ def test_lan_suspicion_decay(n: int, min_ms: int, max_ms: int, after_one_ms: int
 # memberlist state.go suspectNode: k = mult - 2, and 0 when n - 2 < k
 @pytest.mark.parametrize(
     ("mult", "n", "k"),
-    [(4, 3, 0), (4, 4, 2), (4, 100, 2), (6, 5, 0), (6, 6, 4), (3, 3, 1), (3, 2, 0), (2, 50, 0),
-     (1, 50, 0)],
+    [
+        (4, 3, 0),
+        (4, 4, 2),
+        (4, 100, 2),
+        (6, 5, 0),
+        (6, 6, 4),
+        (3, 3, 1),
+        (3, 2, 0),
+        (2, 50, 0),
+        (1, 50, 0),
+    ],
 )
 def test_suspicion_confirmations(mult: int, n: int, k: int) -> None:
     assert formulas.suspicion_confirmations(mult, n) == k
@@ -97,8 +110,20 @@ def test_remaining_suspicion_time_needs_k() -> None:
 # (retransmitLimit(3, 99) == 6) shows the step is at n=100 (ceil(log10(100)) == 2).
 @pytest.mark.parametrize(
     ("mult", "n", "limit"),
-    [(3, 0, 0), (3, 1, 3), (3, 99, 6), (4, 1, 4), (4, 9, 4), (4, 10, 8), (4, 99, 8),
-     (4, 100, 12), (4, 999, 12), (4, 1000, 16), (4, 10000, 20), (2, 50, 4)],
+    [
+        (3, 0, 0),
+        (3, 1, 3),
+        (3, 99, 6),
+        (4, 1, 4),
+        (4, 9, 4),
+        (4, 10, 8),
+        (4, 99, 8),
+        (4, 100, 12),
+        (4, 999, 12),
+        (4, 1000, 16),
+        (4, 10000, 20),
+        (2, 50, 4),
+    ],
 )
 def test_retransmit_limit(mult: int, n: int, limit: int) -> None:
     assert formulas.retransmit_limit(mult, n) == limit
@@ -107,9 +132,18 @@ def test_retransmit_limit(mult: int, n: int, limit: int) -> None:
 # memberlist util_test.go TestPushPullScale, and research notes §1.6 (LAN 30 s)
 @pytest.mark.parametrize(
     ("interval_ms", "n", "expected_ms"),
-    [(1000, 0, 1000), (1000, 32, 1000), (1000, 33, 2000), (1000, 64, 2000), (1000, 65, 3000),
-     (1000, 128, 3000), (30000, 64, 60000), (30000, 128, 90000), (30000, 1000, 180000),
-     (30000, 10000, 300000)],
+    [
+        (1000, 0, 1000),
+        (1000, 32, 1000),
+        (1000, 33, 2000),
+        (1000, 64, 2000),
+        (1000, 65, 3000),
+        (1000, 128, 3000),
+        (30000, 64, 60000),
+        (30000, 128, 90000),
+        (30000, 1000, 180000),
+        (30000, 10000, 300000),
+    ],
 )
 def test_push_pull_scale(interval_ms: int, n: int, expected_ms: int) -> None:
     assert formulas.push_pull_scale_ms(interval_ms, n) == expected_ms
@@ -118,8 +152,17 @@ def test_push_pull_scale(interval_ms: int, n: int, expected_ms: int) -> None:
 # memberlist awareness_test.go TestAwareness: max 8, deltas clamp to [0, 7]
 @pytest.mark.parametrize(
     ("score", "delta", "expected"),
-    [(0, 0, 0), (0, -1, 0), (0, 1, 1), (0, -1, 0), (0, 3, 3), (3, 10, 7), (7, 1, 7),
-     (7, -1, 6), (6, -10, 0)],
+    [
+        (0, 0, 0),
+        (0, -1, 0),
+        (0, 1, 1),
+        (0, -1, 0),
+        (0, 3, 3),
+        (3, 10, 7),
+        (7, 1, 7),
+        (7, -1, 6),
+        (6, -10, 0),
+    ],
 )
 def test_awareness_apply_delta(score: int, delta: int, expected: int) -> None:
     assert formulas.awareness_apply_delta(score, delta, 8) == expected
@@ -127,8 +170,8 @@ def test_awareness_apply_delta(score: int, delta: int, expected: int) -> None:
 
 # memberlist awareness.go ScaleTimeout: timeout * (score + 1); LAN interval up to 8 s
 @pytest.mark.parametrize(
-    ("timeout_ms", "score", "expected_ms"), [(1000, 0, 1000), (1000, 1, 2000), (1000, 7, 8000),
-                                             (500, 3, 2000)]
+    ("timeout_ms", "score", "expected_ms"),
+    [(1000, 0, 1000), (1000, 1, 2000), (1000, 7, 8000), (500, 3, 2000)],
 )
 def test_awareness_scale(timeout_ms: int, score: int, expected_ms: int) -> None:
     assert formulas.awareness_scale_ms(timeout_ms, score) == expected_ms
