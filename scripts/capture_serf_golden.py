@@ -200,7 +200,7 @@ class Resources:
         self.procs[label] = proc
         return proc
 
-    def signal(self, label: str, sig: signal.Signals) -> None:
+    def send_signal(self, label: str, sig: signal.Signals) -> None:
         proc = self.procs[label]
         if proc.poll() is None:
             os.kill(proc.pid, sig)
@@ -230,15 +230,23 @@ class Resources:
     # iptables ------------------------------------------------------------------
     def add_rule(self, table: str, chain: str, spec: list[str], insert: bool = False) -> None:
         op = "-I" if insert else "-A"
-        subprocess.run(["iptables", "-w", "5", "-t", table, op, chain, *spec], check=True,
-                       capture_output=True, timeout=15)
+        subprocess.run(
+            ["iptables", "-w", "5", "-t", table, op, chain, *spec],
+            check=True,
+            capture_output=True,
+            timeout=15,
+        )
         self.rules.append((table, chain, spec))
 
     def remove_rule(self, table: str, chain: str, spec: list[str]) -> None:
         if (table, chain, spec) in self.rules:
             self.rules.remove((table, chain, spec))
-        subprocess.run(["iptables", "-w", "5", "-t", table, "-D", chain, *spec], check=False,
-                       capture_output=True, timeout=15)
+        subprocess.run(
+            ["iptables", "-w", "5", "-t", table, "-D", chain, *spec],
+            check=False,
+            capture_output=True,
+            timeout=15,
+        )
 
     # everything ----------------------------------------------------------------
     def close(self) -> None:
@@ -349,7 +357,8 @@ class Scenario:
         try:
             out = self.cli(
                 ["members", f"-rpc-addr={self.nodes[name].rpc_addr}", "-status=alive"],
-                timeout=5, check=False,
+                timeout=5,
+                check=False,
             )
         except subprocess.TimeoutExpired:
             return 0
@@ -357,7 +366,8 @@ class Scenario:
 
     def agent_argv(self, node: NodeSpec, join: NodeSpec | None) -> list[str]:
         argv = [
-            self.serf, "agent",
+            self.serf,
+            "agent",
             f"-node={node.name}",
             f"-bind={node.bind}",
             f"-rpc-addr={node.rpc_addr}",
@@ -376,8 +386,7 @@ class Scenario:
         argv = self.agent_argv(node, self.nodes[join] if join else None)
         self.record(argv)
         self.res.start(f"serf-{name}", argv, self.log(name), gid=node.gid)
-        wait_until(lambda: self.log_has(name, r"Serf agent running!"), 20,
-                   f"agent {name} to start")
+        wait_until(lambda: self.log_has(name, r"Serf agent running!"), 20, f"agent {name} to start")
 
     # -- the scripted life cycle ----------------------------------------------------
     def execute(self) -> ScenarioRun:
@@ -390,27 +399,45 @@ class Scenario:
         wait_until(lambda: "listening on" in read_text(td_log), 15, "tcpdump to listen")
 
         for node in self.nodes.values():
-            spec = ["-o", "lo", "-m", "owner", "--gid-owner", str(node.gid),
-                    "-j", "DSCP", "--set-dscp", str(node.dscp)]
+            spec = [
+                "-o",
+                "lo",
+                "-m",
+                "owner",
+                "--gid-owner",
+                str(node.gid),
+                "-j",
+                "DSCP",
+                "--set-dscp",
+                str(node.dscp),
+            ]
             self.res.add_rule("mangle", "OUTPUT", spec)
-            self.run.commands.append({"t": round(time.time() - self.run.t0, 2),
-                                      "argv": ["iptables", "-t", "mangle", "-A", "OUTPUT", *spec]})
+            self.run.commands.append(
+                {
+                    "t": round(time.time() - self.run.t0, 2),
+                    "argv": ["iptables", "-t", "mangle", "-A", "OUTPUT", *spec],
+                }
+            )
         a, b, c = (self.nodes[n] for n in NODE_NAMES)
 
         self.phase("join")
         self.start_agent("a", None)
         self.start_agent("b", "a")
         self.start_agent("c", "a")
-        wait_until(lambda: self.alive_members("a") == 3 and self.alive_members("c") == 3, 30,
-                   "all three members alive")
+        wait_until(
+            lambda: self.alive_members("a") == 3 and self.alive_members("c") == 3,
+            30,
+            "all three members alive",
+        )
 
         self.phase("steady")
         time.sleep(3)
 
         self.phase("user-event")
         self.cli(["event", f"-rpc-addr={b.rpc_addr}", USER_EVENT_NAME, USER_EVENT_PAYLOAD])
-        wait_until(lambda: self.log_has("c", re.escape(USER_EVENT_NAME)), 15,
-                   "user event to reach c")
+        wait_until(
+            lambda: self.log_has("c", re.escape(USER_EVENT_NAME)), 15, "user event to reach c"
+        )
         time.sleep(2)
 
         if self.run.encrypted:
@@ -427,8 +454,9 @@ class Scenario:
         self.phase("await-periodic-pushpull")
 
         def pushpulls() -> int:
-            return sum(read_text(self.log(n)).count("Initiating push/pull sync")
-                       for n in NODE_NAMES)
+            return sum(
+                read_text(self.log(n)).count("Initiating push/pull sync") for n in NODE_NAMES
+            )
 
         wait_until(lambda: pushpulls() >= 3, 30, "a periodic push/pull")
 
@@ -440,9 +468,11 @@ class Scenario:
             offs = {n: self.log_len(n) for n in ("a", "b")}
             try:
                 wait_until(
-                    lambda: any(self.log_has(n, r"Was able to connect to c", offs[n])
-                                for n in ("a", "b")),
-                    20, "a TCP fallback ping to c",
+                    lambda: any(
+                        self.log_has(n, r"Was able to connect to c", offs[n]) for n in ("a", "b")
+                    ),
+                    20,
+                    "a TCP fallback ping to c",
                 )
             except CaptureError as exc:
                 self.run.notes.append(f"udp-blackhole-c: {exc}")
@@ -457,25 +487,30 @@ class Scenario:
 
         self.phase("sigstop-c")
         off_a = self.log_len("a")
-        self.res.signal("serf-c", signal.SIGSTOP)
+        self.res.send_signal("serf-c", signal.SIGSTOP)
         self.record(["kill", "-STOP", "<pid of c>"])
-        wait_until(lambda: self.log_has("a", r"EventMemberFailed: c ", off_a), 60,
-                   "a to declare c failed")
+        wait_until(
+            lambda: self.log_has("a", r"EventMemberFailed: c ", off_a), 60, "a to declare c failed"
+        )
         time.sleep(1.5)
 
         self.phase("sigcont-c")
         off_a = self.log_len("a")
-        self.res.signal("serf-c", signal.SIGCONT)
+        self.res.send_signal("serf-c", signal.SIGCONT)
         self.record(["kill", "-CONT", "<pid of c>"])
-        wait_until(lambda: self.log_has("a", r"EventMemberJoin: c ", off_a), 45,
-                   "c to refute and be alive again")
+        wait_until(
+            lambda: self.log_has("a", r"EventMemberJoin: c ", off_a),
+            45,
+            "c to refute and be alive again",
+        )
         time.sleep(3)
 
         self.phase("leave-c")
         off_a = self.log_len("a")
         self.cli(["leave", f"-rpc-addr={c.rpc_addr}"], timeout=30)
-        wait_until(lambda: self.log_has("a", r"EventMemberLeave: c ", off_a), 20,
-                   "a to see c leave")
+        wait_until(
+            lambda: self.log_has("a", r"EventMemberLeave: c ", off_a), 20, "a to see c leave"
+        )
         proc_c = self.res.procs["serf-c"]
         try:
             proc_c.wait(timeout=15)
@@ -489,11 +524,25 @@ class Scenario:
             self.res.stop(f"serf-{name}")
         self.res.stop("tcpdump", signal.SIGINT, timeout=10)
         for node in self.nodes.values():
-            self.res.remove_rule("mangle", "OUTPUT",
-                                 ["-o", "lo", "-m", "owner", "--gid-owner", str(node.gid),
-                                  "-j", "DSCP", "--set-dscp", str(node.dscp)])
+            self.res.remove_rule(
+                "mangle",
+                "OUTPUT",
+                [
+                    "-o",
+                    "lo",
+                    "-m",
+                    "owner",
+                    "--gid-owner",
+                    str(node.gid),
+                    "-j",
+                    "DSCP",
+                    "--set-dscp",
+                    str(node.dscp),
+                ],
+            )
         self.run.tcpdump_stats = " / ".join(
-            line.strip() for line in read_text(td_log).splitlines() if "packets" in line)
+            line.strip() for line in read_text(td_log).splitlines() if "packets" in line
+        )
         return self.run
 
 
@@ -581,7 +630,8 @@ class TcpConn:
     client_tos: int = 0
     isn: dict[str, int] = field(default_factory=dict)  # "c2s"/"s2c" -> first data seq
     segs: dict[str, list[tuple[int, bytes, float]]] = field(
-        default_factory=lambda: {"c2s": [], "s2c": []})
+        default_factory=lambda: {"c2s": [], "s2c": []}
+    )
 
     def stream(self, direction: str) -> tuple[bytes, float | None, bool]:
         """The reassembled bytes of one direction, its first data time, gap flag."""
@@ -688,12 +738,37 @@ def lzw_decompress(data: bytes) -> bytes:
 
 
 _FIXED_FORMATS: dict[int, str] = {
-    0xC0: "nil", 0xC2: "false", 0xC3: "true", 0xC4: "bin8", 0xC5: "bin16", 0xC6: "bin32",
-    0xC7: "ext8", 0xC8: "ext16", 0xC9: "ext32", 0xCA: "float32", 0xCB: "float64",
-    0xCC: "uint8", 0xCD: "uint16", 0xCE: "uint32", 0xCF: "uint64", 0xD0: "int8",
-    0xD1: "int16", 0xD2: "int32", 0xD3: "int64", 0xD4: "fixext1", 0xD5: "fixext2",
-    0xD6: "fixext4", 0xD7: "fixext8", 0xD8: "fixext16", 0xD9: "str8", 0xDA: "str16",
-    0xDB: "str32", 0xDC: "array16", 0xDD: "array32", 0xDE: "map16", 0xDF: "map32",
+    0xC0: "nil",
+    0xC2: "false",
+    0xC3: "true",
+    0xC4: "bin8",
+    0xC5: "bin16",
+    0xC6: "bin32",
+    0xC7: "ext8",
+    0xC8: "ext16",
+    0xC9: "ext32",
+    0xCA: "float32",
+    0xCB: "float64",
+    0xCC: "uint8",
+    0xCD: "uint16",
+    0xCE: "uint32",
+    0xCF: "uint64",
+    0xD0: "int8",
+    0xD1: "int16",
+    0xD2: "int32",
+    0xD3: "int64",
+    0xD4: "fixext1",
+    0xD5: "fixext2",
+    0xD6: "fixext4",
+    0xD7: "fixext8",
+    0xD8: "fixext16",
+    0xD9: "str8",
+    0xDA: "str16",
+    0xDB: "str32",
+    0xDC: "array16",
+    0xDD: "array32",
+    0xDE: "map16",
+    0xDF: "map32",
 }
 
 
@@ -715,8 +790,18 @@ def mp_skip(buf: bytes, pos: int) -> int:
     """Offset just past the msgpack object that starts at ``pos``."""
     b = buf[pos]
     fmt = mp_format(b)
-    sizes = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4,
-             "float32": 4, "uint64": 8, "int64": 8, "float64": 8}
+    sizes = {
+        "uint8": 1,
+        "int8": 1,
+        "uint16": 2,
+        "int16": 2,
+        "uint32": 4,
+        "int32": 4,
+        "float32": 4,
+        "uint64": 8,
+        "int64": 8,
+        "float64": 8,
+    }
     if fmt in ("posfixint", "negfixint", "nil", "true", "false"):
         return pos + 1
     if fmt in sizes:
@@ -809,8 +894,7 @@ class Describer:
 
     def __init__(self, keys: dict[str, bytes]) -> None:
         self.keys = keys
-        self.formats: dict[str, dict[str, Counter[str]]] = defaultdict(
-            lambda: defaultdict(Counter))
+        self.formats: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
         self._key: str | None = None
         self._vsn: int | None = None
 
@@ -835,18 +919,18 @@ class Describer:
             return plain
         return None
 
-    def describe(self, buf: bytes, stream: bool) -> Decoded:
+    def describe(self, buf: bytes, stream: bool, encrypted: bool) -> Decoded:
         self._key = self._vsn = None
         try:
-            summary = self._outer(buf, stream)
+            summary = self._outer(buf, stream, encrypted)
         except Exception as exc:
             summary = f"undecodable({type(exc).__name__}: {exc})"
         return Decoded(summary, self._key, self._vsn)
 
-    def _outer(self, buf: bytes, stream: bool) -> str:
+    def _outer(self, buf: bytes, stream: bool, encrypted: bool) -> str:
         if not buf:
             return "empty"
-        if self.keys and not stream:
+        if encrypted and not stream:
             plain = self._decrypt(buf, b"")
             if plain is not None:
                 return f"encrypted v{self._vsn}>{self._msg(plain, stream=False)}"
@@ -874,8 +958,11 @@ class Describer:
             algo, data = fget(obj, "Algo"), fget(obj, "Buf")
             if algo != 0 or not isinstance(data, bytes):
                 return f"compress(algo={algo})"
-            return "compress>" + self._msg(lzw_decompress(data), stream) + self._trailing(
-                len(body) - used)
+            return (
+                "compress>"
+                + self._msg(lzw_decompress(data), stream)
+                + self._trailing(len(body) - used)
+            )
         if t == 7:
             n = body[0]
             lens = struct.unpack_from(f"!{n}H", body, 1)
@@ -892,7 +979,7 @@ class Describer:
             return self._push_pull(body)
         if t == 8:
             if stream:
-                hdr, used = unpack_one(body)
+                _hdr, used = unpack_one(body)
                 self.note("userMsgHeader", body)
                 return "user>" + self._serf(body[used:])
             return f"user({self._serf(body)})"
@@ -993,8 +1080,19 @@ def analyse(run: ScenarioRun, nodes: list[NodeSpec], desc: Describer) -> list[It
         src = by_port.get(f.sport, "?")
         if by_tos.get(f.tos, src) != src:
             run.notes.append(f"udp {f.sport}->{f.dport}: TOS says {by_tos[f.tos]}, port {src}")
-        items.append(Item(run.name, "udp", f.ts, src, by_port.get(f.dport, "?"), f.sport,
-                          f.dport, f.payload, desc.describe(f.payload, stream=False)))
+        items.append(
+            Item(
+                run.name,
+                "udp",
+                f.ts,
+                src,
+                by_port.get(f.dport, "?"),
+                f.sport,
+                f.dport,
+                f.payload,
+                desc.describe(f.payload, False, run.encrypted),
+            )
+        )
     for conn in reassemble(frames, set(by_port)):
         client = by_tos.get(conn.client_tos, "?")
         server = by_port.get(conn.server[1], "?")
@@ -1005,8 +1103,22 @@ def analyse(run: ScenarioRun, nodes: list[NodeSpec], desc: Describer) -> list[It
             data, ts, gap = conn.stream("c2s" if direction == "initiator" else "s2c")
             if not data or ts is None:
                 continue
-            items.append(Item(run.name, "tcp", ts, src, dst, sp, dp, data,
-                              desc.describe(data, stream=True), conn.cid, direction, gap))
+            items.append(
+                Item(
+                    run.name,
+                    "tcp",
+                    ts,
+                    src,
+                    dst,
+                    sp,
+                    dp,
+                    data,
+                    desc.describe(data, True, run.encrypted),
+                    conn.cid,
+                    direction,
+                    gap,
+                )
+            )
     items.sort(key=lambda it: it.ts)
     return items
 
@@ -1052,21 +1164,27 @@ def coverage(entries: list[dict[str, Any]]) -> dict[str, list[str]]:
     cov: dict[str, list[str]] = {}
     for kind, (transport, pattern) in REQUIRED_KINDS.items():
         cov[kind] = [
-            e["file"] for e in entries
+            e["file"]
+            for e in entries
             if (transport is None or e["transport"] == transport)
             and re.search(pattern, e["summary"])
         ]
     rotated = [e["file"] for e in entries if e.get("key") == "k2"]
     cov["encrypted under rotated key k2"] = rotated
     fallback = {
-        (e["scenario"], e["conn"]) for e in entries
-        if e["transport"] == "tcp" and e["direction"] == "initiator"
+        (e["scenario"], e["conn"])
+        for e in entries
+        if e["transport"] == "tcp"
+        and e["direction"] == "initiator"
         and re.search(REQUIRED_KINDS["tcp ping"][1], e["summary"])
     }
     cov["tcp fallback ping+ack (same connection)"] = [
-        e["file"] for e in entries
-        if e["transport"] == "tcp" and (e["scenario"], e["conn"]) in fallback
-        and e["direction"] == "responder" and re.search(r"\back\b", e["summary"])
+        e["file"]
+        for e in entries
+        if e["transport"] == "tcp"
+        and (e["scenario"], e["conn"]) in fallback
+        and e["direction"] == "responder"
+        and re.search(r"\back\b", e["summary"])
     ]
     return cov
 
@@ -1253,8 +1371,8 @@ def render_readme(m: dict[str, Any]) -> str:
         "",
         f"Summary notation: {m['summary_grammar']}.",
         "",
-        "Keys: " + ", ".join(
-            f"`{k}` = `{v['base64']}` ({v['bytes']} bytes)" for k, v in m["keys"].items()),
+        "Keys: "
+        + ", ".join(f"`{k}` = `{v['base64']}` ({v['bytes']} bytes)" for k, v in m["keys"].items()),
         "",
         "## Inventory",
         "",
@@ -1262,7 +1380,8 @@ def render_readme(m: dict[str, Any]) -> str:
         "|---|---|---|---|---|",
     ]
     kept: Counter[tuple[str, str, str]] = Counter(
-        (e["scenario"], e["transport"], e["summary"]) for e in m["entries"])
+        (e["scenario"], e["transport"], e["summary"]) for e in m["entries"]
+    )
     for row in m["observed_counts"]:
         k = (row["scenario"], row["transport"], row["summary"])
         summ = row["summary"].replace("|", "\\|")
@@ -1270,8 +1389,9 @@ def render_readme(m: dict[str, Any]) -> str:
     lines += ["", "## Coverage", ""]
     for kind, files in m["coverage"].items():
         shown = ", ".join(f"`{f}`" for f in files[:3]) + (" …" if len(files) > 3 else "")
-        lines.append(f"* {kind}: {len(files)} file(s) {shown}" if files else
-                     f"* {kind}: **missing**")
+        lines.append(
+            f"* {kind}: {len(files)} file(s) {shown}" if files else f"* {kind}: **missing**"
+        )
     lines += [
         "",
         "## msgpack formats used by serf (go-codec `MsgpackHandle`)",
@@ -1280,8 +1400,9 @@ def render_readme(m: dict[str, Any]) -> str:
         "",
     ]
     for msg, fields in m["msgpack_formats"].items():
-        lines.append(f"* **{msg}**: " + "; ".join(
-            f"{f} = {', '.join(v)}" for f, v in fields.items()))
+        lines.append(
+            f"* **{msg}**: " + "; ".join(f"{f} = {', '.join(v)}" for f, v in fields.items())
+        )
     notes = [(s, n) for s, r in m["scenarios"].items() for n in r["notes"]]
     if notes:
         lines += ["", "## Capture notes", ""] + [f"* {s}: {n}" for s, n in notes]
@@ -1299,8 +1420,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rpc-port", type=int, default=RPC_BASE_PORT)
     ap.add_argument("--per-summary", type=int, default=3, help="examples kept per summary")
     ap.add_argument("--scenarios", default="plain,encrypted")
-    ap.add_argument("--keep-work", type=Path, default=None,
-                    help="copy pcaps and agent logs here (debugging)")
+    ap.add_argument(
+        "--keep-work", type=Path, default=None, help="copy pcaps and agent logs here (debugging)"
+    )
     args = ap.parse_args(argv)
 
     if os.geteuid() != 0:
@@ -1315,8 +1437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if busy:
         print(f"ports in use: {busy}", file=sys.stderr)
         return 2
-    serf_version = subprocess.run([args.serf, "version"], capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
+    serf_version = subprocess.run(
+        [args.serf, "version"], capture_output=True, text=True, timeout=10
+    ).stdout.strip()
 
     def on_term(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt(f"signal {signum}")

@@ -81,6 +81,13 @@ class Config:
     delegate_protocol_version: int = 4
     """serf's default ProtocolVersion (DCur)."""
 
+    reconnect_interval_ms: int = 30_000
+    """How often to try a push-pull with one failed member, so a healed partition merges
+    back (0 disables). serf ``ReconnectInterval``; attempted with probability
+    failed/alive per tick, as serf's ``reconnect`` does."""
+    reconnect_timeout_ms: int = 24 * 3600 * 1000
+    """How long a failed member is remembered for reconnects. serf ``ReconnectTimeout``."""
+
     # Lifeguard switches (arXiv 1707.00788 §IV); all on in memberlist.
     lifeguard_lhm: bool = True
     """LHA-Probe: local health multiplier scales probe and ack deadlines."""

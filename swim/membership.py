@@ -89,6 +89,9 @@ class Membership:
         self._suspicions: dict[str, _Suspicion] = {}
         self.health_score = 0
         self.leaving = False
+        self.failed: dict[str, tuple[Address, int]] = {}
+        """Members declared dead (not left), kept after reaping so we can try to reconnect
+        to them when a partition heals (serf ``failedMembers``); insertion-ordered."""
 
     # --- queries ------------------------------------------------------------------------
 
@@ -273,6 +276,7 @@ class Membership:
         if state.state != NodeStateType.ALIVE:
             state.state = NodeStateType.ALIVE
             state.state_change_ms = ctx.now_ms
+        self.failed.pop(a.node, None)
         if old_state in (NodeStateType.DEAD, NodeStateType.LEFT):
             ctx.event(EventKind.JOINED, state.snapshot())
         elif old_state == NodeStateType.SUSPECT:
@@ -440,8 +444,26 @@ class Membership:
         state.incarnation = d.incarnation
         state.state = NodeStateType.LEFT if d.node == d.sender else NodeStateType.DEAD
         state.state_change_ms = ctx.now_ms
+        self._remember_failure(state)
         kind = EventKind.LEFT if state.state == NodeStateType.LEFT else EventKind.DEAD
         ctx.event(kind, state.snapshot())
+
+    def _remember_failure(self, state: MemberState) -> None:
+        self.failed.pop(state.name, None)
+        if state.state != NodeStateType.DEAD or state.name == self.local_name:
+            return
+        self.failed[state.name] = (state.address, self._ctx.now_ms)
+        while len(self.failed) > self._ctx.config.max_members:
+            del self.failed[next(iter(self.failed))]
+
+    def expire_failed(self) -> None:
+        """Forget failed members older than the reconnect timeout (oldest first)."""
+        horizon = self._ctx.now_ms - self._ctx.config.reconnect_timeout_ms
+        while self.failed:
+            name, (_, failed_at) = next(iter(self.failed.items()))
+            if failed_at > horizon:
+                break
+            del self.failed[name]
 
     def refute(self, accused_incarnation: int) -> None:
         """state.go ``refute``: outbid the accusation and tell everyone we are alive."""

@@ -70,6 +70,7 @@ from swim.wire import DropReason, StreamMessage, WireError
 PROBE_TICK = "probe_tick"
 GOSSIP_TICK = "gossip_tick"
 PUSH_PULL_TICK = "push_pull_tick"
+RECONNECT_TICK = "reconnect_tick"
 STREAM_EXPIRE = "stream_expire"
 MAX_PENDING_STREAMS = 1024
 
@@ -80,6 +81,7 @@ class _Stream:
     dest: Address
     join: bool
     timer_id: int
+    reconnect: bool = False
 
 
 class Node:
@@ -192,6 +194,8 @@ class Node:
             self._ctx.set_timer(GOSSIP_TICK, rng.randrange(c.gossip_interval_ms))
         if c.push_pull_interval_ms > 0:
             self._ctx.set_timer(PUSH_PULL_TICK, rng.randrange(c.push_pull_interval_ms))
+        if c.reconnect_interval_ms > 0:
+            self._ctx.set_timer(RECONNECT_TICK, rng.randrange(c.reconnect_interval_ms))
         return self._finish()
 
     def join(self, seeds: Sequence[Address], now_ms: int) -> Output:
@@ -372,13 +376,18 @@ class Node:
         if isinstance(message, PushPull):
             self._ctx.stats.push_pulls += 1
             self._members.merge(message.nodes)
-            if stream.join:
+            if stream.reconnect:
+                self._ctx.notice("info", "reconnected", f"reconnected to {stream.dest}")
+            elif stream.join:
                 self._join_result(stream.dest, True, f"pushed/pulled {len(message.nodes)} states")
             return
         if isinstance(message, ErrResp):
             error = f"remote error: {message.error}"
         elif message is not None:
             error = f"unexpected reply {type(message).__name__}"
+        if stream.reconnect:
+            self._ctx.notice("debug", "reconnect_failed", f"reconnect {stream.dest}: {error}")
+            return
         self._ctx.notice("error", "push_pull_failed", f"push/pull with {stream.dest}: {error}")
         if stream.join:
             self._join_result(stream.dest, False, error or "failed")
@@ -400,6 +409,9 @@ class Node:
             self._gossip_round()
         elif kind == PUSH_PULL_TICK:
             self._on_push_pull_tick()
+        elif kind == RECONNECT_TICK:
+            self._ctx.set_timer(RECONNECT_TICK, self.config.reconnect_interval_ms)
+            self._reconnect()
         elif kind == SUSPICION_TIMER:
             name, state_change_ms = cast(tuple[str, int], data)
             self._members.on_suspicion_timeout(name, state_change_ms)
@@ -424,6 +436,26 @@ class Node:
         )
         if peers:
             self._open_push_pull(peers[0].address, join=False)
+
+    def _reconnect(self) -> None:
+        """serf ``reconnect``: with probability failed/alive, push-pull with one failed member.
+
+        This is what merges two halves of a healed partition: each side declared the other
+        dead, and only a new exchange of full state lets the accused refute.
+        """
+        members = self._members
+        members.expire_failed()
+        if not members.failed or members.leaving:
+            return
+        alive = max(members.count(NodeStateType.ALIVE), 1)
+        rng = self._ctx.rng
+        if rng.random() > len(members.failed) / alive:
+            return
+        names = list(members.failed)
+        address, _ = members.failed[names[rng.randrange(len(names))]]
+        stream_id = self._open_push_pull(address, join=True)
+        if stream_id in self._streams:
+            self._streams[stream_id].reconnect = True
 
     def _on_stream_expire(self, stream_id: int) -> None:
         stream = self._streams.pop(stream_id, None)
@@ -505,7 +537,7 @@ class Node:
         )
         return stream_id
 
-    def _open_push_pull(self, dest: Address, join: bool) -> None:
+    def _open_push_pull(self, dest: Address, join: bool) -> int:
         local = PushPull(join, self._members.push_states())
         deadline_ms = self._ctx.now_ms + self.config.tcp_timeout_ms
         stream_id = self.open_stream(
@@ -513,6 +545,7 @@ class Node:
         )
         if stream_id in self._streams:
             self._streams[stream_id].join = join
+        return stream_id
 
     def _stream_bytes(self, message: bytes) -> bytes:
         return wire.encode_stream(
