@@ -287,6 +287,8 @@ def read_text(path: Path) -> str:
 def port_is_free(port: int) -> bool:
     for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
         with socket.socket(socket.AF_INET, kind) as s:
+            # like Go's listeners: TIME_WAIT leftovers of an earlier run do not count
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:

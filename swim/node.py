@@ -283,6 +283,8 @@ class Node:
             return self._finish()
         for reason in decoded.drops:
             self._ctx.drop(reason)
+        if not decoded.messages and not decoded.drops:
+            self._ctx.drop(DropReason.EMPTY)  # e.g. a compound with no parts
         for message in decoded.messages:
             stats.messages_in[type(message).__name__.lower()] += 1
             self._dispatch(message, source)
