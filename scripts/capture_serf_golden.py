@@ -897,15 +897,20 @@ class Describer:
     def __init__(self, keys: dict[str, bytes]) -> None:
         self.keys = keys
         self.formats: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
+        self.key_orders: dict[str, Counter[tuple[str, ...]]] = defaultdict(Counter)
         self._key: str | None = None
         self._vsn: int | None = None
 
     def note(self, what: str, buf: bytes, pos: int = 0) -> None:
+        """Record the msgpack format of every field, and the field order, of a map."""
         try:
-            for fname, fmt in mp_map_fields(buf, pos).items():
-                self.formats[what][fname][fmt] += 1
+            fields = mp_map_fields(buf, pos)
         except (IndexError, ValueError, struct.error):
             self.formats[what]["<undecodable>"]["?"] += 1
+            return
+        for fname, fmt in fields.items():
+            self.formats[what][fname][fmt] += 1
+        self.key_orders[what][tuple(fields)] += 1
 
     def _decrypt(self, payload: bytes, aad: bytes) -> bytes | None:
         if len(payload) < 1 + 12 + 16 or payload[0] not in (0, 1):
@@ -1308,6 +1313,10 @@ def write_corpus(
             msg: {f: sorted(c) for f, c in sorted(fields.items())}
             for msg, fields in sorted(desc.formats.items())
         },
+        "msgpack_key_orders": {
+            msg: [list(order) for order in orders]
+            for msg, orders in sorted(desc.key_orders.items())
+        },
         "coverage": cov,
         "missing": [k for k, files in cov.items() if not files],
         "entries": entries,
@@ -1315,6 +1324,35 @@ def write_corpus(
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     (out / "README.md").write_text(render_readme(manifest))
     return manifest
+
+
+WIRE_NOTES = [
+    "## Wire-format observations (serf 0.9.4 as packaged by Debian)",
+    "",
+    "* Go structs are msgpack **maps** keyed by the field name (fixstr), and the keys",
+    "  come **sorted by name**, not in Go declaration order (e.g. ping is",
+    "  Node, SeqNo, SourceAddr, SourceNode, SourcePort; alive is Addr, Incarnation,",
+    "  Meta, Node, Port, Vsn). `omitempty` fields are absent when empty.",
+    "* Strings **and `[]byte`** use the old msgpack raw family only: fixstr (0xa0-0xbf)",
+    "  and str16 (0xda) even for 32..255 bytes (str32 0xdb beyond 64 KiB); never",
+    "  str8 (0xd9) and never bin8/16/32 (0xc4-0xc6). That covers Addr (4-byte IPv4),",
+    "  Meta (serf tags: 0xff then a msgpack map), Vsn (`[]uint8`, a 6-byte raw string",
+    "  pmin,pmax,pcur,dmin,dmax,dcur = 01 05 02 02 05 05), ack Payload, the compress",
+    "  Buf and serf payloads. A nil `[]byte` is nil (0xc0).",
+    "* Integers take the smallest **unsigned** format whatever the Go type (also for",
+    "  `int` fields such as UserStateLen = 0xcd uint16, and State): positive fixint,",
+    "  uint16 (0xcd) for ports, uint32 (0xce) for serf query IDs and timeouts.",
+    "  Booleans are 0xc2/0xc3; serf's coordinates are float64 (0xcb).",
+    "* Compression (type 9, LZW LSB/8) is used on UDP only when it makes the packet",
+    "  smaller, but always on TCP streams. The CRC header (type 12) is only added",
+    "  when memberlist is handed the destination node (gossip, and the probe's",
+    "  ping+suspect compound), so plain pings/acks/nacks carry no CRC. Layering is",
+    "  encrypt(crc(compress(msg))).",
+    "* With encryption every UDP packet starts with the version byte 1 (AES-GCM,",
+    "  12-byte nonce, no padding, empty AAD); TCP streams are 10, 4-byte BE length,",
+    "  then the same, with those first five bytes as AAD.",
+    "",
+]
 
 
 def render_readme(m: dict[str, Any]) -> str:
@@ -1405,6 +1443,10 @@ def render_readme(m: dict[str, Any]) -> str:
         lines.append(
             f"* **{msg}**: " + "; ".join(f"{f} = {', '.join(v)}" for f, v in fields.items())
         )
+    lines += ["", "Field order on the wire (`msgpack_key_orders`):", ""]
+    for msg, orders in m["msgpack_key_orders"].items():
+        lines.append(f"* **{msg}**: " + " / ".join(", ".join(o) for o in orders))
+    lines += ["", *WIRE_NOTES]
     notes = [(s, n) for s, r in m["scenarios"].items() for n in r["notes"]]
     if notes:
         lines += ["", "## Capture notes", ""] + [f"* {s}: {n}" for s, n in notes]
