@@ -7,7 +7,7 @@ import pytest
 from swim import Config, ConfigError
 
 
-# research notes §1.1 (memberlist config.go DefaultLANConfig / DefaultWANConfig / DefaultLocalConfig)
+# research notes §1.1: memberlist config.go Default{LAN,WAN,Local}Config
 @pytest.mark.parametrize(
     ("preset", "expected"),
     [
