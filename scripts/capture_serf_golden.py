@@ -284,6 +284,20 @@ def read_text(path: Path) -> str:
         return ""
 
 
+def serf_package() -> str:
+    """The distribution package that provides serf, if dpkg knows it."""
+    if shutil.which("dpkg-query") is None:
+        return "unknown"
+    proc = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Package} ${Version}", "serf"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    return f"Debian package {proc.stdout.strip()}" if proc.returncode == 0 else "unknown"
+
+
 def port_is_free(port: int) -> bool:
     for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
         with socket.socket(socket.AF_INET, kind) as s:
@@ -812,13 +826,13 @@ def mp_skip(buf: bytes, pos: int) -> int:
         return pos + 1 + (b & 0x1F)
     lenfmt = {"str8": "B", "bin8": "B", "str16": "H", "bin16": "H", "str32": "I", "bin32": "I"}
     if fmt in lenfmt:
-        n = struct.unpack_from("!" + lenfmt[fmt], buf, pos + 1)[0]
+        n: int = struct.unpack_from("!" + lenfmt[fmt], buf, pos + 1)[0]
         return pos + 1 + struct.calcsize(lenfmt[fmt]) + n
     if fmt.startswith("fixext"):
         return pos + 2 + {"1": 1, "2": 2, "4": 4, "8": 8, "16": 16}[fmt[6:]]
     if fmt in ("ext8", "ext16", "ext32"):
         lf = {"ext8": "B", "ext16": "H", "ext32": "I"}[fmt]
-        n = struct.unpack_from("!" + lf, buf, pos + 1)[0]
+        n = int(struct.unpack_from("!" + lf, buf, pos + 1)[0])
         return pos + 2 + struct.calcsize(lf) + n
     if fmt in ("fixarray", "array16", "array32", "fixmap", "map16", "map32"):
         if fmt.startswith("fix"):
@@ -1265,7 +1279,9 @@ def write_corpus(
         "generator": "scripts/capture_serf_golden.py",
         "reproduce": ".venv/bin/python scripts/capture_serf_golden.py --out tests/golden/serf",
         "captured_at": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
-        "serf_version": serf_version,
+        "serf_version": serf_version.splitlines()[0] if serf_version else "",
+        "serf_version_output": serf_version,
+        "serf_package": serf_package(),
         "host": {"kernel": platform.release(), "python": platform.python_version()},
         "nodes": [
             {
@@ -1327,14 +1343,14 @@ def write_corpus(
 
 
 WIRE_NOTES = [
-    "## Wire-format observations (serf 0.9.4 as packaged by Debian)",
+    "## Wire-format observations (Debian's serf 0.9.4 build)",
     "",
     "* Go structs are msgpack **maps** keyed by the field name (fixstr), and the keys",
     "  come **sorted by name**, not in Go declaration order (e.g. ping is",
     "  Node, SeqNo, SourceAddr, SourceNode, SourcePort; alive is Addr, Incarnation,",
     "  Meta, Node, Port, Vsn). `omitempty` fields are absent when empty.",
     "* Strings **and `[]byte`** use the old msgpack raw family only: fixstr (0xa0-0xbf)",
-    "  and str16 (0xda) even for 32..255 bytes (str32 0xdb beyond 64 KiB); never",
+    "  and str16 (0xda) even for 32..255 bytes (presumably str32 0xdb past 64 KiB); never",
     "  str8 (0xd9) and never bin8/16/32 (0xc4-0xc6). That covers Addr (4-byte IPv4),",
     "  Meta (serf tags: 0xff then a msgpack map), Vsn (`[]uint8`, a 6-byte raw string",
     "  pmin,pmax,pcur,dmin,dmax,dcur = 01 05 02 02 05 05), ack Payload, the compress",
@@ -1365,7 +1381,7 @@ def render_readme(m: dict[str, Any]) -> str:
         "do not edit by hand.",
         "",
         f"* captured: {m['captured_at']} (kernel {m['host']['kernel']})",
-        f"* serf: `{m['serf_version']}`",
+        f"* serf: `serf version` says `{m['serf_version']}`; {m['serf_package']}",
         "* three agents `a`, `b`, `c` on 127.0.0.1, `-profile=local`, compression on (default):",
         "",
         "| node | gossip | rpc | tags |",

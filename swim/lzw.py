@@ -53,6 +53,12 @@ _MAX_WIDTH = 12
 _WRITER_MAX_CODE = (1 << _MAX_WIDTH) - 1
 
 
+_INITIAL_TABLE: list[bytes] = [bytes((i,)) for i in range(_CLEAR)] + [b""] * (
+    (1 << _MAX_WIDTH) - _CLEAR
+)
+"""Literal codes expand to themselves; the rest are filled in as codes are defined."""
+
+
 class LZWError(ValueError):
     """The compressed stream is corrupt, truncated or otherwise undecodable."""
 
@@ -165,8 +171,7 @@ def decompress(data: BytesLike, max_output_bytes: int) -> bytes:
     # Each entry holds the full expansion of its code. Entries in [258, hi) are always
     # rewritten after a CLEAR before they can be referenced, so stale ones are harmless.
     # Their total size is bounded by the output already produced, hence by the limit.
-    table: list[bytes] = [bytes((i,)) for i in range(_CLEAR)]
-    table.extend(b"" for _ in range((1 << _MAX_WIDTH) - _CLEAR))
+    table = _INITIAL_TABLE.copy()
 
     out = bytearray()
     size = len(data)

@@ -70,7 +70,7 @@ def test_entries_well_formed(manifest: dict[str, Any]) -> None:
         assert e["scenario"] in ("plain", "encrypted")
         assert e["file"].startswith(e["scenario"] + "/")
         assert e["src"] in node_names and e["dst"] in node_names, e["file"]
-        assert e["src"] != e["dst"], e["file"]
+        # src == dst happens: an agent answers its own serf query (queryResponse to self)
         assert 0 <= e["first_byte"] <= 255
         if e["transport"] == "tcp":
             assert e["direction"] in ("initiator", "responder")
