@@ -87,6 +87,7 @@ MSG_NAMES: dict[int, str] = {
     12: "crc",
     13: "err",
 }
+NODE_STATES: dict[int, str] = {0: "alive", 1: "suspect", 2: "dead", 3: "left"}
 SERF_MSG_NAMES: dict[int, str] = {
     0: "leave",
     1: "join",
@@ -465,8 +466,9 @@ class Scenario:
             self.run.key_switch_time = time.time()
             time.sleep(2)
 
-        # At least one periodic (non-join) push/pull: with the local profile every
-        # agent starts one within 15 s of starting, staggered at random.
+        # At least one periodic (non-join) push/pull: memberlist waits a random
+        # stagger below the interval (15 s in the local profile), then one interval,
+        # so every agent starts its first one 15-30 s after it started.
         self.phase("await-periodic-pushpull")
 
         def pushpulls() -> int:
@@ -474,7 +476,7 @@ class Scenario:
                 read_text(self.log(n)).count("Initiating push/pull sync") for n in NODE_NAMES
             )
 
-        wait_until(lambda: pushpulls() >= 3, 30, "a periodic push/pull")
+        wait_until(lambda: pushpulls() >= 3, 40, "a periodic push/pull")
 
         self.phase("udp-blackhole-c")
         spec = ["-i", "lo", "-p", "udp", "--dport", str(c.gossip_port), "-j", "DROP"]
@@ -1027,17 +1029,19 @@ class Describer:
         hdr, p = unpack_one(body)
         self.note("pushPullHeader", body)
         nodes = fget(hdr, "Nodes") or 0
+        states: set[str] = set()
         for _ in range(nodes):
             self.note("pushNodeState", body, p)
             node, used = unpack_one(body[p:])
             meta = fget(node, "Meta")
             if isinstance(meta, bytes) and meta[:1] == b"\xff":
                 self.note("serf:tags", meta, 1)
+            states.add(NODE_STATES.get(fget(node, "State"), str(fget(node, "State"))))
             p += used
         ulen = fget(hdr, "UserStateLen") or 0
         user = body[p : p + ulen]
         join = "true" if fget(hdr, "Join") else "false"
-        desc = f"pushPull(join={join},nodes={nodes})"
+        desc = f"pushPull(join={join},nodes={nodes},states={'+'.join(sorted(states))})"
         if user:
             desc += f"+state({self._serf(user)})"
         return desc + self._trailing(len(body) - p - ulen)
@@ -1318,7 +1322,8 @@ def write_corpus(
             "layers outer>inner: 'encrypted vN' (AES-GCM, version byte N), 'crc' (type 12, "
             "CRC32 verified), 'compress' (type 9, LZW undone); 'compound[a, b]' lists parts; "
             "'user(serf:X)' is a memberlist user message carrying Serf message X; "
-            "'pushPull(join=..,nodes=N)+state(serf:pushPull)' a push/pull with Serf state; "
+            "'pushPull(join=..,nodes=N,states=..)+state(serf:pushPull)' a push/pull listing N "
+            "nodes in those memberlist states, with Serf's state appended; "
             "'dead(left)' a dead message with From == Node; '+trailing(n)' unexpected bytes"
         ),
         "observed_counts": [
@@ -1358,6 +1363,8 @@ WIRE_NOTES = [
     "* Integers take the smallest **unsigned** format whatever the Go type (also for",
     "  `int` fields such as UserStateLen = 0xcd uint16, and State): positive fixint,",
     "  uint16 (0xcd) for ports, uint32 (0xce) for serf query IDs and timeouts.",
+    "  No value in 128..255 and no negative integer occurs in this capture, so",
+    "  uint8 (0xcc) and the signed formats are not exercised here.",
     "  Booleans are 0xc2/0xc3; serf's coordinates are float64 (0xcb).",
     "* Compression (type 9, LZW LSB/8) is used on UDP only when it makes the packet",
     "  smaller, but always on TCP streams. The CRC header (type 12) is only added",
