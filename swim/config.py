@@ -78,8 +78,8 @@ class Config:
     mixed cluster passes memberlist's ``verifyProtocol``."""
     delegate_protocol_max: int = 5
     """serf ProtocolVersionMax."""
-    delegate_protocol_version: int = 4
-    """serf's default ProtocolVersion (DCur)."""
+    delegate_protocol_version: int = 5
+    """DCur as serf 0.9.4 advertises it (Vsn ``01 05 02 02 05 05`` in the golden captures)."""
 
     reconnect_interval_ms: int = 30_000
     """How often to try a push-pull with one failed member, so a healed partition merges

@@ -2,9 +2,10 @@
 
 Rules:
 - A packet is ``[type byte][msgpack body]``; bodies are msgpack maps keyed by memberlist's Go
-  field names, encoded as hashicorp/go-msgpack does: strings and ``[]byte`` as raw (str)
+  field names, encoded as hashicorp/go-msgpack does (checked byte for byte against serf
+  captures in tests/golden/serf): keys sorted by name, strings and ``[]byte`` as raw (str)
   types without str8, nil for empty byte slices, ``omitempty`` fields left out, integers in
-  their shortest form. Decoding is lenient where Go is (unknown keys ignored, missing keys
+  their shortest unsigned form. Decoding is lenient where Go is (unknown keys ignored, missing keys
   are zero values, bin or str accepted for bytes) and strict where safety needs it (types,
   integer ranges, sizes).
 - Layers on send (net.go ``sendMsg``/``rawSendMsgPacket``): message → compound (piggyback)
@@ -224,7 +225,9 @@ def _unpack_one(body: bytes) -> Any:
 
 def _encode_fields(fields: Sequence[_Field], values: Callable[[str], Any]) -> bytes:
     out: dict[str, Any] = {}
-    for field in fields:
+    # go-msgpack writes struct fields sorted by name (seen in every serf capture), not in
+    # declaration order; the tables are in declaration order for readability.
+    for field in sorted(fields, key=lambda f: f.go):
         value = values(field.attr)
         if field.kind == "str":
             value = value.encode("utf-8", "surrogateescape")

@@ -56,16 +56,16 @@ def test_message_round_trip(msg: Message) -> None:
 
 
 def test_layout_matches_go_msgpack() -> None:
-    """hashicorp/go-msgpack: map keyed by Go field names in declaration order, raw str types
-    for strings and []byte, nil for empty slices, omitempty fields left out (net.go)."""
+    """hashicorp/go-msgpack: map keyed by Go field names sorted by name, raw str types for
+    strings and []byte, nil for empty slices, omitempty fields left out (net.go)."""
     data = wire.encode_message(Ping(1, "b"))
     assert data[0] == MsgType.PING
-    assert data[1:] == bytes([0x82]) + b"\xa5SeqNo\x01" + b"\xa4Node\xa1b"
+    assert data[1:] == bytes([0x82]) + b"\xa4Node\xa1b" + b"\xa5SeqNo\x01"
     ack = wire.encode_message(Ack(7))
-    assert ack[1:] == bytes([0x82]) + b"\xa5SeqNo\x07" + b"\xa7Payload\xc0"
+    assert ack[1:] == bytes([0x82]) + b"\xa7Payload\xc0" + b"\xa5SeqNo\x07"
     alive = wire.encode_message(Alive(1, "n", IP, 7946, b"", bytes([1, 5, 2, 2, 5, 4])))
     body = msgpack.unpackb(alive[1:], raw=True)
-    assert list(body) == [b"Incarnation", b"Node", b"Addr", b"Port", b"Meta", b"Vsn"]
+    assert list(body) == [b"Addr", b"Incarnation", b"Meta", b"Node", b"Port", b"Vsn"]
     assert body[b"Meta"] is None
     # a 40-byte string is raw16 (0xda), never str8 (0xd9), as old go-msgpack writes
     long = wire.encode_message(Suspect(1, "x" * 40, "a"))
