@@ -37,7 +37,9 @@ from swim.security import (
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "serf"
 MANIFEST: dict[str, Any] = json.loads((GOLDEN / "manifest.json").read_text())
-KEYS = {name: base64.b64decode(k["base64"]) for name, k in MANIFEST["keys"].items()}
+KEYS: dict[str, bytes] = {
+    name: base64.b64decode(k["base64"]) for name, k in MANIFEST["keys"].items()
+}
 PORTS = {n["name"]: n["gossip_port"] for n in MANIFEST["nodes"]}
 ENTRIES = MANIFEST["entries"]
 UDP = [e for e in ENTRIES if e["transport"] == "udp"]
