@@ -48,7 +48,8 @@ LIMITS = wire.StreamLimits()
 
 
 def _data(entry: dict[str, Any]) -> bytes:
-    return (GOLDEN / entry["file"]).read_bytes()
+    path: Path = GOLDEN / str(entry["file"])
+    return path.read_bytes()
 
 
 def _crypto(entry: dict[str, Any]) -> wire.Crypto | None:
