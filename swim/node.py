@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from swim import formulas, wire
+from swim.compat import Versions, verify_protocol
 from swim.config import META_MAX_BYTES, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, Config
 from swim.context import Context
 from swim.effects import (
@@ -347,7 +348,7 @@ class Node:
             self._ctx.stats.push_pulls += 1
             local = PushPull(message.join, self._members.push_states())
             out.reply = self._stream_bytes(wire.encode_push_pull(local))
-            self._members.merge(message.nodes)
+            self._merge(message, source)
         elif isinstance(message, UserMsg):
             out.user_messages.append(UserMessage(source, message.payload))
         else:
@@ -375,9 +376,10 @@ class Node:
             return
         if stream.kind != StreamKind.PUSH_PULL:
             return
-        if isinstance(message, PushPull):
+        if isinstance(message, PushPull) and not self._merge(message, stream.dest):
+            error = "incompatible protocol versions"
+        elif isinstance(message, PushPull):
             self._ctx.stats.push_pulls += 1
-            self._members.merge(message.nodes)
             if stream.reconnect:
                 self._ctx.notice("info", "reconnected", f"reconnected to {stream.dest}")
             elif stream.join:
@@ -385,7 +387,7 @@ class Node:
             return
         if isinstance(message, ErrResp):
             error = f"remote error: {message.error}"
-        elif message is not None:
+        elif message is not None and not isinstance(message, PushPull):
             error = f"unexpected reply {type(message).__name__}"
         if stream.reconnect:
             self._ctx.notice("debug", "reconnect_failed", f"reconnect {stream.dest}: {error}")
@@ -393,6 +395,20 @@ class Node:
         self._ctx.notice("error", "push_pull_failed", f"push/pull with {stream.dest}: {error}")
         if stream.join:
             self._join_result(stream.dest, False, error or "failed")
+
+    def _merge(self, remote: PushPull, source: Address) -> bool:
+        """Merge a pushed state unless its protocol versions clash (memberlist
+        ``mergeRemoteState``): then nothing is merged and the reason is logged."""
+        problem = verify_protocol(
+            (Versions(m.name, m.state, m.vsn) for m in self._members.states()),
+            (Versions(r.name, r.state, r.vsn) for r in remote.nodes),
+        )
+        if problem:
+            self._ctx.drop(DropReason.INVALID_VERSION)
+            self._ctx.notice("error", "push_pull_rejected", f"push/pull from {source}: {problem}")
+            return False
+        self._members.merge(remote.nodes)
+        return True
 
     def _join_result(self, address: Address, ok: bool, detail: str) -> None:
         level = "info" if ok else "error"
