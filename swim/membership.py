@@ -232,6 +232,11 @@ class Membership:
         if self.leaving and a.node == self.local_name:
             return
         address = Address(ip_from_bytes(a.addr), a.port or self.local.address.port)
+        if address == self.local.address and a.node != self.local_name:
+            # Someone claims our own address under another name: never true, never useful.
+            ctx.drop(DropReason.REJECTED)
+            ctx.notice("error", "address_conflict", f"{a.node} claims our address {address}")
+            return
         state = self._members.get(a.node)
         updates_address = False
         if state is None:
@@ -322,7 +327,9 @@ class Membership:
             tuple(a.vsn[:6]) if len(a.vsn) >= 6 else (),
         )
         self._members[name] = state
-        self._by_addr.setdefault(address, name)
+        # The newest name at an address wins: a process restarted under another name at
+        # the same address is the one that answers there now.
+        self._by_addr[address] = name
         n = len(self._order)
         offset = self._ctx.rng.randrange(n) if n > 0 else 0
         self._order.append(name)

@@ -497,7 +497,7 @@ class Node:
 
         limit = self.config.udp_buffer_size - wire.packet_overhead(self._crypto())
         for peer in self._members.random_members(self.config.gossip_nodes, exclude):
-            parts = self._take_broadcasts(limit)
+            parts = self._take_broadcasts(limit - _crc_overhead(peer))
             if not parts:
                 return
             self._emit(peer.address, parts, peer)
@@ -516,14 +516,22 @@ class Node:
 
     def send(self, dest: Address, message: bytes, member: MemberState | None = None) -> None:
         """One message, with as many broadcasts piggybacked as fit (net.go ``sendMsg``)."""
-        limit = self.config.udp_buffer_size - len(message) - wire.packet_overhead(self._crypto())
+        # Unlike memberlist (net.go sendMsg), also count the message's own compound entry
+        # and the CRC header, so a packet never exceeds udp_buffer_size.
+        limit = (
+            self.config.udp_buffer_size
+            - len(message)
+            - wire.COMPOUND_OVERHEAD
+            - wire.packet_overhead(self._crypto())
+            - _crc_overhead(member)
+        )
         self._emit(dest, [message, *self._take_broadcasts(limit)], member)
 
     def send_parts(self, dest: Address, parts: list[bytes], member: MemberState | None) -> None:
         self._emit(dest, parts, member)
 
     def _emit(self, dest: Address, parts: list[bytes], member: MemberState | None) -> None:
-        crc = member is not None and member.protocol_max >= 5
+        crc = _crc_overhead(member) > 0
         crypto = self._crypto()
         stats = self._ctx.stats
         for start in range(0, len(parts), wire.MAX_COMPOUND_PARTS):
@@ -582,6 +590,11 @@ class Node:
                 self._leave_done = True
             finished.clear()
         return self._ctx.finish()
+
+
+def _crc_overhead(member: MemberState | None) -> int:
+    """Receivers that speak protocol ≥ 5 get a CRC32 header (net.go rawSendMsgPacket)."""
+    return wire.CRC_OVERHEAD if member is not None and member.protocol_max >= 5 else 0
 
 
 def _type_name(part: bytes) -> str:

@@ -205,14 +205,17 @@ class Prober:
         delta = formulas.probe_failure_awareness_delta(
             probe.expected_nacks if ctx.config.lifeguard_nacks else 0, probe.nacks
         )
-        self._end(probe, delta)
+        # Suspect first, then end the probe: a tick that arrived meanwhile starts the next
+        # probe, which must see the suspicion (memberlist runs it after probeNode returns).
         target = self._members.get(probe.target)
-        if target is None or target.dead_or_left():
-            return
-        ctx.notice("info", "probe_failed", f"suspect {probe.target} has failed, no acks received")
-        self._members.apply_suspect(
-            Suspect(target.incarnation, target.name, self._members.local_name)
-        )
+        if target is not None and not target.dead_or_left():
+            ctx.notice(
+                "info", "probe_failed", f"suspect {probe.target} has failed, no acks received"
+            )
+            self._members.apply_suspect(
+                Suspect(target.incarnation, target.name, self._members.local_name)
+            )
+        self._end(probe, delta)
 
     def _end(self, probe: _Probe, health_delta: int) -> None:
         for timer_id in probe.timer_ids:

@@ -55,6 +55,8 @@ COMPOUND_HEADER_OVERHEAD = 2
 """net.go ``compoundHeaderOverhead``: assumed bytes for a compound header."""
 COMPOUND_OVERHEAD = 2
 """net.go ``compoundOverhead``: bytes per part in a compound header."""
+CRC_OVERHEAD = 5
+"""net.go: type byte plus a big-endian CRC32 for receivers that speak protocol ≥ 5."""
 USER_MSG_OVERHEAD = 1
 """net.go ``userMsgOverhead``: the type byte of a piggybacked user message."""
 MAX_COMPOUND_PARTS = 255

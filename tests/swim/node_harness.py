@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from typing import TypeVar
 
-from swim import Address, Config, Node, Output, Packet, Timer, wire
+from swim import Address, Config, Member, Node, Output, Packet, Timer, wire
 from swim.messages import Ack, Alive, Message, Ping
 from swim.node import PROBE_TICK
 from swim.security import Keyring
@@ -21,8 +21,19 @@ def addr(index: int) -> Address:
 
 
 def vsn(pmax: int = 5) -> bytes:
-    """A memberlist version vector (pmin, pmax, pcur, dmin, dmax, dcur)."""
-    return bytes([1, pmax, min(2, pmax), 2, 5, 4])
+    """A memberlist version vector (pmin, pmax, pcur, dmin, dmax, dcur); the delegate
+    versions are our defaults so that push-pull version checks pass."""
+    c = Config.lan()
+    return bytes(
+        [
+            1,
+            pmax,
+            min(2, pmax),
+            c.delegate_protocol_min,
+            c.delegate_protocol_max,
+            c.delegate_protocol_version,
+        ]
+    )
 
 
 def alive(
@@ -67,6 +78,11 @@ class Peer:
     @property
     def address(self) -> Address:
         return self.node.address
+
+    def member(self, name: str) -> Member:
+        m = self.node.member(name)
+        assert m is not None, f"{self.name} does not know {name}"
+        return m
 
     def take(self, out: Output) -> Output:
         self.timers.extend(out.timers)

@@ -117,6 +117,8 @@ def _cases() -> list[Case]:
         Case(wire.make_compound([alive])[:-2], "truncated_compound"),
         Case(wire.encode_message(Ping(1, "zz")), "wrong_node"),
         Case(b"\xff" * 65_000, "unknown_type"),  # oversized garbage
+        # another name claiming our own address
+        Case(wire.encode_message(Alive(1, "zz", ADDRS["a"].ip_bytes, 7946, b"", VSN)), "rejected"),
     ]
 
 

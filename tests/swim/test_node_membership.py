@@ -8,6 +8,8 @@ Reference: hashicorp/memberlist @ 1b4c746 state.go ``aliveNode``, ``suspectNode`
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from swim import Config, EventKind, NodeStateType, StreamKind, formulas
@@ -19,6 +21,7 @@ from tests.swim.node_harness import (
     Peer,
     addr,
     alive,
+    alive_of,
     decode,
     make_peer,
     mesh,
@@ -144,6 +147,22 @@ def test_accusation_is_refuted_with_a_higher_incarnation(accusation: type) -> No
     assert [(m.incarnation, m.addr, m.port) for m in about_us] == [(8, addr(1).ip_bytes, PORT)]
 
 
+def test_alive_about_us_that_differs_is_refuted_and_a_matching_one_ignored() -> None:
+    a = make_peer("a", 1, meta=b"mine")
+    inc = a.node.incarnation
+    same = alive_of(a)
+    assert a.receive(addr(2), same, now_ms=10).notices == []
+    assert a.node.incarnation == inc
+    # Same incarnation, other meta: a restarted process with another config (state.go).
+    out = a.receive(addr(2), replace(same, meta=b"theirs"), now_ms=20)
+    assert [n.kind for n in out.notices] == ["refute"]
+    assert a.node.incarnation == inc + 1
+    a.receive(addr(2), replace(same, incarnation=inc + 5), now_ms=30)
+    assert a.node.incarnation == inc + 6
+    assert a.member("a").meta == b"mine"
+    assert a.node.stats.refutations == 2
+
+
 def test_leave_marks_us_left_and_finishes_when_gossiped_out() -> None:
     a, b, c = make_peer("a", 1), make_peer("b", 2), make_peer("c", 3)
     mesh(a, b, c)
@@ -158,10 +177,14 @@ def test_leave_marks_us_left_and_finishes_when_gossiped_out() -> None:
         assert Dead(inc, "a", "a") in decode(pkt.data)
     # Retransmit limit for n = 3 is 4·ceil(log10 4) = 4 sends; two went out already.
     assert formulas.retransmit_limit(4, 3) == 4
-    assert not a.node.leave_done
+    progress = [a.node.leave_done]
+    carried = [sum(Dead(inc, "a", "a") in decode(p.data) for p in out.packets)]
     for now in (300, 500):
-        a.fire(GOSSIP_TICK, now)
-    assert a.node.leave_done
+        tick = a.fire(GOSSIP_TICK, now)
+        carried.append(sum(Dead(inc, "a", "a") in decode(p.data) for p in tick.packets))
+        progress.append(a.node.leave_done)
+    assert carried == [2, 2, 0]
+    assert progress == [False, True, True]
     # A leaving node neither refutes nor accepts news about itself.
     a.receive(addr(2), Suspect(inc, "a", "b"), alive("a", 1, inc + 5), now_ms=600)
     assert _state(a, "a") == (LEFT, inc)
@@ -260,7 +283,7 @@ def test_set_meta_bumps_incarnation_and_peers_see_an_update() -> None:
     inc = a.node.incarnation
     a.take(a.node.set_meta(b"v2", 100))
     assert a.node.incarnation == inc + 1
-    assert a.node.member("a").meta == b"v2"  # type: ignore[union-attr]
+    assert a.member("a").meta == b"v2"
     out = a.fire(GOSSIP_TICK, 200)
     [pkt] = to(out, b.address)
     got = b.deliver(a.address, pkt.data, 210)
@@ -277,7 +300,7 @@ def test_oversize_meta_raises_and_changes_nothing() -> None:
     with pytest.raises(ValueError):
         a.node.set_meta(bytes(513), 20)
     assert a.node.incarnation == inc + 1
-    assert a.node.member("a").meta == bytes(512)  # type: ignore[union-attr]
+    assert a.member("a").meta == bytes(512)
     assert a.node.broadcast_queue_depth == depth
 
 
@@ -299,20 +322,20 @@ def test_dead_member_is_reclaimed_from_a_new_address_only_after_the_reclaim_time
         assert [n.kind for n in out.notices] == ["address_conflict"]
         assert out.events == []
     assert o.node.stats.dropped["rejected"] == 2
-    assert o.node.member("m").address == addr(2)  # type: ignore[union-attr]
+    assert o.member("m").address == addr(2)
     out = o.receive(addr(9), alive("m", 9, 4), now_ms=11_001)
     assert [e.kind for e in out.events] == [EventKind.JOINED]
-    assert o.node.member("m").address == addr(9)  # type: ignore[union-attr]
+    assert o.member("m").address == addr(9)
     assert _state(o, "m") == (ALIVE, 4)
 
 
 def test_dead_member_is_never_reclaimed_by_default_nor_an_alive_one() -> None:
     o = _dead_member(Config.lan())
     o.receive(addr(9), alive("m", 9, 4), now_ms=10**9)
-    assert o.node.member("m").address == addr(2)  # type: ignore[union-attr]
+    assert o.member("m").address == addr(2)
     o.receive(addr(4), alive("x", 4), now_ms=10**9)
     o.receive(addr(9), alive("x", 9, 7), now_ms=10**9 + 1)
-    assert o.node.member("x").address == addr(4)  # type: ignore[union-attr]
+    assert o.member("x").address == addr(4)
     assert o.node.stats.dropped["rejected"] == 2
 
 
@@ -322,7 +345,7 @@ def test_left_member_may_come_back_from_a_new_address_at_once() -> None:
     # memberlist's updatesNode: even the same incarnation is taken from a new address.
     out = o.receive(addr(9), alive("m", 9, 3), now_ms=1001)
     assert [e.kind for e in out.events] == [EventKind.JOINED]
-    assert o.node.member("m").address == addr(9)  # type: ignore[union-attr]
+    assert o.member("m").address == addr(9)
     assert o.node.stats.dropped["rejected"] == 0
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from swim import Address, Config, EventKind, NodeStateType, ProbeResult, StreamKind
+from swim import Address, Config, EventKind, NodeStateType, Packet, ProbeResult, StreamKind
 from swim.messages import Ack, Dead, IndirectPing, Nack, Ping, Suspect
 from swim.node import PROBE_TICK
 from swim.probe import PROBE_DEADLINE, PROBE_TCP_GRACE, PROBE_TIMEOUT, RELAY_TIMEOUT
@@ -21,7 +21,6 @@ from tests.swim.node_harness import (
     alive_of,
     decode,
     make_peer,
-    of_type,
     to,
 )
 
@@ -68,7 +67,7 @@ def test_probe_of_a_suspect_carries_the_suspicion_only_with_buddy(buddy: bool) -
     a = make_peer("a", 1, config=Config.lan(lifeguard_buddy=buddy))
     a.learn(alive("b", 2, 3))
     a.receive(addr(3), Suspect(3, "b", "c"), now_ms=10)
-    assert a.node.member("b").state == SUSPECT  # type: ignore[union-attr]
+    assert a.member("b").state == SUSPECT
     a.drain(20)  # nothing left to piggyback: the packet holds exactly what the probe sends
     out, ping = a.probe("b", 100)
     assert len(out.packets) == 1
@@ -109,7 +108,7 @@ def _prober_with_helpers(config: Config, seed: int) -> Peer:
     return a
 
 
-def _indirect(out_packets: list, seq_no: int) -> dict[str, IndirectPing]:  # type: ignore[type-arg]
+def _indirect(out_packets: list[Packet], seq_no: int) -> dict[str, IndirectPing]:
     found: dict[str, IndirectPing] = {}
     for p in out_packets:
         msgs = decode(p.data)
@@ -239,14 +238,16 @@ def test_failed_probe_raises_health_by_missing_nacks(nacks: int, delta: int) -> 
     _failed_probe(a, 1000, nacks)
     assert a.node.health_score == delta
     assert a.node.stats.nacks_received == nacks
-    assert a.node.member("t").state == SUSPECT  # type: ignore[union-attr]
+    assert a.member("t").state == SUSPECT
 
 
 def test_failed_probe_without_nack_capable_helpers_counts_one() -> None:
     a = _health_cluster(Config.lan(disable_tcp_pings=True), helper_pmax=3)
     _, _ = a.probe("t", 1000)
     out = a.fire(PROBE_TIMEOUT)
-    assert all(not decode(p.data)[0].nack for p in out.packets)  # type: ignore[union-attr]
+    requests = [decode(p.data)[0] for p in out.packets]
+    assert len(requests) == 3
+    assert all(isinstance(r, IndirectPing) and not r.nack for r in requests)
     a.fire(PROBE_DEADLINE)
     assert a.node.health_score == 1
 
@@ -273,9 +274,7 @@ def test_success_never_lowers_health_below_zero() -> None:
         out = a.fire(PROBE_TICK, now)
         [ping] = [m for p in out.packets for m in decode(p.data) if isinstance(m, Ping)]
         result = a.receive(out.packets[0].dest, Ack(ping.seq_no, b"x"), now_ms=now + 7)
-        assert [(r.rtt_ms, r.payload, r.via) for r in result.probe_results] == [
-            (7, b"x", "direct")
-        ]
+        assert [(r.rtt_ms, r.payload, r.via) for r in result.probe_results] == [(7, b"x", "direct")]
         assert a.node.health_score == 0
 
 
@@ -323,6 +322,8 @@ def _answer_tcp_ping(a: Peer, t: Peer, data: bytes, now_ms: int) -> Ack:
 @pytest.mark.parametrize("reply_after_deadline", [False, True])
 def test_tcp_fallback_rescues_a_probe_and_warns(reply_after_deadline: bool) -> None:
     a, t, ping = _tcp_setup()
+    a.receive(addr(3), Suspect(a.node.incarnation, "a", "x"), now_ms=1100)  # refute: +1
+    assert a.node.health_score == 1
     out = a.fire(PROBE_TIMEOUT)
     [req] = out.streams
     assert (req.kind, req.dest, req.expect_reply) == (StreamKind.PING, t.address, True)
@@ -341,12 +342,11 @@ def test_tcp_fallback_rescues_a_probe_and_warns(reply_after_deadline: bool) -> N
     warnings = [n for n in done.notices if n.level == "warning"]
     assert len(warnings) == 1
     assert "over TCP but UDP probes failed" in warnings[0].message
-    assert done.probe_results == [
-        ProbeResult("t", done.probe_results[0].rtt_ms, b"", "tcp")
-    ]
+    assert done.probe_results == [ProbeResult("t", done.probe_results[0].rtt_ms, b"", "tcp")]
     assert done.events == []
-    assert a.node.member("t").state == ALIVE  # type: ignore[union-attr]
+    assert a.member("t").state == ALIVE
     assert a.node.stats.tcp_fallback_rescues == 1
+    assert a.node.health_score == 0  # contact over TCP counts as an answer: −1
     assert a.node.stats.probes_failed == 0
 
 
@@ -375,3 +375,32 @@ def test_no_tcp_fallback_when_disabled_or_target_too_old() -> None:
     old.probe("t", 1000)
     assert old.fire(PROBE_TIMEOUT).streams == []
     assert old.node.stats.tcp_fallback_probes == 0
+
+
+# --- ticks during a probe -------------------------------------------------------------------
+
+
+def test_tick_during_a_probe_runs_when_it_ends_and_carries_the_new_suspicion() -> None:
+    """A Go ticker buffers one tick while probeNode blocks; the buffered probe runs after
+    the failed one has marked its target suspect, so a ping to the same target already
+    uses the buddy system. The buffered probe picks b again only when b was last in the
+    probe order and the reshuffle puts it first, so several seeds are tried."""
+    again = 0
+    for seed in range(1, 60):
+        a = make_peer("a", 1, config=Config.lan(disable_tcp_pings=True), seed=seed)
+        a.learn(alive("b", 2), alive("c", 3, pmax=2))  # c cannot be asked for a nack
+        a.drain(10)
+        _, first = a.probe("b", 1000)
+        assert a.fire(PROBE_TICK, 1200).packets == []  # still probing: remembered
+        a.fire(PROBE_TIMEOUT)
+        done = a.fire(PROBE_DEADLINE)
+        assert [e.kind for e in done.events] == [EventKind.SUSPECT]
+        pings = [p for p in done.packets if p.dest == addr(2)]
+        if not pings:
+            continue
+        again += 1
+        assert decode(pings[0].data) == [
+            Ping(first.seq_no + 1, "b", addr(1).ip_bytes, PORT, "a"),
+            Suspect(1, "b", "a"),
+        ]
+    assert again > 0
