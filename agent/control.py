@@ -1,0 +1,193 @@
+"""The local control API: schema, framing and a blocking client. Pure: no trio, no Node.
+
+``swimctl`` and ``torchhook`` talk to the agent through this module only.
+
+Transport: a Unix stream socket (mode 0600). Default path, first that applies:
+``$SWIM_CONTROL``; ``$XDG_RUNTIME_DIR/swim/agent.sock``; ``/run/swim/agent.sock``.
+
+Framing: every message is a 4-byte big-endian length followed by that many bytes of msgpack
+(a map). Frames larger than ``MAX_FRAME_BYTES`` are refused by both sides.
+
+Request: ``{"v": 1, "op": <str>, "args": <map>}``. Reply: ``{"ok": true, "result": ...}`` or
+``{"ok": false, "error": <str>}``. A streaming op (``monitor``) answers with one ``ok`` frame
+and then one ``{"event": ...}`` frame per event until either side closes.
+
+Operations and their results (the ``--json`` output of ``swimctl`` is exactly ``result``,
+so this is also the stable JSON schema):
+
+- ``members`` args ``{status?: str}`` → list of member objects:
+  ``{"name", "addr", "port", "status": alive|suspect|dead|left, "incarnation": int,
+  "phi": float|null, "tags": {str: str}, "protocol": [pmin, pmax, pcur, dmin, dmax, dcur],
+  "since_ms": int}`` (``since_ms``: milliseconds since the member last changed state).
+- ``info`` → ``{"node", "addr", "port", "incarnation", "health_score", "members":
+  {status: count}, "profile", "encrypted": bool, "stats": {...}, "version"}``.
+- ``join`` args ``{addrs: [str]}`` → ``{"joined": int, "errors": [str]}``.
+- ``leave`` → ``{"left": bool}``; the agent then exits.
+- ``force_leave`` args ``{node: str}`` → ``{"node": str, "status": str}``.
+- ``tags`` args ``{set: {str: str}, delete: [str]}`` → ``{"tags": {str: str}}``.
+- ``keys`` args ``{action: list|install|use|remove, key?: base64 str}`` →
+  ``{"keys": [base64], "primary": base64|null}``.
+- ``monitor`` → event frames ``{"event": {"type": joined|updated|suspect|alive|dead|left|
+  reaped|log, "node": str, "status": str, "incarnation": int, "at_ms": int,
+  "message": str}}``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+HEADER = struct.Struct(">I")
+OPS = ("members", "info", "join", "leave", "force_leave", "tags", "keys", "monitor")
+STREAMING_OPS = ("monitor",)
+
+
+class ControlError(Exception):
+    """The agent refused a request, or could not be reached; the message says why."""
+
+
+def default_control_path() -> Path:
+    explicit = os.environ.get("SWIM_CONTROL")
+    if explicit:
+        return Path(explicit)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "swim" / "agent.sock"
+    return Path("/run/swim/agent.sock")
+
+
+def encode_frame(obj: Mapping[str, Any]) -> bytes:
+    body: bytes = msgpack.packb(obj, use_bin_type=True)
+    if len(body) > MAX_FRAME_BYTES:
+        raise ControlError(f"frame of {len(body)} bytes exceeds {MAX_FRAME_BYTES}")
+    return HEADER.pack(len(body)) + body
+
+
+class FrameDecoder:
+    """Incremental frame parser: feed bytes, take whole messages."""
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._buf = bytearray()
+        self._max = max_frame_bytes
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._buf += data
+        frames: list[dict[str, Any]] = []
+        while len(self._buf) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self._buf)
+            if length > self._max:
+                raise ControlError(f"frame of {length} bytes exceeds {self._max}")
+            if len(self._buf) < HEADER.size + length:
+                break
+            body = bytes(self._buf[HEADER.size : HEADER.size + length])
+            del self._buf[: HEADER.size + length]
+            try:
+                obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
+            except (ValueError, msgpack.UnpackException) as exc:
+                raise ControlError(f"bad frame: {exc}") from exc
+            if not isinstance(obj, dict):
+                raise ControlError("a frame must hold a map")
+            frames.append(obj)
+        return frames
+
+
+def make_request(op: str, **args: Any) -> dict[str, Any]:
+    if op not in OPS:
+        raise ControlError(f"unknown operation {op!r}; known: {', '.join(OPS)}")
+    return {"v": PROTOCOL_VERSION, "op": op, "args": args}
+
+
+def parse_request(frame: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Validate a request frame; raises ControlError with a message for the client."""
+    if frame.get("v") != PROTOCOL_VERSION:
+        raise ControlError(f"unsupported control protocol version {frame.get('v')!r}")
+    op = frame.get("op")
+    if not isinstance(op, str) or op not in OPS:
+        raise ControlError(f"unknown operation {op!r}")
+    args = frame.get("args", {})
+    if not isinstance(args, dict):
+        raise ControlError("args must be a map")
+    return op, args
+
+
+def ok(result: Any) -> dict[str, Any]:
+    return {"ok": True, "result": result}
+
+
+def error(message: str) -> dict[str, Any]:
+    return {"ok": False, "error": message}
+
+
+class ControlClient:
+    """Blocking client for scripts, ``swimctl`` and ``torchhook``."""
+
+    def __init__(self, path: Path | str | None = None, timeout_s: float = 10.0) -> None:
+        self.path = Path(path) if path is not None else default_control_path()
+        self.timeout_s = timeout_s
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout_s)
+        try:
+            sock.connect(str(self.path))
+        except OSError as exc:
+            sock.close()
+            raise ControlError(
+                f"cannot reach the agent at {self.path}: {exc.strerror or exc}. Is it "
+                "running? (set --control or SWIM_CONTROL to its socket)"
+            ) from exc
+        return sock
+
+    def request(self, op: str, **args: Any) -> Any:
+        """Send one request and return its result, or raise ControlError."""
+        with self._connect() as sock:
+            sock.sendall(encode_frame(make_request(op, **args)))
+            return _result(_first(_frames(sock)))
+
+    def stream(self, op: str, **args: Any) -> Iterator[dict[str, Any]]:
+        """Send a streaming request and yield its events until the agent closes."""
+        sock = self._connect()
+        sock.settimeout(None)
+        try:
+            sock.sendall(encode_frame(make_request(op, **args)))
+            frames = _frames(sock)
+            _result(_first(frames))
+            for frame in frames:
+                event = frame.get("event")
+                if isinstance(event, dict):
+                    yield event
+        finally:
+            sock.close()
+
+
+def _frames(sock: socket.socket) -> Iterator[dict[str, Any]]:
+    decoder = FrameDecoder()
+    while True:
+        try:
+            data = sock.recv(65536)
+        except TimeoutError as exc:
+            raise ControlError("the agent did not answer in time") from exc
+        if not data:
+            return
+        yield from decoder.feed(data)
+
+
+def _first(frames: Iterator[dict[str, Any]]) -> dict[str, Any]:
+    frame = next(frames, None)
+    if frame is None:
+        raise ControlError("the agent closed the connection without answering")
+    return frame
+
+
+def _result(frame: Mapping[str, Any]) -> Any:
+    if frame.get("ok") is True:
+        return frame.get("result")
+    raise ControlError(str(frame.get("error", "the agent refused the request")))
