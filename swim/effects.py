@@ -141,6 +141,9 @@ class Output:
     """Members that showed a direct sign of life (a valid packet from their address)."""
     notices: list[Notice] = field(default_factory=list)
     join_results: list[JoinResult] = field(default_factory=list)
+    push_pull_states: list[bytes] = field(default_factory=list)
+    """Application state that came with a remote push-pull (memberlist
+    ``Delegate.MergeRemoteState``), non-empty ones only."""
     reply: bytes | None = None
     """Bytes to write back on the stream that ``handle_stream`` was called for."""
 
@@ -154,6 +157,7 @@ class Output:
         self.heard_from.extend(other.heard_from)
         self.notices.extend(other.notices)
         self.join_results.extend(other.join_results)
+        self.push_pull_states.extend(other.push_pull_states)
         if other.reply is not None:
             self.reply = other.reply
 

@@ -516,6 +516,20 @@ class Membership:
             for m in self.states()
         )
 
+    def force_left(self, name: str) -> None:
+        """Mark a failed member as left, as if it had said so itself (its own incarnation,
+        sender = itself), and gossip that; it is then reaped like any left member."""
+        state = self._members[name]
+        if state.state == NodeStateType.DEAD:
+            # apply_dead ignores news about the already dead; replace the record directly
+            state.state = NodeStateType.LEFT
+            state.state_change_ms = self._ctx.now_ms
+            self.failed.pop(name, None)
+            self._broadcast(name, Dead(state.incarnation, name, name))
+            self._ctx.event(EventKind.LEFT, state.snapshot())
+        else:
+            self.apply_dead(Dead(state.incarnation, name, name))
+
     def leave(self) -> None:
         self.leaving = True
         me = self.local

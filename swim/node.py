@@ -122,6 +122,7 @@ class Node:
         self._streams: dict[int, _Stream] = {}
         self._next_stream_id = 0
         self._leave_done = False
+        self._user_state = b""
         self._members.bump_local()
         self._ctx.out = Output()
 
@@ -215,6 +216,32 @@ class Node:
             if not self._members.any_alive_peer():
                 self._leave_done = True
             self._gossip_round()
+        return self._finish()
+
+    def force_leave(self, name: str, now_ms: int) -> Output:
+        """Declare a failed member gone for good (Serf ``force-leave``): it is gossiped as
+        having left, so it is reaped instead of waited for. Refused for a live member."""
+        member = self._members.get(name)
+        if member is None:
+            raise ValueError(f"no member named {name!r}")
+        if name == self.name:
+            raise ValueError("use leave() to leave; force-leave is for other, failed members")
+        if member.state == NodeStateType.ALIVE:
+            raise ValueError(f"{name} is alive; force-leave only removes failed members")
+        self._ctx.begin(now_ms)
+        if member.state != NodeStateType.LEFT:
+            self._members.force_left(name)
+        return self._finish()
+
+    def set_push_pull_state(self, state: bytes) -> None:
+        """Application state sent after the member list in every push-pull (memberlist
+        ``Delegate.LocalState``; Serf keeps its Lamport clocks there)."""
+        self._user_state = bytes(state)
+
+    def gossip(self, now_ms: int) -> Output:
+        """Run a gossip round now (e.g. to push out a message before leaving)."""
+        self._ctx.begin(now_ms)
+        self._gossip_round()
         return self._finish()
 
     def set_meta(self, meta: bytes, now_ms: int) -> Output:
@@ -346,7 +373,7 @@ class Node:
                 out.reply = self._stream_bytes(ack)
         elif isinstance(message, PushPull):
             self._ctx.stats.push_pulls += 1
-            local = PushPull(message.join, self._members.push_states())
+            local = PushPull(message.join, self._members.push_states(), self._user_state)
             out.reply = self._stream_bytes(wire.encode_push_pull(local))
             self._merge(message, source)
         elif isinstance(message, UserMsg):
@@ -408,6 +435,8 @@ class Node:
             self._ctx.notice("error", "push_pull_rejected", f"push/pull from {source}: {problem}")
             return False
         self._members.merge(remote.nodes)
+        if remote.user_state:
+            self._ctx.out.push_pull_states.append(remote.user_state)
         return True
 
     def _join_result(self, address: Address, ok: bool, detail: str) -> None:
@@ -564,7 +593,7 @@ class Node:
         return stream_id
 
     def _open_push_pull(self, dest: Address, join: bool) -> int:
-        local = PushPull(join, self._members.push_states())
+        local = PushPull(join, self._members.push_states(), self._user_state)
         deadline_ms = self._ctx.now_ms + self.config.tcp_timeout_ms
         stream_id = self.open_stream(
             dest, wire.encode_push_pull(local), StreamKind.PUSH_PULL, deadline_ms

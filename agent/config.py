@@ -1,0 +1,344 @@
+"""Agent configuration: TOML file, then command-line overrides, validated with clear errors.
+
+Precedence: built-in defaults < ``--config FILE.toml`` < command-line flags. Every error
+names the setting and says what is wrong; nothing is silently ignored (an unknown key in
+the file is an error, as a typo there would otherwise be a silent misconfiguration).
+
+File format (see packaging/agent.toml for a commented example)::
+
+    node = "gpu-07"                 # default: the host name
+    bind = "0.0.0.0:7946"           # UDP and TCP on the same port (memberlist convention)
+    advertise = "10.0.0.7:7946"     # the address peers use; default: bind, or a local IP
+    join = ["10.0.0.1:7946"]        # contacted once at start
+    retry_join = ["10.0.0.1"]       # retried every retry_interval_ms until one works
+    retry_interval_ms = 30000
+    retry_max = 0                   # 0: forever
+    profile = "lan"                 # lan | wan | local
+    encrypt = "base64 key"          # or keyring_file = "/etc/swim/keyring.json"
+    control = "/run/swim/agent.sock"
+    metrics_addr = "127.0.0.1:9946" # off unless set
+    log_level = "info"
+    leave_timeout_ms = 5000
+    leave_propagate_delay_ms = 300  # leave intent first, so Serf peers say "left"
+    [tags]
+    rack = "a3"
+    [protocol]                      # any swim.Config field, e.g.
+    probe_interval_ms = 1000
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import ipaddress
+import json
+import socket
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swim import Config, ConfigError
+from swim.config import META_MAX_BYTES
+from swim.security import Keyring
+
+DEFAULT_PORT = 7946
+PROFILES = ("lan", "wan", "local")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class AgentConfigError(ValueError):
+    """A setting that cannot be used; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_host_port(text: str, what: str, default_port: int | None = DEFAULT_PORT) -> HostPort:
+    """``HOST:PORT``, ``[v6]:PORT`` or (with a default port) ``HOST``."""
+    text = text.strip()
+    host, port_text = text, ""
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise AgentConfigError(f"{what}: {text!r} is missing the closing ']'")
+        host, rest = text[1:end], text[end + 1 :]
+        if rest and not rest.startswith(":"):
+            raise AgentConfigError(f"{what}: {text!r} is not [HOST]:PORT")
+        port_text = rest[1:]
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    if not host:
+        raise AgentConfigError(f"{what}: {text!r} has no host")
+    if not port_text:
+        if default_port is None:
+            raise AgentConfigError(f"{what}: {text!r} needs a port (HOST:PORT)")
+        return HostPort(host, default_port)
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise AgentConfigError(f"{what}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise AgentConfigError(f"{what}: port {port} is out of range 0..65535")
+    return HostPort(host, port)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    node: str = field(default_factory=socket.gethostname)
+    bind: HostPort = HostPort("0.0.0.0", DEFAULT_PORT)
+    advertise: HostPort | None = None
+    join: tuple[str, ...] = ()
+    retry_join: tuple[str, ...] = ()
+    retry_interval_ms: int = 30_000
+    retry_max: int = 0
+    profile: str = "lan"
+    tags: Mapping[str, str] = field(default_factory=dict)
+    encrypt: str | None = None
+    keyring_file: Path | None = None
+    control: Path | None = None
+    metrics_addr: HostPort | None = None
+    log_level: str = "info"
+    leave_timeout_ms: int = 5_000
+    leave_propagate_delay_ms: int = 300
+    protocol: Mapping[str, Any] = field(default_factory=dict)
+    config_file: Path | None = None
+    phi_capacity: int = 4096
+
+    def swim_config(self) -> Config:
+        """The protocol configuration: the profile's preset with ``[protocol]`` overrides."""
+        preset = {"lan": Config.lan, "wan": Config.wan, "local": Config.local}[self.profile]
+        try:
+            return preset(**self.protocol)
+        except ConfigError as exc:
+            raise AgentConfigError(f"[protocol]: {exc}") from exc
+
+    def keyring(self) -> Keyring | None:
+        """The keyring from ``encrypt`` or ``keyring_file`` (a JSON list of base64 keys,
+        primary first, as Serf's keyring file)."""
+        try:
+            if self.encrypt is not None:
+                return Keyring.from_base64([self.encrypt])
+            if self.keyring_file is not None:
+                keys = json.loads(self.keyring_file.read_text())
+                if (
+                    not isinstance(keys, list)
+                    or not keys
+                    or not all(isinstance(k, str) for k in keys)
+                ):
+                    raise AgentConfigError(
+                        f"keyring_file {self.keyring_file}: expected a JSON list of base64 keys"
+                    )
+                return Keyring.from_base64(keys)
+        except OSError as exc:
+            raise AgentConfigError(f"keyring_file {self.keyring_file}: {exc.strerror}") from exc
+        except json.JSONDecodeError as exc:
+            raise AgentConfigError(f"keyring_file {self.keyring_file}: not JSON ({exc})") from exc
+        except ValueError as exc:
+            if isinstance(exc, AgentConfigError):
+                raise
+            where = "encrypt" if self.encrypt is not None else f"keyring_file {self.keyring_file}"
+            raise AgentConfigError(f"{where}: {exc}") from exc
+        return None
+
+
+_FILE_KEYS = {f.name for f in dataclasses.fields(AgentConfig)} - {"config_file"}
+
+
+def load(
+    config_file: Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> AgentConfig:
+    """Defaults, then the TOML file, then ``overrides`` (CLI flags; None values skipped)."""
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        values.update(_read_toml(config_file))
+    for key, value in (overrides or {}).items():
+        if value is None or value == () or value == {}:
+            continue
+        if key == "tags" and "tags" in values:
+            values["tags"] = {**values["tags"], **value}
+        else:
+            values[key] = value
+    return build(values, config_file)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise AgentConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise AgentConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    unknown = sorted(set(data) - _FILE_KEYS)
+    if unknown:
+        raise AgentConfigError(
+            f"config file {path}: unknown setting(s) {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(_FILE_KEYS))}"
+        )
+    return data
+
+
+def build(values: Mapping[str, Any], config_file: Path | None = None) -> AgentConfig:
+    """Validate raw values (from TOML or flags) into an AgentConfig."""
+    v = dict(values)
+    kwargs: dict[str, Any] = {"config_file": config_file}
+    if "node" in v:
+        kwargs["node"] = _text(v["node"], "node")
+    if "bind" in v:
+        kwargs["bind"] = _bind(_text(v["bind"], "bind"))
+    if "advertise" in v:
+        kwargs["advertise"] = _ip_host_port(_text(v["advertise"], "advertise"), "advertise")
+    for key in ("join", "retry_join"):
+        if key in v:
+            kwargs[key] = tuple(_addresses(v[key], key))
+    for key in (
+        "retry_interval_ms",
+        "retry_max",
+        "leave_timeout_ms",
+        "leave_propagate_delay_ms",
+        "phi_capacity",
+    ):
+        if key in v:
+            kwargs[key] = _int(v[key], key)
+    if "profile" in v:
+        kwargs["profile"] = _choice(v["profile"], "profile", PROFILES)
+    if "log_level" in v:
+        kwargs["log_level"] = _choice(str(v["log_level"]).lower(), "log_level", LOG_LEVELS)
+    if "tags" in v:
+        kwargs["tags"] = _tags(v["tags"])
+    if "encrypt" in v:
+        kwargs["encrypt"] = _key(v["encrypt"])
+    for key in ("keyring_file", "control"):
+        if key in v:
+            kwargs[key] = Path(_text(v[key], key))
+    if "metrics_addr" in v:
+        kwargs["metrics_addr"] = parse_host_port(
+            _text(v["metrics_addr"], "metrics_addr"), "metrics_addr", None
+        )
+    if "protocol" in v:
+        if not isinstance(v["protocol"], Mapping):
+            raise AgentConfigError("[protocol] must be a table of swim.Config fields")
+        kwargs["protocol"] = _protocol(v["protocol"])
+    config = AgentConfig(**kwargs)
+    _check(config)
+    return config
+
+
+def _check(c: AgentConfig) -> None:
+    if c.encrypt is not None and c.keyring_file is not None:
+        raise AgentConfigError("set either encrypt or keyring_file, not both")
+    if c.retry_interval_ms <= 0:
+        raise AgentConfigError("retry_interval_ms must be > 0")
+    if c.phi_capacity < 1:
+        raise AgentConfigError("phi_capacity must be >= 1")
+    c.swim_config()  # validates [protocol] against the profile
+    from agent.serf import encode_tags
+
+    if len(encode_tags(c.tags)) > META_MAX_BYTES:
+        raise AgentConfigError(f"tags take more than {META_MAX_BYTES} bytes once encoded")
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise AgentConfigError(f"{what} must be a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise AgentConfigError(f"{what} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _choice(value: Any, what: str, options: tuple[str, ...]) -> str:
+    if value not in options:
+        raise AgentConfigError(f"{what} must be one of {', '.join(options)}, got {value!r}")
+    return str(value)
+
+
+def _bind(text: str) -> HostPort:
+    hp = parse_host_port(text, "bind")
+    try:
+        ipaddress.ip_address(hp.host)
+    except ValueError:
+        raise AgentConfigError(f"bind: {hp.host!r} is not an IP address") from None
+    return hp
+
+
+def _ip_host_port(text: str, what: str) -> HostPort:
+    hp = parse_host_port(text, what)
+    try:
+        ip = ipaddress.ip_address(hp.host)
+    except ValueError:
+        raise AgentConfigError(f"{what}: {hp.host!r} is not an IP address") from None
+    if ip.is_unspecified:
+        raise AgentConfigError(f"{what}: {hp.host} cannot be advertised; give a reachable IP")
+    if hp.port == 0:
+        raise AgentConfigError(f"{what}: port 0 cannot be advertised")
+    return hp
+
+
+def _addresses(value: Any, what: str) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise AgentConfigError(f"{what} must be a list of HOST[:PORT] strings")
+    out = []
+    for item in value:
+        parse_host_port(_text(item, what), what)  # validates the form
+        out.append(item.strip())
+    return out
+
+
+def _tags(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise AgentConfigError("tags must be a table of string keys and values")
+    tags: dict[str, str] = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not key or not isinstance(item, str):
+            raise AgentConfigError(f"tag {key!r}: keys and values must be strings")
+        tags[key] = item
+    return tags
+
+
+def parse_tag_args(items: tuple[str, ...] | list[str], what: str = "--tag") -> dict[str, str]:
+    """``k=v`` items from the command line."""
+    tags: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise AgentConfigError(f"{what} {item!r}: expected KEY=VALUE")
+        tags[key] = value
+    return tags
+
+
+def _key(value: Any) -> str:
+    text = _text(value, "encrypt")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise AgentConfigError("encrypt: the key is not valid base64") from None
+    if len(raw) not in (16, 24, 32):
+        raise AgentConfigError(
+            f"encrypt: the key must decode to 16, 24 or 32 bytes, got {len(raw)}"
+        )
+    return text
+
+
+def _protocol(value: Mapping[str, Any]) -> dict[str, Any]:
+    known = {f.name for f in dataclasses.fields(Config)}
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise AgentConfigError(
+            f"[protocol]: unknown field(s) {', '.join(unknown)} (see swim/config.py)"
+        )
+    return dict(value)

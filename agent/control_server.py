@@ -1,0 +1,274 @@
+"""The agent side of the control API (schema in ``agent.control``): a Unix socket, mode 0600.
+
+Rules: a connection carries requests one after another; each is answered in order. Every
+request is bounded in size (``MAX_FRAME_BYTES``) and time (a client that sends nothing is
+dropped after ``IDLE_TIMEOUT_S``); a bad request gets an error reply and never affects the
+agent. Commands that change the node run in the node task via ``Agent.command``.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import socket
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from agent import serf
+from agent.control import (
+    STREAMING_OPS,
+    ControlError,
+    FrameDecoder,
+    default_control_path,
+    encode_frame,
+    error,
+    ok,
+    parse_request,
+)
+from swim import Member, NodeStateType
+
+if TYPE_CHECKING:
+    from agent.runtime import Agent
+
+log = logging.getLogger("swim.agent")
+IDLE_TIMEOUT_S = 30.0
+MAX_CONNECTIONS = 64
+STATUSES = tuple(s.name.lower() for s in NodeStateType)
+
+
+class ControlServer:
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.path = agent.config.control or default_control_path()
+        self._limiter = trio.CapacityLimiter(MAX_CONNECTIONS)
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        sock = _bind_unix(self.path)
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        log.info("control API on %s", self.path)
+        try:
+            task_status.started()
+            await trio.serve_listeners(self._handle, [listener])
+        finally:
+            try:
+                if self.path.is_socket():
+                    self.path.unlink()
+            except OSError:
+                pass
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        if self._limiter.available_tokens == 0:
+            await stream.aclose()
+            return
+        async with self._limiter, stream:
+            decoder = FrameDecoder()
+            while True:
+                with trio.move_on_after(IDLE_TIMEOUT_S):
+                    try:
+                        data = await stream.receive_some(65536)
+                    except (trio.BrokenResourceError, OSError):
+                        return
+                    if not data:
+                        return
+                    try:
+                        frames = decoder.feed(data)
+                    except ControlError as exc:
+                        await _send(stream, error(str(exc)))
+                        return
+                    for frame in frames:
+                        if not await self._answer(stream, frame):
+                            return
+                    continue
+                return  # idle for too long
+
+    async def _answer(self, stream: trio.SocketStream, frame: dict[str, Any]) -> bool:
+        try:
+            op, args = parse_request(frame)
+            if op in STREAMING_OPS:
+                await self._monitor(stream)
+                return False
+            result = await getattr(self, f"_op_{op}")(**args)
+        except TypeError as exc:
+            return await _send(stream, error(f"bad arguments: {exc}"))
+        except (ControlError, ValueError) as exc:
+            return await _send(stream, error(str(exc)))
+        return await _send(stream, ok(result))
+
+    # --- operations -------------------------------------------------------------------
+
+    async def _op_members(self, status: str | None = None) -> list[dict[str, Any]]:
+        if status is not None and status not in STATUSES:
+            raise ControlError(f"unknown status {status!r}; one of {', '.join(STATUSES)}")
+        agent = self.agent
+        now = _now()
+        phi = agent.phi_values()
+        members = [member_json(m, phi.get(m.name), now) for m in agent._node().members()]
+        return [m for m in members if status is None or m["status"] == status]
+
+    async def _op_info(self) -> dict[str, Any]:
+        agent = self.agent
+        node = agent._node()
+        counts = {s: 0 for s in STATUSES}
+        for m in node.members():
+            counts[m.state.name.lower()] += 1
+        st = node.stats
+        return {
+            "node": node.name,
+            "addr": node.address.host,
+            "port": node.address.port,
+            "incarnation": node.incarnation,
+            "health_score": node.health_score,
+            "members": counts,
+            "profile": agent.config.profile,
+            "encrypted": node.keyring is not None,
+            "tags": dict(agent.tags),
+            "uptime_ms": _now() - agent.started_ms,
+            "stats": {
+                "packets_in": st.packets_in,
+                "packets_out": st.packets_out,
+                "bytes_in": st.bytes_in,
+                "bytes_out": st.bytes_out,
+                "probes_sent": st.probes_sent,
+                "probes_failed": st.probes_failed,
+                "suspicions_raised": st.suspicions_raised,
+                "refutations": st.refutations,
+                "deaths_declared": st.deaths_declared,
+                "dropped": dict(st.dropped),
+                "broadcast_queue": node.broadcast_queue_depth,
+            },
+            "version": _version(),
+        }
+
+    async def _op_join(self, addrs: list[str]) -> dict[str, Any]:
+        if not isinstance(addrs, list) or not addrs or not all(isinstance(a, str) for a in addrs):
+            raise ControlError("join needs a list of HOST:PORT addresses")
+        return await self.agent.join(addrs)
+
+    async def _op_leave(self) -> dict[str, Any]:
+        await self.agent.leave_cluster()
+        self.agent.request_shutdown()
+        return {"left": True}
+
+    async def _op_force_leave(self, node: str) -> dict[str, Any]:
+        agent = self.agent
+        n = agent._node()
+        await agent.command(lambda t: agent._apply(n.force_leave(node, t)))
+        agent._send_leave_intent(node)
+        member = n.member(node)
+        return {"node": node, "status": member.state.name.lower() if member else "left"}
+
+    async def _op_tags(
+        self, set: dict[str, str] | None = None, delete: list[str] | None = None
+    ) -> dict[str, Any]:
+        tags = dict(self.agent.tags)
+        for key, value in (set or {}).items():
+            if not isinstance(key, str) or not key or not isinstance(value, str):
+                raise ControlError(f"tag {key!r}: keys and values must be strings")
+            tags[key] = value
+        for key in delete or []:
+            tags.pop(key, None)
+        if len(serf.encode_tags(tags)) > 512:
+            raise ControlError("tags would take more than 512 bytes once encoded")
+        return {"tags": await self.agent.set_tags(tags)}
+
+    async def _op_keys(self, action: str = "list", key: str | None = None) -> dict[str, Any]:
+        agent = self.agent
+        node = agent._node()
+        keyring = node.keyring
+        if keyring is None:
+            raise ControlError("encryption is not enabled on this agent")
+        if action != "list":
+            if key is None:
+                raise ControlError(f"keys {action} needs a key")
+            try:
+                raw = base64.b64decode(key, validate=True)
+            except ValueError:
+                raise ControlError("the key is not valid base64") from None
+            ops = {"install": node.install_key, "use": node.use_key, "remove": node.remove_key}
+            if action not in ops:
+                raise ControlError(f"unknown keys action {action!r}")
+            await agent.command(lambda t: ops[action](raw))
+        return {
+            "keys": [base64.b64encode(k).decode() for k in keyring.keys],
+            "primary": base64.b64encode(keyring.primary_key).decode(),
+        }
+
+    async def _monitor(self, stream: trio.SocketStream) -> None:
+        events = self.agent.subscribe()
+        if not await _send(stream, ok({"subscribed": True})):
+            return
+        async with events:
+            async for event in events:
+                if not await _send(stream, {"event": event}):
+                    return
+
+
+def member_json(m: Member, phi: float | None, now_ms: int) -> dict[str, Any]:
+    try:
+        # serf reads empty meta as {"role": ""}; for members without tags show none
+        tags = serf.decode_tags(m.meta) if m.meta else {}
+    except ValueError:
+        tags = {"_meta": m.meta.hex()}
+    return {
+        "name": m.name,
+        "addr": m.address.host,
+        "port": m.address.port,
+        "status": m.state.name.lower(),
+        "incarnation": m.incarnation,
+        "phi": None if phi is None else round(phi, 3),
+        "tags": tags,
+        "protocol": list(m.vsn),
+        "since_ms": max(now_ms - m.state_change_ms, 0),
+    }
+
+
+async def _send(stream: trio.SocketStream, frame: dict[str, Any]) -> bool:
+    try:
+        await stream.send_all(encode_frame(frame))
+        return True
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        return False
+
+
+def _now() -> int:
+    return int(trio.current_time() * 1000)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("swim")
+    except Exception:
+        return "unknown"
+
+
+def _bind_unix(path: Path) -> socket.socket:
+    """Bind the control socket at ``path`` with mode 0600, replacing a stale one."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise ControlError(f"{path} exists and is not a socket; refusing to replace it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # stale: nobody is listening
+        else:
+            raise ControlError(f"another agent is already listening on {path}")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.listen(64)
+    sock.setblocking(False)
+    return sock
