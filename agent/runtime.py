@@ -130,6 +130,7 @@ class Agent:
         except OSError:
             raw.close()
             raise
+        _grow_receive_buffer(raw)
         raw.setblocking(False)
         self.bound_port = raw.getsockname()[1]
         udp = trio.socket.from_stdlib_socket(raw)
@@ -593,6 +594,18 @@ _LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
+
+
+def _grow_receive_buffer(sock: socket.socket) -> None:
+    """memberlist net_transport.go ``setUDPRecvBuf``: ask for 2 MiB, halving until the
+    kernel accepts, so bursts of gossip are not dropped before we can count them."""
+    size = 2 * 1024 * 1024
+    while size >= 64 * 1024:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+            return
+        except OSError:
+            size //= 2
 
 
 def _family(host: str) -> int:

@@ -314,7 +314,7 @@ class Node:
         if not decoded.messages and not decoded.drops:
             self._ctx.drop(DropReason.EMPTY)  # e.g. a compound with no parts
         for message in decoded.messages:
-            stats.messages_in[type(message).__name__.lower()] += 1
+            stats.messages_in[wire.message_type_name(message)] += 1
             self._dispatch(message, source)
         sender = self._members.by_address(source)
         if decoded.messages and sender is not None and sender.name != self.name:

@@ -306,6 +306,11 @@ def type_name(kind: int) -> str:
     return member.name.lower() if isinstance(member, MsgType) else f"type_{kind}"
 
 
+def message_type_name(msg: Message) -> str:
+    """The wire type name of a decoded message (``ping``, ``indirect_ping``, ``user``…)."""
+    return "user" if isinstance(msg, UserMsg) else type_name(_TYPE_OF[type(msg)])
+
+
 # --- compound, compression, crc -----------------------------------------------------------
 
 

@@ -1,0 +1,545 @@
+"""Prometheus metrics for one agent, and a minimal trio HTTP server that exposes them.
+
+Every agent owns its own ``CollectorRegistry`` (never prometheus_client's global one), so
+several agents can live in one process (tests, simulations) without clashing.
+
+Most values are read from the sans-IO ``swim.Node`` at scrape time by a custom collector:
+the agent is a single-threaded trio program and the scrape runs in the same thread as the
+task that owns the node, so reading ``node.stats`` and ``node.members()`` in the scrape is
+race-free and costs nothing between scrapes. The one value the node does not aggregate —
+the probe round-trip time distribution — is a real ``Histogram`` fed by the agent through
+``AgentMetrics.observe_probe_rtt_ms`` for every ``ProbeResult``.
+
+Metric names (all prefixed ``swim_``; counters end in ``_total``; base units):
+
+- ``swim_members{state}`` gauge (alive, suspect, dead, left — always all four)
+- ``swim_member_table_size`` gauge
+- ``swim_probes_sent_total``, ``swim_probes_failed_total``,
+  ``swim_indirect_probes_sent_total``, ``swim_tcp_fallback_probes_total``,
+  ``swim_tcp_fallback_rescues_total``, ``swim_nacks_received_total``
+- ``swim_suspicions_raised_total``, ``swim_suspicions_refuted_total``,
+  ``swim_refutations_total``, ``swim_deaths_declared_total``,
+  ``swim_suspicion_timeouts_degraded_total``
+- ``swim_health_score``, ``swim_broadcast_queue_depth``, ``swim_incarnation`` gauges
+- ``swim_packets_received_total``, ``swim_packets_sent_total``,
+  ``swim_received_bytes_total``, ``swim_sent_bytes_total``
+- ``swim_messages_received_total{type}``, ``swim_messages_sent_total{type}``
+- ``swim_dropped_inputs_total{reason}`` (every ``DropReason``, zeros included)
+- ``swim_streams_opened_total``, ``swim_streams_failed_total``, ``swim_push_pulls_total``
+- ``swim_member_phi{member}`` (bounded, see below), ``swim_member_phi_max``,
+  ``swim_member_phi_omitted`` gauges
+- ``swim_probe_rtt_seconds`` histogram
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import trio
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+import swim
+from swim.wire import DropReason
+
+__all__ = [
+    "CONNECTION_TIMEOUT_S",
+    "CONTENT_TYPE_LATEST",
+    "DEFAULT_MAX_PHI_MEMBERS",
+    "MAX_CONNECTIONS",
+    "MAX_REQUEST_HEAD_BYTES",
+    "PROBE_RTT_BUCKETS_S",
+    "AgentMetrics",
+    "serve_metrics",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_PHI_MEMBERS = 256
+"""Why a bound: every label value of ``swim_member_phi`` is a separate time series in
+Prometheus. Each agent sees every member, so an unbounded per-member gauge on an N-node
+cluster costs N² series fleet-wide (10⁸ at 10 000 nodes) and churns with membership. The
+members an operator looks at are the suspicious ones, so the collector exports only the
+``max_phi_members`` highest phi values; ``swim_member_phi_max`` summarises all of them and
+``swim_member_phi_omitted`` says how many were left out."""
+
+PROBE_RTT_BUCKETS_S: tuple[float, ...] = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
+"""LAN round trips are sub-millisecond to a few ms; the tail reaches the probe timeout
+(500 ms in ``Config.lan()``) and TCP fallback probes (seconds)."""
+
+_STATE_LABELS: tuple[tuple[swim.NodeStateType, str], ...] = (
+    (swim.NodeStateType.ALIVE, "alive"),
+    (swim.NodeStateType.SUSPECT, "suspect"),
+    (swim.NodeStateType.DEAD, "dead"),
+    (swim.NodeStateType.LEFT, "left"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scalar:
+    name: str
+    """Without the ``_total`` suffix for counters (prometheus_client appends it)."""
+    help: str
+    counter: bool
+    read: Callable[[swim.Node], float]
+
+
+_SCALARS: tuple[_Scalar, ...] = (
+    _Scalar(
+        "swim_member_table_size",
+        "Members in the local member table (alive, suspect, and dead or left members not "
+        "yet reaped), this node included.",
+        False,
+        lambda n: n.num_members(),
+    ),
+    _Scalar(
+        "swim_probes_sent",
+        "Direct probes (pings) sent by the probe cycle.",
+        True,
+        lambda n: n.stats.probes_sent,
+    ),
+    _Scalar(
+        "swim_probes_failed",
+        "Probe rounds that got no ack by their deadline (direct, indirect and TCP).",
+        True,
+        lambda n: n.stats.probes_failed,
+    ),
+    _Scalar(
+        "swim_indirect_probes_sent",
+        "Indirect probe requests (ping-req) sent to helpers.",
+        True,
+        lambda n: n.stats.indirect_probes_sent,
+    ),
+    _Scalar(
+        "swim_tcp_fallback_probes",
+        "TCP fallback probes started after a failed UDP probe.",
+        True,
+        lambda n: n.stats.tcp_fallback_probes,
+    ),
+    _Scalar(
+        "swim_tcp_fallback_rescues",
+        "Probes that failed over UDP but succeeded over the TCP fallback (a sign of UDP "
+        "loss or filtering).",
+        True,
+        lambda n: n.stats.tcp_fallback_rescues,
+    ),
+    _Scalar(
+        "swim_nacks_received",
+        "Nacks received from indirect probe helpers (Lifeguard).",
+        True,
+        lambda n: n.stats.nacks_received,
+    ),
+    _Scalar(
+        "swim_suspicions_raised",
+        "Members this node started suspecting.",
+        True,
+        lambda n: n.stats.suspicions_raised,
+    ),
+    _Scalar(
+        "swim_suspicions_refuted",
+        "Suspicions of other members that ended because the member refuted them.",
+        True,
+        lambda n: n.stats.suspicions_refuted_by_others,
+    ),
+    _Scalar(
+        "swim_refutations",
+        "Times this node refuted a suspicion or death claim about itself.",
+        True,
+        lambda n: n.stats.refutations,
+    ),
+    _Scalar(
+        "swim_deaths_declared",
+        "Members this node declared dead after their suspicion timed out.",
+        True,
+        lambda n: n.stats.deaths_declared,
+    ),
+    _Scalar(
+        "swim_suspicion_timeouts_degraded",
+        "Suspicion timeouts shortened by independent confirmations (Lifeguard).",
+        True,
+        lambda n: n.stats.suspicion_timeouts_degraded,
+    ),
+    _Scalar(
+        "swim_health_score",
+        "Lifeguard local health multiplier (0 = healthy; higher = this node is slow and "
+        "stretches its probe timeouts).",
+        False,
+        lambda n: n.health_score,
+    ),
+    _Scalar(
+        "swim_broadcast_queue_depth",
+        "Messages waiting in the piggyback broadcast queues (membership and user).",
+        False,
+        lambda n: n.broadcast_queue_depth,
+    ),
+    _Scalar(
+        "swim_incarnation",
+        "This node's current incarnation number.",
+        False,
+        lambda n: n.incarnation,
+    ),
+    _Scalar(
+        "swim_packets_received",
+        "UDP datagrams handed to the node.",
+        True,
+        lambda n: n.stats.packets_in,
+    ),
+    _Scalar(
+        "swim_packets_sent",
+        "UDP datagrams the node asked to send.",
+        True,
+        lambda n: n.stats.packets_out,
+    ),
+    _Scalar(
+        "swim_received_bytes",
+        "Bytes of UDP datagrams handed to the node.",
+        True,
+        lambda n: n.stats.bytes_in,
+    ),
+    _Scalar(
+        "swim_sent_bytes",
+        "Bytes of UDP datagrams the node asked to send.",
+        True,
+        lambda n: n.stats.bytes_out,
+    ),
+    _Scalar(
+        "swim_streams_opened",
+        "TCP streams the node asked to open (push-pull, TCP probes, reliable user messages).",
+        True,
+        lambda n: n.stats.streams_opened,
+    ),
+    _Scalar(
+        "swim_streams_failed",
+        "TCP streams that failed or timed out.",
+        True,
+        lambda n: n.stats.streams_failed,
+    ),
+    _Scalar(
+        "swim_push_pulls",
+        "Completed push-pull state exchanges (joins and periodic anti-entropy).",
+        True,
+        lambda n: n.stats.push_pulls,
+    ),
+)
+
+
+def _phi_rank(item: tuple[str, float]) -> tuple[float, str]:
+    """Sort key, smallest first: highest phi first, NaN (no data yet) last, ties by name
+    so that the exported set is stable between scrapes."""
+    name, value = item
+    return (math.inf if math.isnan(value) else -value, name)
+
+
+class _NodeCollector:
+    """Reads the node (and the phi source) on every scrape."""
+
+    def __init__(
+        self,
+        node: swim.Node,
+        phi: Callable[[], Mapping[str, float]],
+        max_phi_members: int,
+    ) -> None:
+        self._node = node
+        self._phi = phi
+        self._max_phi_members = max_phi_members
+
+    def describe(self) -> Iterable[Metric]:
+        # Lets the registry detect name clashes without calling the node or the phi source.
+        return list(self._families(sampled=False))
+
+    def collect(self) -> Iterable[Metric]:
+        return list(self._families(sampled=True))
+
+    def _families(self, *, sampled: bool) -> Iterator[Metric]:
+        node = self._node
+
+        members = GaugeMetricFamily(
+            "swim_members", "Members this node knows, by state.", labels=["state"]
+        )
+        if sampled:
+            counts = dict.fromkeys((s for s, _ in _STATE_LABELS), 0)
+            for member in node.members():
+                counts[member.state] = counts.get(member.state, 0) + 1
+            for state, label in _STATE_LABELS:
+                members.add_metric([label], counts[state])
+        yield members
+
+        for spec in _SCALARS:
+            family: CounterMetricFamily | GaugeMetricFamily
+            if spec.counter:
+                family = CounterMetricFamily(spec.name, spec.help)
+            else:
+                family = GaugeMetricFamily(spec.name, spec.help)
+            if sampled:
+                family.add_metric([], spec.read(node))
+            yield family
+
+        stats = node.stats
+        received = CounterMetricFamily(
+            "swim_messages_received",
+            "Protocol messages received (compound packets counted per part), by type.",
+            labels=["type"],
+        )
+        sent = CounterMetricFamily(
+            "swim_messages_sent",
+            "Protocol messages sent (piggybacked parts counted), by type.",
+            labels=["type"],
+        )
+        dropped = CounterMetricFamily(
+            "swim_dropped_inputs",
+            "Inputs (datagrams, message parts, streams) dropped by the node, by reason.",
+            labels=["reason"],
+        )
+        if sampled:
+            for kind, count in sorted(stats.messages_in.items()):
+                received.add_metric([kind], count)
+            for kind, count in sorted(stats.messages_out.items()):
+                sent.add_metric([kind], count)
+            # Every known reason is exported, zeros included, so rate() works from the start
+            # and an alert on a reason does not depend on it having happened once.
+            reasons = dict.fromkeys((r.value for r in DropReason), 0)
+            reasons.update(stats.dropped)
+            for reason, count in sorted(reasons.items()):
+                dropped.add_metric([reason], count)
+        yield received
+        yield sent
+        yield dropped
+
+        yield from self._phi_families(sampled=sampled)
+
+    def _phi_families(self, *, sampled: bool) -> Iterator[Metric]:
+        per_member = GaugeMetricFamily(
+            "swim_member_phi",
+            "Phi accrual suspicion level per member. Bounded cardinality: only the members "
+            "with the highest phi are exported (see swim_member_phi_omitted).",
+            labels=["member"],
+        )
+        max_phi = GaugeMetricFamily(
+            "swim_member_phi_max",
+            "Highest phi accrual suspicion level over all members (0 when there are none).",
+        )
+        omitted = GaugeMetricFamily(
+            "swim_member_phi_omitted",
+            "Members whose phi was not exported per member because of the cardinality bound.",
+        )
+        if sampled:
+            values = self._phi()
+            top = heapq.nsmallest(self._max_phi_members, values.items(), key=_phi_rank)
+            for name, value in top:
+                per_member.add_metric([name], value)
+            finite = [v for v in values.values() if not math.isnan(v)]
+            max_phi.add_metric([], max(finite, default=0.0))
+            omitted.add_metric([], len(values) - len(top))
+        yield per_member
+        yield max_phi
+        yield omitted
+
+
+class AgentMetrics:
+    """The Prometheus metrics of one agent, in their own registry."""
+
+    def __init__(
+        self,
+        node: swim.Node,
+        phi: Callable[[], Mapping[str, float]],
+        max_phi_members: int = DEFAULT_MAX_PHI_MEMBERS,
+    ) -> None:
+        """``phi`` returns member name → current phi; it is called once per scrape."""
+        if max_phi_members < 0:
+            raise ValueError("max_phi_members must be ≥ 0")
+        self.node = node
+        self.registry = CollectorRegistry()
+        self._collector = _NodeCollector(node, phi, max_phi_members)
+        self.registry.register(self._collector)
+        self.probe_rtt = Histogram(
+            "swim_probe_rtt_seconds",
+            "Round-trip time of successful probes, in seconds.",
+            buckets=PROBE_RTT_BUCKETS_S,
+            registry=self.registry,
+        )
+
+    def observe_probe_rtt_ms(self, rtt_ms: int) -> None:
+        """Record one probe round trip (``ProbeResult.rtt_ms``)."""
+        self.probe_rtt.observe(max(rtt_ms, 0) / 1000.0)
+
+    def render(self) -> bytes:
+        """The text exposition format (``CONTENT_TYPE_LATEST``)."""
+        return generate_latest(self.registry)
+
+
+# --- HTTP ---------------------------------------------------------------------------------
+
+MAX_REQUEST_HEAD_BYTES = 8 * 1024
+"""Request line plus headers; a longer head is answered 431 and the connection closed."""
+CONNECTION_TIMEOUT_S = 5.0
+"""The whole exchange (read the request, write the response) must finish in this time, so a
+slow-loris client — or one that never reads the response — cannot hold a connection."""
+_MAX_DRAIN_BYTES = 64 * 1024
+MAX_CONNECTIONS = 64
+"""Concurrent connections; more are closed at once (Prometheus scrapes one at a time)."""
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+}
+_INDEX = (
+    b"<!DOCTYPE html>\n<html><head><title>swim agent</title></head><body>\n"
+    b'<h1>swim agent</h1>\n<p><a href="/metrics">Metrics</a></p>\n</body></html>\n'
+)
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+def _response(
+    status: int,
+    body: bytes,
+    content_type: str = "text/plain; charset=utf-8",
+    *,
+    head_only: bool = False,
+    extra: tuple[tuple[str, str], ...] = (),
+) -> bytes:
+    lines = [
+        f"HTTP/1.1 {status} {_REASONS[status]}",
+        f"Content-Type: {content_type}",
+        f"Content-Length: {len(body)}",
+        "Cache-Control: no-store",
+        "Connection: close",
+        *(f"{k}: {v}" for k, v in extra),
+    ]
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+    return head if head_only else head + body
+
+
+async def _read_head(stream: trio.abc.ReceiveStream, limit: int) -> bytes | None:
+    """The request head (up to the blank line), None on EOF before it ends."""
+    buf = bytearray()
+    while True:
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            end = buf.find(b"\n\n")
+        if end >= 0:
+            if end > limit:
+                raise _BadRequest(431)
+            return bytes(buf[:end])
+        if len(buf) > limit:
+            raise _BadRequest(431)
+        chunk = await stream.receive_some(4096)
+        if not chunk:
+            return None
+        buf += chunk
+
+
+async def _finish(stream: trio.SocketStream) -> None:
+    """Half-close and drain what the client still sends until it closes: closing a socket
+    with unread input makes the kernel send RST, which can destroy the response before the
+    client reads it. The caller's deadline bounds this."""
+    await stream.send_eof()
+    drained = 0
+    while drained <= _MAX_DRAIN_BYTES:
+        chunk = await stream.receive_some(4096)
+        if not chunk:
+            return
+        drained += len(chunk)
+
+
+def _route(metrics: AgentMetrics, head: bytes) -> bytes:
+    request_line = head.split(b"\n", 1)[0].rstrip(b"\r")
+    parts = request_line.split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        raise _BadRequest(400)
+    method, target = parts[0], parts[1]
+    path = target.split(b"?", 1)[0]
+    if path not in (b"/", b"/metrics"):
+        return _response(404, b"not found; metrics are at /metrics\n")
+    if method not in (b"GET", b"HEAD"):
+        return _response(405, b"method not allowed\n", extra=(("Allow", "GET, HEAD"),))
+    head_only = method == b"HEAD"
+    if path == b"/":
+        return _response(200, _INDEX, "text/html; charset=utf-8", head_only=head_only)
+    try:
+        body = metrics.render()
+    except Exception:
+        log.exception("metrics: rendering the metrics failed")
+        return _response(500, b"rendering the metrics failed; see the agent log\n")
+    return _response(200, body, CONTENT_TYPE_LATEST, head_only=head_only)
+
+
+async def serve_metrics(
+    metrics: AgentMetrics,
+    host: str,
+    port: int,
+    *,
+    timeout_s: float = CONNECTION_TIMEOUT_S,
+    max_request_head_bytes: int = MAX_REQUEST_HEAD_BYTES,
+    max_connections: int = MAX_CONNECTIONS,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``GET /metrics`` over HTTP/1.1 on ``host:port`` until cancelled.
+
+    One request per connection (``Connection: close``). ``task_status.started`` receives
+    the bound port, so ``port=0`` works. When ``host`` resolves to several addresses and
+    ``port`` is 0, only the first address is served (each would get a different port).
+    A failure on one connection is logged and never stops the server.
+    """
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    if port == 0 and len(listeners) > 1:
+        for extra_listener in listeners[1:]:
+            await extra_listener.aclose()
+        listeners = listeners[:1]
+    bound_port: int = listeners[0].socket.getsockname()[1]
+    active = 0
+
+    async def handle(stream: trio.SocketStream) -> None:
+        nonlocal active
+        if active >= max_connections:
+            await trio.aclose_forcefully(stream)
+            return
+        active += 1
+        try:
+            with trio.move_on_after(timeout_s) as scope:
+                try:
+                    head = await _read_head(stream, max_request_head_bytes)
+                    if head is None:
+                        return
+                    response = _route(metrics, head)
+                except _BadRequest as exc:
+                    response = _response(exc.status, f"{_REASONS[exc.status]}\n".encode())
+                await stream.send_all(response)
+                await _finish(stream)
+            if scope.cancelled_caught:
+                log.debug("metrics: connection timed out after %.1f s", timeout_s)
+        except Exception as exc:  # one connection's failure must not stop the server
+            log.debug("metrics: connection failed: %r", exc)
+        finally:
+            active -= 1
+            await trio.aclose_forcefully(stream)
+
+    log.info("metrics: serving http://%s:%d/metrics", host, bound_port)
+    task_status.started(bound_port)
+    await trio.serve_listeners(handle, listeners)

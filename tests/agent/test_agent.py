@@ -1,0 +1,213 @@
+"""Agents in one process on real loopback sockets (UDP + TCP + control socket), driven by
+trio: join, crash detection, graceful leave, tags, keys, and hostile input on a live port.
+Every wait is bounded with trio.fail_after; nothing sleeps for a fixed time to pass a test."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+from agent import serf
+from agent.config import load
+from agent.control import ControlClient, ControlError
+from agent.runtime import Agent
+from swim import NodeStateType
+
+pytestmark = pytest.mark.trio
+KEY = base64.b64encode(bytes(range(16))).decode()
+
+
+def _free_port() -> int:
+    from agent.demo import free_port
+
+    return free_port()
+
+
+class Running:
+    def __init__(self, agent: Agent, scope: trio.CancelScope) -> None:
+        self.agent = agent
+        self.scope = scope
+
+    @property
+    def node(self):
+        assert self.agent.node is not None
+        return self.agent.node
+
+    def state_of(self, name: str) -> NodeStateType | None:
+        m = self.node.member(name)
+        return None if m is None else m.state
+
+
+@asynccontextmanager
+async def cluster(tmp_path: Path, n: int, **extra: object) -> AsyncIterator[list[Running]]:
+    async with trio.open_nursery() as nursery:
+        running: list[Running] = []
+        first_port = 0
+        for i in range(n):
+            overrides: dict[str, object] = {
+                "node": f"n{i}",
+                "bind": f"127.0.0.1:{_free_port()}",
+                "profile": "local",
+                "control": str(tmp_path / f"n{i}.sock"),
+                **extra,
+            }
+            if i:
+                overrides["join"] = [f"127.0.0.1:{first_port}"]
+            agent = Agent(load(None, overrides))
+            scope = trio.CancelScope()
+
+            async def run(
+                agent: Agent = agent,
+                scope: trio.CancelScope = scope,
+                task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+            ) -> None:
+                with scope:
+                    await agent.run(task_status=task_status)
+
+            await nursery.start(run)
+            if not i:
+                first_port = agent.bound_port
+            running.append(Running(agent, scope))
+        try:
+            yield running
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float) -> float:
+    start = trio.current_time()
+    with trio.fail_after(timeout_s):
+        while not predicate():
+            await trio.sleep(0.02)
+    return trio.current_time() - start
+
+
+async def test_join_detect_crash_and_leave(tmp_path: Path) -> None:
+    async with cluster(tmp_path, 4) as agents:
+        names = {f"n{i}" for i in range(4)}
+        await until(
+            lambda: all(
+                {m.name for m in a.node.members() if m.state == NodeStateType.ALIVE} == names
+                for a in agents
+            ),
+            10,
+        )
+        crashed = agents[3]
+        crashed.scope.cancel()  # the process dies: no leave, sockets close
+        took = await until(
+            lambda: all(a.state_of("n3") == NodeStateType.DEAD for a in agents[:3]), 30
+        )
+        # local profile: 1 s probes; suspicion 3 s minimum (α=3, n=4, k=1 confirmation)
+        assert took < 3 + 18 + 2
+        leaver = agents[2]
+        leaver.agent.request_shutdown()
+        took = await until(
+            lambda: all(a.state_of("n2") == NodeStateType.LEFT for a in agents[:2]), 5
+        )
+        assert took < 1.0, "peers see a graceful leave within one second"
+
+
+async def test_control_api_members_tags_and_bad_requests(tmp_path: Path) -> None:
+    async with cluster(tmp_path, 2, tags={"rack": "r1"}) as agents:
+        await until(lambda: agents[1].state_of("n0") == NodeStateType.ALIVE, 10)
+        client = ControlClient(tmp_path / "n0.sock")
+        members = await trio.to_thread.run_sync(client.request, "members")
+        assert {m["name"] for m in members} == {"n0", "n1"}
+        assert all(m["tags"] == {"rack": "r1"} for m in members)
+        assert {m["status"] for m in members} == {"alive"}
+        got = await trio.to_thread.run_sync(
+            lambda: client.request("tags", set={"gpu": "h200"}, delete=["rack"])
+        )
+        assert got == {"tags": {"gpu": "h200"}}
+        await until(
+            lambda: (
+                serf.decode_tags(agents[1].node.member("n0").meta)
+                == {"gpu": "h200"}
+            ),
+            5,
+        )
+        cases: list[tuple[str, dict[str, object], str]] = [
+            ("members", {"status": "zombie"}, "unknown status"),
+            ("join", {"addrs": "x"}, "list of HOST:PORT"),
+            ("force_leave", {"node": "n1"}, "is alive"),
+            ("force_leave", {"node": "ghost"}, "no member named"),
+            ("keys", {"action": "list"}, "encryption is not enabled"),
+            ("members", {"bogus": 1}, "bad arguments"),
+        ]
+        for op, args, message in cases:
+            with pytest.raises(ControlError, match=message):
+                await trio.to_thread.run_sync(functools.partial(client.request, op, **args))
+        info = await trio.to_thread.run_sync(client.request, "info")
+        assert info["node"] == "n0" and info["members"]["alive"] == 2
+
+
+async def test_socket_is_private(tmp_path: Path) -> None:
+    async with cluster(tmp_path, 1):
+        mode = (tmp_path / "n0.sock").stat().st_mode & 0o777
+        assert mode == 0o600
+
+
+async def test_encrypted_cluster_and_wrong_key(tmp_path: Path) -> None:
+    async with cluster(tmp_path, 2, encrypt=KEY) as agents:
+        await until(lambda: agents[1].state_of("n0") == NodeStateType.ALIVE, 10)
+        other = base64.b64encode(bytes(16)).decode()
+        stranger = Agent(
+            load(
+                None,
+                {
+                    "node": "x",
+                    "bind": f"127.0.0.1:{_free_port()}",
+                    "profile": "local",
+                    "control": str(tmp_path / "x.sock"),
+                    "encrypt": other,
+                },
+            )
+        )
+        async with trio.open_nursery() as nursery:
+            await nursery.start(stranger.run)
+            result = await stranger.join([f"127.0.0.1:{agents[0].agent.bound_port}"])
+            assert result["joined"] == 0
+            assert agents[0].node.member("x") is None
+            assert agents[0].node.stats.dropped["decrypt_failed"] >= 1
+            nursery.cancel_scope.cancel()
+        client = ControlClient(tmp_path / "n0.sock")
+        new = base64.b64encode(bytes(range(32))).decode()
+        got = await trio.to_thread.run_sync(
+            lambda: client.request("keys", action="install", key=new)
+        )
+        assert got["keys"] == [KEY, new] and got["primary"] == KEY
+        with pytest.raises(ControlError, match="primary"):
+            await trio.to_thread.run_sync(lambda: client.request("keys", action="remove", key=KEY))
+
+
+async def test_garbage_on_the_live_port_is_counted_and_harmless(tmp_path: Path) -> None:
+    async with cluster(tmp_path, 2) as agents:
+        await until(lambda: agents[1].state_of("n0") == NodeStateType.ALIVE, 10)
+        target = agents[0]
+        before = [(m.name, m.state, m.incarnation) for m in target.node.members()]
+        port = target.agent.bound_port
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            for i in range(2000):
+                udp.sendto(bytes([i % 256]) * (1 + i % 1400), ("127.0.0.1", port))
+                if i % 100 == 0:
+                    await trio.sleep(0.01)  # let the agent drain: the kernel drops silently
+        huge = b"\x06" + bytes([0x83, 0xA5]) + b"Nodes" + b"\xce\xff\xff\xff\xff"
+        for payload in (huge, b"\x00" * 10, b"\x0a\xff\xff\xff\xff"):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            async with stream:
+                await stream.send_all(payload)
+                with trio.move_on_after(2):
+                    await stream.receive_some(100)
+        await until(lambda: sum(target.node.stats.dropped.values()) >= 1900, 10)
+        assert [(m.name, m.state, m.incarnation) for m in target.node.members()] == before
+        members = await trio.to_thread.run_sync(
+            ControlClient(tmp_path / "n0.sock").request, "members"
+        )
+        assert len(members) == 2

@@ -1,0 +1,464 @@
+"""agent.metrics: values read from a real swim.Node, bounded phi cardinality, promtool's
+lint, and the trio HTTP server over real TCP sockets (timeouts on trio's virtual clock)."""
+
+from __future__ import annotations
+
+import http.client
+import math
+import random
+import shutil
+import socket
+import struct
+import subprocess
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from functools import partial
+
+import prometheus_client
+import pytest
+import trio
+import trio.testing
+from prometheus_client.parser import text_string_to_metric_families
+
+import swim
+from agent.metrics import (
+    CONNECTION_TIMEOUT_S,
+    CONTENT_TYPE_LATEST,
+    DEFAULT_MAX_PHI_MEMBERS,
+    MAX_CONNECTIONS,
+    PROBE_RTT_BUCKETS_S,
+    AgentMetrics,
+    serve_metrics,
+)
+from swim import wire
+from swim.messages import Alive, Message, Ping, Suspect
+from swim.wire import DropReason
+
+LOCAL = swim.Address("127.0.0.1", 7946)
+PEER = swim.Address("127.0.0.2", 7946)
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def make_node() -> swim.Node:
+    return swim.Node("a", LOCAL, rng=random.Random(1), now_ms=0)
+
+
+def no_phi() -> Mapping[str, float]:
+    return {}
+
+
+def packet(*messages: Message) -> bytes:
+    parts = [wire.encode_message(m) for m in messages]
+    return wire.encode_packet(parts, compress=False, crc=False, crypto=None)
+
+
+def samples(metrics: AgentMetrics) -> Samples:
+    found: Samples = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            found[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return found
+
+
+def value(found: Samples, name: str, **labels: str) -> float:
+    return found[(name, tuple(sorted(labels.items())))]
+
+
+def series(found: Samples, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {labels: v for (n, labels), v in found.items() if n == name}
+
+
+# --- values ---------------------------------------------------------------------------------
+
+
+def test_fresh_node() -> None:
+    node = make_node()
+    found = samples(AgentMetrics(node, no_phi))
+    assert value(found, "swim_members", state="alive") == 1
+    for state in ("suspect", "dead", "left"):
+        assert value(found, "swim_members", state=state) == 0
+    assert value(found, "swim_member_table_size") == 1
+    assert value(found, "swim_incarnation") == node.incarnation
+    assert value(found, "swim_health_score") == node.health_score
+    assert value(found, "swim_broadcast_queue_depth") == node.broadcast_queue_depth
+    # every drop reason is exported from the start, at zero
+    dropped = series(found, "swim_dropped_inputs_total")
+    assert {dict(labels)["reason"] for labels in dropped} == {r.value for r in DropReason}
+    assert set(dropped.values()) == {0}
+    assert value(found, "swim_member_phi_max") == 0
+    assert series(found, "swim_member_phi") == {}
+
+
+def test_ping_is_counted_and_answered() -> None:
+    node = make_node()
+    metrics = AgentMetrics(node, no_phi)
+    data = packet(Ping(1, "a"))
+    out = node.handle_datagram(PEER, data, now_ms=1)
+    assert out.packets  # the ack
+    found = samples(metrics)
+    assert value(found, "swim_messages_received_total", type="ping") == 1
+    assert value(found, "swim_packets_received_total") == 1
+    assert value(found, "swim_received_bytes_total") == len(data)
+    assert value(found, "swim_messages_sent_total", type="ack") == 1
+    assert value(found, "swim_packets_sent_total") == len(out.packets)
+    assert value(found, "swim_sent_bytes_total") == sum(len(p.data) for p in out.packets)
+    assert set(series(found, "swim_dropped_inputs_total").values()) == {0}
+
+
+def test_garbage_is_counted_by_reason() -> None:
+    node = make_node()
+    metrics = AgentMetrics(node, no_phi)
+    node.handle_datagram(PEER, b"\xfe garbage", now_ms=1)
+    node.handle_datagram(PEER, b"", now_ms=2)
+    found = samples(metrics)
+    assert node.stats.dropped, "the node counted nothing; the test premise is wrong"
+    for reason, count in node.stats.dropped.items():
+        assert value(found, "swim_dropped_inputs_total", reason=reason) == count
+    assert sum(series(found, "swim_dropped_inputs_total").values()) == 2
+    assert value(found, "swim_packets_received_total") == 2
+
+
+def test_members_by_state_and_suspicion() -> None:
+    node = make_node()
+    metrics = AgentMetrics(node, no_phi)
+    node.handle_datagram(PEER, packet(Alive(1, "b", PEER.ip_bytes, PEER.port)), now_ms=1)
+    found = samples(metrics)
+    assert value(found, "swim_members", state="alive") == 2
+    assert value(found, "swim_member_table_size") == 2
+    node.handle_datagram(PEER, packet(Suspect(1, "b", "c")), now_ms=2)
+    found = samples(metrics)
+    assert value(found, "swim_members", state="alive") == 1
+    assert value(found, "swim_members", state="suspect") == 1
+    # a suspicion of ourselves is refuted with a new incarnation
+    before = node.incarnation
+    node.handle_datagram(PEER, packet(Suspect(node.incarnation, "a", "b")), now_ms=3)
+    found = samples(metrics)
+    assert node.incarnation > before
+    assert value(found, "swim_incarnation") == node.incarnation
+    assert value(found, "swim_refutations_total") == node.stats.refutations >= 1
+    assert value(found, "swim_broadcast_queue_depth") == node.broadcast_queue_depth > 0
+
+
+def test_every_scalar_stat_is_exported() -> None:
+    node = make_node()
+    stats = node.stats
+    names = {
+        "probes_sent": "swim_probes_sent_total",
+        "probes_failed": "swim_probes_failed_total",
+        "indirect_probes_sent": "swim_indirect_probes_sent_total",
+        "tcp_fallback_probes": "swim_tcp_fallback_probes_total",
+        "tcp_fallback_rescues": "swim_tcp_fallback_rescues_total",
+        "nacks_received": "swim_nacks_received_total",
+        "suspicions_raised": "swim_suspicions_raised_total",
+        "suspicions_refuted_by_others": "swim_suspicions_refuted_total",
+        "refutations": "swim_refutations_total",
+        "deaths_declared": "swim_deaths_declared_total",
+        "suspicion_timeouts_degraded": "swim_suspicion_timeouts_degraded_total",
+        "streams_opened": "swim_streams_opened_total",
+        "streams_failed": "swim_streams_failed_total",
+        "push_pulls": "swim_push_pulls_total",
+        "packets_in": "swim_packets_received_total",
+        "packets_out": "swim_packets_sent_total",
+        "bytes_in": "swim_received_bytes_total",
+        "bytes_out": "swim_sent_bytes_total",
+    }
+    # distinct values so that a mix-up between two counters shows
+    for i, attr in enumerate(names, start=1):
+        setattr(stats, attr, 100 + i)
+    found = samples(AgentMetrics(node, no_phi))
+    for i, (attr, metric) in enumerate(names.items(), start=1):
+        assert value(found, metric) == 100 + i, attr
+
+
+def test_probe_rtt_histogram() -> None:
+    metrics = AgentMetrics(make_node(), no_phi)
+    for rtt_ms in (0, 1, 3, 3, 40, 3000, -5):
+        metrics.observe_probe_rtt_ms(rtt_ms)
+    found = samples(metrics)
+    assert value(found, "swim_probe_rtt_seconds_count") == 7
+    assert value(found, "swim_probe_rtt_seconds_sum") == pytest.approx(3.047)
+    bucket = partial(value, found, "swim_probe_rtt_seconds_bucket")
+    assert bucket(le="0.0005") == 2  # 0 ms and the clamped negative
+    assert bucket(le="0.001") == 3
+    assert bucket(le="0.005") == 5
+    assert bucket(le="0.05") == 6
+    assert bucket(le="2.5") == 6
+    assert bucket(le="+Inf") == 7
+    assert PROBE_RTT_BUCKETS_S[0] == 0.0005 and PROBE_RTT_BUCKETS_S[-1] == 2.5
+
+
+# --- phi --------------------------------------------------------------------------------------
+
+
+def test_phi_cardinality_is_bounded() -> None:
+    phis = {f"node-{i:04d}": i / 10 for i in range(1000)}
+    calls = 0
+
+    def phi() -> Mapping[str, float]:
+        nonlocal calls
+        calls += 1
+        return phis
+
+    metrics = AgentMetrics(make_node(), phi)
+    assert calls == 0  # registering does not read the phi source
+    found = samples(metrics)
+    assert calls == 1
+    per_member = series(found, "swim_member_phi")
+    assert len(per_member) == DEFAULT_MAX_PHI_MEMBERS
+    exported = {dict(labels)["member"] for labels in per_member}
+    assert exported == {f"node-{i:04d}" for i in range(1000 - DEFAULT_MAX_PHI_MEMBERS, 1000)}
+    assert value(found, "swim_member_phi", member="node-0999") == pytest.approx(99.9)
+    assert value(found, "swim_member_phi_max") == pytest.approx(99.9)
+    assert value(found, "swim_member_phi_omitted") == 1000 - DEFAULT_MAX_PHI_MEMBERS
+
+
+@pytest.mark.parametrize("bound", [0, 1, 10])
+def test_phi_custom_bound_and_special_values(bound: int) -> None:
+    phis = {"nan": math.nan, "inf": math.inf, "low": 0.5, "mid": 3.0, "tie-b": 1.0, "tie-a": 1.0}
+    found = samples(AgentMetrics(make_node(), lambda: phis, max_phi_members=bound))
+    per_member = {
+        dict(labels)["member"]: v for labels, v in series(found, "swim_member_phi").items()
+    }
+    ranked = ["inf", "mid", "tie-a", "tie-b", "low", "nan"]  # NaN (no data) ranks last
+    assert list(per_member) == ranked[:bound]
+    assert value(found, "swim_member_phi_max") == math.inf
+    assert value(found, "swim_member_phi_omitted") == len(phis) - min(bound, len(phis))
+
+
+def test_negative_bound_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        AgentMetrics(make_node(), no_phi, max_phi_members=-1)
+
+
+# --- exposition -------------------------------------------------------------------------------
+
+
+def test_own_registry() -> None:
+    a = AgentMetrics(make_node(), no_phi)
+    b = AgentMetrics(swim.Node("b", PEER, rng=random.Random(2), now_ms=0), no_phi)
+    assert a.registry is not b.registry
+    assert b"swim_" not in prometheus_client.generate_latest(prometheus_client.REGISTRY)
+
+
+def test_every_metric_has_help_and_type() -> None:
+    node = make_node()
+    node.handle_datagram(PEER, packet(Ping(1, "a")), now_ms=1)
+    metrics = AgentMetrics(node, lambda: {"b": 1.0})
+    metrics.observe_probe_rtt_ms(2)
+    text = metrics.render().decode()
+    helps = {line.split()[2] for line in text.splitlines() if line.startswith("# HELP ")}
+    types = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    assert helps == types
+    assert all(name.startswith("swim_") for name in helps)
+    for family in text_string_to_metric_families(text):
+        assert family.documentation, family.name
+        if family.type == "counter":
+            assert all(s.name.endswith(("_total", "_created")) for s in family.samples)
+
+
+def test_promtool_check_metrics() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package 'prometheus'; scripts/setup.sh)")
+    node = make_node()
+    node.handle_datagram(PEER, packet(Ping(1, "a")), now_ms=1)
+    node.handle_datagram(PEER, b"\xfe garbage", now_ms=2)
+    metrics = AgentMetrics(node, lambda: {f"n{i}": float(i) for i in range(300)})
+    metrics.observe_probe_rtt_ms(1)
+    result = subprocess.run(
+        [promtool, "check", "metrics"],
+        input=metrics.render(),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    report = (result.stdout + result.stderr).decode(errors="replace")
+    assert result.returncode == 0, report
+    assert report.strip() == "", report
+
+
+# --- HTTP -------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def running(
+    metrics: AgentMetrics,
+    *,
+    timeout_s: float = CONNECTION_TIMEOUT_S,
+    max_connections: int = MAX_CONNECTIONS,
+) -> AsyncIterator[int]:
+    """serve_metrics on 127.0.0.1, an ephemeral port, for the body of the ``async with``."""
+    serve = partial(
+        serve_metrics,
+        metrics,
+        "127.0.0.1",
+        0,
+        timeout_s=timeout_s,
+        max_connections=max_connections,
+    )
+    async with trio.open_nursery() as nursery:
+        port: int = await nursery.start(serve)
+        yield port
+        nursery.cancel_scope.cancel()
+
+
+async def exchange(port: int, request: bytes, *, eof: bool = False) -> bytes:
+    """Send ``request`` over a real TCP connection (then half-close if ``eof``) and read
+    until the server closes."""
+    with trio.fail_after(30):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        async with stream:
+            await stream.send_all(request)
+            if eof:
+                await stream.send_eof()
+            chunks = []
+            while chunk := await stream.receive_some(65536):
+                chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def status_of(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1])
+
+
+def header(response: bytes, name: str) -> str | None:
+    head = response.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+    for line in head.split("\r\n")[1:]:
+        key, _, val = line.partition(":")
+        if key.strip().lower() == name.lower():
+            return val.strip()
+    return None
+
+
+def http_get(port: int, path: str) -> tuple[int, str | None, str | None, bytes]:
+    """A real HTTP client (the standard library's), run in a thread."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        body = resp.read()
+        return resp.status, resp.getheader("Content-Type"), resp.getheader("Connection"), body
+    finally:
+        conn.close()
+
+
+@pytest.mark.trio
+async def test_http_get_metrics() -> None:
+    node = make_node()
+    node.handle_datagram(PEER, packet(Ping(1, "a")), now_ms=1)
+    metrics = AgentMetrics(node, no_phi)
+    async with running(metrics) as port:
+        assert port > 0
+        status, ctype, connection, body = await trio.to_thread.run_sync(http_get, port, "/metrics")
+        assert status == 200
+        assert ctype == CONTENT_TYPE_LATEST
+        assert connection == "close"
+        assert b'swim_messages_received_total{type="ping"} 1.0' in body
+        assert b"# HELP swim_probe_rtt_seconds " in body
+        # the values are read at scrape time
+        node.handle_datagram(PEER, packet(Ping(2, "a")), now_ms=2)
+        _, _, _, body = await trio.to_thread.run_sync(http_get, port, "/metrics?x=1")
+        assert b'swim_messages_received_total{type="ping"} 2.0' in body
+        status, ctype, _, body = await trio.to_thread.run_sync(http_get, port, "/")
+        assert status == 200 and ctype is not None and ctype.startswith("text/html")
+        assert b'href="/metrics"' in body
+
+
+@pytest.mark.trio
+async def test_http_errors_and_head() -> None:
+    metrics = AgentMetrics(make_node(), no_phi)
+    async with running(metrics) as port:
+        response = await exchange(port, b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status_of(response) == 404
+        assert header(response, "Connection") == "close"
+        response = await exchange(port, b"POST /metrics HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi")
+        assert status_of(response) == 405
+        assert header(response, "Allow") == "GET, HEAD"
+        response = await exchange(port, b"garbage\r\n\r\n")
+        assert status_of(response) == 400
+        response = await exchange(port, b"HEAD /metrics HTTP/1.1\r\n\r\n")
+        assert status_of(response) == 200
+        _, _, body = response.partition(b"\r\n\r\n")
+        assert body == b""
+        assert int(header(response, "Content-Length") or 0) > 0
+        # an oversized request head is refused, not buffered
+        big = b"GET /metrics HTTP/1.1\r\nX-Junk: " + b"a" * 20_000 + b"\r\n\r\n"
+        assert status_of(await exchange(port, big)) == 431
+        # a client that closes without (a complete) request gets nothing and does no harm
+        assert await exchange(port, b"", eof=True) == b""
+        assert await exchange(port, b"GET /metrics HTTP/1.1\r\n", eof=True) == b""
+        # and after all that the server still answers
+        assert status_of(await exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n")) == 200
+
+
+@pytest.mark.trio
+async def test_render_failure_is_500_and_the_server_survives() -> None:
+    fail = True
+
+    def phi() -> Mapping[str, float]:
+        if fail:
+            raise RuntimeError("phi registry broke")
+        return {}
+
+    async with running(AgentMetrics(make_node(), phi)) as port:
+        assert status_of(await exchange(port, b"GET /metrics HTTP/1.0\r\n\r\n")) == 500
+        fail = False
+        assert status_of(await exchange(port, b"GET /metrics HTTP/1.0\r\n\r\n")) == 200
+
+
+@pytest.mark.trio
+async def test_connection_reset_does_not_stop_the_server() -> None:
+    async with running(AgentMetrics(make_node(), no_phi)) as port:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /met")
+        # SO_LINGER 0: close() sends RST
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await stream.aclose()
+        await trio.testing.wait_all_tasks_blocked()
+        assert status_of(await exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n")) == 200
+
+
+@pytest.mark.trio
+async def test_slow_client_is_disconnected(autojump_clock: trio.testing.MockClock) -> None:
+    """A client that sends part of a request and then nothing is cut off after the timeout
+    (5 s of trio's virtual clock), and others are served meanwhile."""
+    async with running(AgentMetrics(make_node(), no_phi)) as port:
+        with trio.fail_after(60):
+            slow = await trio.open_tcp_stream("127.0.0.1", port)
+            await slow.send_all(b"GET /metrics HTTP/1.1\r\n")
+            start = trio.current_time()
+            assert status_of(await exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n")) == 200
+            assert await slow.receive_some(1024) == b""  # closed without a response
+            elapsed = trio.current_time() - start
+            await slow.aclose()
+        assert 5.0 <= elapsed < 6.0
+        assert status_of(await exchange(port, b"GET / HTTP/1.1\r\n\r\n")) == 200
+
+
+@pytest.mark.trio
+async def test_custom_timeout(autojump_clock: trio.testing.MockClock) -> None:
+    async with running(AgentMetrics(make_node(), no_phi), timeout_s=0.5) as port:
+        slow = await trio.open_tcp_stream("127.0.0.1", port)
+        start = trio.current_time()
+        with trio.fail_after(60):
+            assert await slow.receive_some(1024) == b""
+        assert 0.5 <= trio.current_time() - start < 1.0
+        await slow.aclose()
+
+
+@pytest.mark.trio
+async def test_connection_limit() -> None:
+    async with running(AgentMetrics(make_node(), no_phi), max_connections=1) as port:
+        holder = await trio.open_tcp_stream("127.0.0.1", port)
+        await holder.send_all(b"GET /metrics HTTP/1.1\r\n")
+        await trio.testing.wait_all_tasks_blocked()
+        assert await exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n") == b""  # refused
+        await holder.send_all(b"\r\n")
+        with trio.fail_after(30):
+            response = b""
+            while chunk := await holder.receive_some(65536):
+                response += chunk
+        await holder.aclose()
+        assert status_of(response) == 200
+        await trio.testing.wait_all_tasks_blocked()
+        assert status_of(await exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n")) == 200

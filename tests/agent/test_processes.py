@@ -1,0 +1,175 @@
+"""Real agent processes on loopback: 16 agents join, detect a SIGKILL, and a restart with
+the same name rejoins with a higher incarnation; swimctl commands, SIGTERM leave and SIGHUP
+reload against live processes. Every process is stopped by pid at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.demo import LocalAgent, start_cluster, wait_converged
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _until(predicate, timeout_s: float, poll_s: float = 0.05) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(poll_s)
+    raise AssertionError(f"condition not met within {timeout_s}s")
+
+
+@pytest.fixture
+def sixteen(tmp_path: Path) -> Iterator[list[LocalAgent]]:
+    agents = start_cluster(16, tmp_path, "local")
+    try:
+        yield agents
+    finally:
+        for a in agents:
+            a.stop(signal.SIGKILL)
+
+
+def _status(agent: LocalAgent, name: str) -> str | None:
+    m = agent.members().get(name)
+    return None if m is None else str(m["status"])
+
+
+@pytest.mark.slow
+def test_sixteen_agents_join_detect_and_rejoin(sixteen: list[LocalAgent], tmp_path: Path) -> None:
+    agents = sixteen
+    took = wait_converged(agents, 60)
+    assert took < 60
+    victim, survivors = agents[5], [a for a in agents if a is not agents[5]]
+    old_incarnation = survivors[0].members()[victim.name]["incarnation"]
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    victim.proc.wait(5)
+    _until(lambda: all(_status(a, victim.name) == "dead" for a in survivors), 60, 0.2)
+    # Restart with the same name and port: it must outbid its own death.
+    reborn = LocalAgent(
+        victim.name, tmp_path, "local", agents[0].port, ["--bind", f"127.0.0.1:{victim.port}"]
+    )
+    agents[5] = reborn
+    reborn.wait_ready(20)
+    wait_converged(agents, 60)
+    assert survivors[0].members()[victim.name]["incarnation"] > old_incarnation
+
+
+def _swimctl(agent: LocalAgent, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agent.cli", "--control", str(agent.control), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+def test_swimctl_against_live_agents(tmp_path: Path) -> None:
+    agents = start_cluster(3, tmp_path, "local", ["--tag", "role=trainer"])
+    try:
+        wait_converged(agents, 30)
+        out = _swimctl(agents[0], "members")
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert lines[0].split() == ["Name", "Address", "Status", "Incarnation", "Phi", "Tags"]
+        assert len(lines) == 4 and all(
+            "alive" in line and "role=trainer" in line for line in lines[1:]
+        )
+        data = json.loads(_swimctl(agents[0], "members", "--json").stdout)
+        assert sorted(m["name"] for m in data) == ["agent-0", "agent-1", "agent-2"]
+        assert set(data[0]) == {
+            "name",
+            "addr",
+            "port",
+            "status",
+            "incarnation",
+            "phi",
+            "tags",
+            "protocol",
+            "since_ms",
+        }
+        assert _swimctl(agents[0], "members", "--status", "dead").stdout.count("\n") == 1
+        info = json.loads(_swimctl(agents[1], "info", "--json").stdout)
+        assert info["node"] == "agent-1" and info["members"]["alive"] == 3
+        tags = _swimctl(agents[1], "tags", "--set", "zone=z1", "--delete", "role")
+        assert tags.stdout.strip() == "zone=z1"
+        _until(lambda: agents[0].members()["agent-1"]["tags"] == {"zone": "z1"}, 10)
+        bad = _swimctl(agents[1], "tags", "--set", "novalue")
+        assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
+        keys = _swimctl(agents[1], "keys", "--list")
+        assert keys.returncode == 1 and "encryption is not enabled" in keys.stderr
+        nobody = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "agent.cli",
+                "--control",
+                str(tmp_path / "none.sock"),
+                "members",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=ROOT,
+            check=False,
+        )
+        assert nobody.returncode == 1 and "cannot reach the agent" in nobody.stderr
+        # join is idempotent for known members; a dead address reports an error
+        ok = _swimctl(agents[2], "join", f"127.0.0.1:{agents[0].port}")
+        assert ok.returncode == 0 and "Successfully joined" in ok.stdout
+        # leave through swimctl: the agent leaves and exits; peers see "left"
+        left = _swimctl(agents[2], "leave")
+        assert left.returncode == 0, left.stderr
+        _until(lambda: _status(agents[0], "agent-2") == "left", 5)
+        assert agents[2].proc.wait(10) == 0
+    finally:
+        for a in agents:
+            a.stop(signal.SIGKILL)
+
+
+def test_sigterm_leaves_and_sighup_reloads_tags(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text('log_level = "info"\n[tags]\nrole = "a"\n')
+    agents = start_cluster(2, tmp_path, "local", ["--config", str(config)])
+    try:
+        wait_converged(agents, 30)
+        config.write_text('log_level = "debug"\n[tags]\nrole = "b"\n')
+        os.kill(agents[1].proc.pid, signal.SIGHUP)
+        _until(lambda: agents[0].members()["agent-1"]["tags"] == {"role": "b"}, 10)
+        config.write_text("this is not toml")
+        os.kill(agents[1].proc.pid, signal.SIGHUP)  # a bad reload keeps running
+        time.sleep(0.5)
+        assert agents[1].proc.poll() is None
+        start = time.monotonic()
+        os.kill(agents[1].proc.pid, signal.SIGTERM)
+        _until(lambda: _status(agents[0], "agent-1") == "left", 5, 0.02)
+        assert time.monotonic() - start < 1.0, "peers see a SIGTERM leave within one second"
+        assert agents[1].proc.wait(10) == 0
+        log = agents[1].log_path.read_text()
+        assert "keeping the running configuration" in log
+    finally:
+        for a in agents:
+            a.stop(signal.SIGKILL)
+
+
+def test_bad_flags_exit_2_with_a_clear_message(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "agent", "--bind", "nowhere:1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+        check=False,
+    )
+    assert out.returncode == 2 and "bind: 'nowhere' is not an IP address" in out.stderr
