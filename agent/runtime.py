@@ -38,6 +38,7 @@ from agent.metrics import AgentMetrics, serve_metrics
 from phi import PhiConfig, PhiRegistry, RegistryFullError
 from swim import Address, MemberEvent, Node, NodeStateType, Output, StreamRequest, Timer
 from swim.effects import EventKind, JoinResult
+from swim.node import LEAVE_FANOUT
 from swim.wire import DropReason, StreamMessage, WireError
 
 log = logging.getLogger("swim.agent")
@@ -48,6 +49,8 @@ MAX_INBOUND_STREAMS = 128
 """memberlist ``maxPushPullRequests``."""
 MAX_OUTBOUND_STREAMS = 128
 RECV_BYTES = 65_536
+MAX_INTENT_NAMES = 65_536
+"""Serf intent clocks remembered (one per member name)."""
 PHI_WINDOW = 200
 """Samples per peer: enough for a stable estimate, bounded memory (capacity × window × 8 B)."""
 
@@ -118,6 +121,8 @@ class Agent:
         self._join_waiters: dict[Address, trio.MemorySendChannel[JoinResult]] = {}
         self.started_ms = 0
         self.shutdown_requested = trio.Event()
+        self._leaving = False
+        self._status_ltimes: dict[str, int] = {}
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -208,10 +213,10 @@ class Agent:
         """Serf's leave: a leave intent first (so Serf peers say "left", not "failed"),
         then memberlist's dead-from-self, then wait until it has been gossiped out."""
         node = self._node()
-        if node.leaving:
+        if self._leaving:
             return
-        self._send_leave_intent(node.name)
-        await self.command(lambda t: self._apply(node.gossip(t)))
+        self._leaving = True
+        await self.command(lambda t: self._send_leave_intent(node.name, direct=True))
         # Serf peers must see the intent before memberlist's dead, or they call it failed
         # (serf.go handleNodeLeave); Serf waits LeavePropagateDelay, we wait less.
         await trio.sleep(self.config.leave_propagate_delay_ms / 1000)
@@ -366,6 +371,8 @@ class Agent:
         )
         if event.kind in (EventKind.REAPED, EventKind.LEFT) and m.name in self.phi:
             self.phi.remove(m.name)
+        if event.kind == EventKind.REAPED:
+            self._status_ltimes.pop(m.name, None)
         self._publish(
             {
                 "type": event.kind.value,
@@ -380,8 +387,10 @@ class Agent:
         )
 
     def _on_user_message(self, payload: bytes) -> None:
-        """Serf messages from Serf peers (and from our agents): witness Lamport times, and
-        honour leave intents for failed members (Serf's force-leave)."""
+        """Serf messages from Serf peers (and from our agents), as serf.go handles them:
+        witness Lamport times; re-gossip join/leave intents that are news (Serf relies on
+        every member passing intents on); answer a stale leave about us with a join intent;
+        and honour a leave intent for a failed member (Serf's force-leave)."""
         try:
             _, message = serf.decode_serf_message(payload)
         except ValueError:
@@ -389,9 +398,14 @@ class Agent:
         ltime = getattr(message, "ltime", None)
         if isinstance(ltime, int):
             self.clock.witness(ltime)
+        if isinstance(message, serf.JoinIntent | serf.LeaveIntent):
+            if self._intent_is_news(message.node, message.ltime):
+                self._broadcast_serf(payload)
+            else:
+                return
         if isinstance(message, serf.LeaveIntent):
             node = self._node()
-            if message.node == node.name and not node.leaving:
+            if message.node == node.name and not self._leaving:
                 # A stale leave about us (e.g. from before a restart): serf peers would keep
                 # us "leaving"; a newer join intent refutes it (serf.go handleNodeLeaveIntent).
                 self._send_join_intent()
@@ -411,6 +425,16 @@ class Agent:
                 }
             )
 
+    def _intent_is_news(self, name: str, ltime: int) -> bool:
+        """serf.go: an intent matters only if newer than the last one seen for that node.
+        Bounded: one entry per name, dropped when the member is reaped."""
+        if ltime <= self._status_ltimes.get(name, -1):
+            return False
+        if name not in self._status_ltimes and len(self._status_ltimes) >= MAX_INTENT_NAMES:
+            return False
+        self._status_ltimes[name] = ltime
+        return True
+
     def _on_push_pull_state(self, state: bytes) -> None:
         """Serf's push-pull state: witness its clock (serf delegate.go MergeRemoteState)."""
         try:
@@ -427,10 +451,22 @@ class Agent:
         self.clock.increment()
         self._broadcast_serf(serf.encode_join_intent(intent))
 
-    def _send_leave_intent(self, name: str) -> None:
+    def _send_leave_intent(self, name: str, *, direct: bool = False) -> None:
         intent = serf.LeaveIntent(self.clock.time(), name)
         self.clock.increment()
-        self._broadcast_serf(serf.encode_leave_intent(intent))
+        self._status_ltimes[name] = intent.ltime
+        payload = serf.encode_leave_intent(intent)
+        self._broadcast_serf(payload)
+        if direct:
+            # Serf peers call a departure "left" only if the intent came first; tell every
+            # live member directly rather than hope gossip gets there in time.
+            node = self._node()
+            now = now_ms()
+            alive = [
+                m for m in node.members() if m.state == NodeStateType.ALIVE and m.name != node.name
+            ]
+            for member in alive[:LEAVE_FANOUT]:
+                self._apply(node.send_user(member.address, payload, now))
 
     def _broadcast_serf(self, payload: bytes) -> None:
         node = self._node()

@@ -74,6 +74,8 @@ PUSH_PULL_TICK = "push_pull_tick"
 RECONNECT_TICK = "reconnect_tick"
 STREAM_EXPIRE = "stream_expire"
 MAX_PENDING_STREAMS = 1024
+LEAVE_FANOUT = 1024
+"""Live members told of our leave directly; the rest hear it by gossip."""
 
 
 @dataclass(slots=True)
@@ -209,12 +211,24 @@ class Node:
         return self._finish()
 
     def leave(self, now_ms: int) -> Output:
-        """Broadcast that we leave, and gossip it at once; watch ``leave_done``."""
+        """Broadcast that we leave and tell every live member at once; watch ``leave_done``.
+
+        memberlist only queues the message for gossip, so a leave can be missed when the few
+        gossip targets are themselves dead and the process exits; we also send it directly
+        to up to ``LEAVE_FANOUT`` random live members (one packet each, once).
+        """
         self._ctx.begin(now_ms)
         if not self._members.leaving:
             self._members.leave()
             if not self._members.any_alive_peer():
                 self._leave_done = True
+            me = self._members.local
+            dead = wire.encode_message(Dead(me.incarnation, me.name, me.name))
+            peers = self._members.random_members(
+                LEAVE_FANOUT, lambda m: m.name == me.name or m.state != NodeStateType.ALIVE
+            )
+            for peer in peers:
+                self.send(peer.address, dead, peer)
             self._gossip_round()
         return self._finish()
 

@@ -127,10 +127,7 @@ async def test_control_api_members_tags_and_bad_requests(tmp_path: Path) -> None
         )
         assert got == {"tags": {"gpu": "h200"}}
         await until(
-            lambda: (
-                serf.decode_tags(agents[1].node.member("n0").meta)
-                == {"gpu": "h200"}
-            ),
+            lambda: serf.decode_tags(agents[1].node.member("n0").meta) == {"gpu": "h200"},
             5,
         )
         cases: list[tuple[str, dict[str, object], str]] = [

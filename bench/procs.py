@@ -1,0 +1,107 @@
+"""Local processes for interop tests and benchmarks: real serf agents next to our agents.
+
+``LocalSerf`` runs Debian's ``serf agent`` on 127.0.0.1 with its own gossip and RPC ports
+and reads its view with ``serf members -format=json``; ``LocalAgent`` (agent/demo.py) runs
+ours. Both stop their process by pid, and never leave one behind on error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.demo import LocalAgent, free_port
+
+__all__ = ["SERF", "LocalAgent", "LocalSerf", "free_port"]
+
+SERF = shutil.which("serf")
+
+
+class LocalSerf:
+    def __init__(
+        self,
+        name: str,
+        workdir: Path,
+        profile: str = "local",
+        join: int | None = None,
+        tags: dict[str, str] | None = None,
+        encrypt: str | None = None,
+    ) -> None:
+        if SERF is None:
+            raise RuntimeError("serf is not installed (apt-get install -y serf)")
+        self.name = name
+        self.port = free_port()
+        self.rpc = f"127.0.0.1:{free_port()}"
+        self.log_path = workdir / f"{name}.serf.log"
+        args = [
+            SERF,
+            "agent",
+            f"-node={name}",
+            f"-bind=127.0.0.1:{self.port}",
+            f"-rpc-addr={self.rpc}",
+            f"-profile={profile}",
+            "-log-level=debug",
+        ]
+        for key, value in (tags or {}).items():
+            args += ["-tag", f"{key}={value}"]
+        if join is not None:
+            args.append(f"-join=127.0.0.1:{join}")
+        if encrypt is not None:
+            args.append(f"-encrypt={encrypt}")
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def _cmd(self, *args: str, timeout_s: float = 10) -> subprocess.CompletedProcess[str]:
+        assert SERF is not None
+        return subprocess.run(
+            [SERF, *args, f"-rpc-addr={self.rpc}"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+
+    def members(self) -> dict[str, dict[str, Any]]:
+        out = self._cmd("members", "-format=json")
+        if out.returncode != 0:
+            raise RuntimeError(f"serf members failed: {out.stderr.strip()}")
+        return {m["name"]: m for m in json.loads(out.stdout)["members"]}
+
+    def wait_ready(self, timeout_s: float = 20) -> None:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serf {self.name} exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                self.members()
+                return
+            except (RuntimeError, json.JSONDecodeError):
+                time.sleep(0.05)
+        raise RuntimeError(f"serf {self.name} did not start within {timeout_s}s")
+
+    def leave(self) -> None:
+        self._cmd("leave", timeout_s=20)
+
+    def set_tags(self, **tags: str) -> None:
+        args = []
+        for key, value in tags.items():
+            args += ["-set", f"{key}={value}"]
+        out = self._cmd("tags", *args)
+        if out.returncode != 0:
+            raise RuntimeError(f"serf tags failed: {out.stderr.strip()}")
+
+    def stop(self, sig: int = signal.SIGKILL, timeout_s: float = 10) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self._log.close()

@@ -1,0 +1,203 @@
+"""A mixed cluster of real serf agents (Debian's serf 0.9.4) and our agents on loopback.
+
+Both sides must agree on membership, failures, graceful leaves and tags, in plaintext and
+encrypted; a swim agent with the wrong key cannot join. Every process is stopped by pid."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from bench.procs import SERF, LocalAgent, LocalSerf
+
+pytestmark = pytest.mark.skipif(
+    SERF is None, reason="serf not installed (scripts/setup.sh installs it with apt-get)"
+)
+ROOT = Path(__file__).resolve().parents[2]
+KEY = base64.b64encode(bytes(range(16))).decode()
+
+
+def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        try:
+            if predicate():
+                return time.monotonic() - start
+        except RuntimeError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not within {timeout_s}s")
+
+
+@dataclass
+class Mixed:
+    serfs: list[LocalSerf]
+    swims: list[LocalAgent]
+
+    def serf_status(self, observer: LocalSerf, name: str) -> str | None:
+        m = observer.members().get(name)
+        return None if m is None else str(m["status"])
+
+    def swim_status(self, observer: LocalAgent, name: str) -> str | None:
+        m = observer.members().get(name)
+        return None if m is None else str(m["status"])
+
+
+def _start(tmp_path: Path, encrypt: str | None) -> Mixed:
+    serfs: list[LocalSerf] = []
+    swims: list[LocalAgent] = []
+    try:
+        first = LocalSerf("s0", tmp_path, tags={"role": "serf"}, encrypt=encrypt)
+        serfs.append(first)
+        first.wait_ready()
+        for i in (1, 2):
+            serfs.append(
+                LocalSerf(
+                    f"s{i}", tmp_path, join=first.port, tags={"role": "serf"}, encrypt=encrypt
+                )
+            )
+        extra = ["--tag", "role=swim"] + (["--encrypt", encrypt] if encrypt else [])
+        for i in range(3):
+            swims.append(LocalAgent(f"w{i}", tmp_path, "local", first.port, extra))
+        for s in serfs:
+            s.wait_ready()
+        for w in swims:
+            w.wait_ready(20)
+    except BaseException:
+        _stop_all(serfs, swims)
+        raise
+    return Mixed(serfs, swims)
+
+
+def _stop_all(serfs: list[LocalSerf], swims: list[LocalAgent]) -> None:
+    for s in serfs:
+        s.stop(signal.SIGKILL)
+    for w in swims:
+        w.stop(signal.SIGKILL)
+
+
+@pytest.fixture(params=[None, KEY], ids=["plain", "encrypted"])
+def mixed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Mixed]:
+    cluster = _start(tmp_path, request.param)
+    try:
+        yield cluster
+    finally:
+        _stop_all(cluster.serfs, cluster.swims)
+
+
+def test_mixed_cluster_forms_fails_leaves_and_shares_tags(mixed: Mixed) -> None:
+    names = {"s0", "s1", "s2", "w0", "w1", "w2"}
+    until(
+        lambda: all(
+            {n for n, m in s.members().items() if m["status"] == "alive"} == names
+            for s in mixed.serfs
+        ),
+        30,
+        "serf sees everyone alive",
+    )
+    until(
+        lambda: all(
+            {n for n, m in w.members().items() if m["status"] == "alive"} == names
+            for w in mixed.swims
+        ),
+        30,
+        "swim sees everyone alive",
+    )
+    # tags cross both ways
+    assert mixed.serfs[0].members()["w1"]["tags"] == {"role": "swim"}
+    assert mixed.swims[0].members()["s1"]["tags"] == {"role": "serf"}
+    mixed.serfs[1].set_tags(zone="z9")
+    until(
+        lambda: mixed.swims[2].members()["s1"]["tags"].get("zone") == "z9",
+        15,
+        "swim sees serf's new tag",
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "--control",
+            str(mixed.swims[1].control),
+            "tags",
+            "--set",
+            "gpu=h200",
+        ],
+        check=True,
+        cwd=ROOT,
+        timeout=30,
+        capture_output=True,
+    )
+    until(
+        lambda: mixed.serfs[2].members()["w1"]["tags"].get("gpu") == "h200",
+        15,
+        "serf sees swim's new tag",
+    )
+
+    # SIGKILL a swim agent: every serf agent marks it failed (and the swims dead)
+    victim = mixed.swims[2]
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    until(
+        lambda: all(mixed.serf_status(s, "w2") == "failed" for s in mixed.serfs),
+        60,
+        "serf marks the killed swim agent failed",
+    )
+    until(
+        lambda: all(mixed.swim_status(w, "w2") == "dead" for w in mixed.swims[:2]),
+        60,
+        "swim marks the killed swim agent dead",
+    )
+
+    # SIGKILL a serf agent: every swim agent marks it dead
+    os.kill(mixed.serfs[2].proc.pid, signal.SIGKILL)
+    until(
+        lambda: all(mixed.swim_status(w, "s2") == "dead" for w in mixed.swims[:2]),
+        60,
+        "swim marks the killed serf agent dead",
+    )
+
+    # graceful leave both ways is "left", not failed
+    mixed.swims[1].stop(signal.SIGTERM)
+    until(
+        lambda: all(mixed.serf_status(s, "w1") == "left" for s in mixed.serfs[:2]),
+        15,
+        "serf sees the swim agent's graceful leave as left",
+    )
+    mixed.serfs[1].leave()
+    until(
+        lambda: mixed.swim_status(mixed.swims[0], "s1") == "left",
+        15,
+        "swim sees the serf agent's graceful leave as left",
+    )
+
+
+def test_wrong_key_cannot_join(tmp_path: Path) -> None:
+    first = LocalSerf("s0", tmp_path, encrypt=KEY)
+    wrong = base64.b64encode(bytes(16)).decode()
+    agent: LocalAgent | None = None
+    try:
+        first.wait_ready()
+        agent = LocalAgent(
+            "intruder",
+            tmp_path,
+            "local",
+            None,
+            ["--encrypt", wrong, "--join", f"127.0.0.1:{first.port}"],
+        )
+        agent.wait_ready(20)
+        time.sleep(2)  # give a would-be join every chance to land
+        assert "intruder" not in first.members()
+        assert set(agent.members()) == {"intruder"}
+    finally:
+        first.stop(signal.SIGKILL)
+        if agent is not None:
+            agent.stop(signal.SIGKILL)
