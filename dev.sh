@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One entry point for newcomers and CI.
-#   ./dev.sh demo    set up, then run the local cluster demo
+#   ./dev.sh demo    set up, then run the local cluster demo (real agent processes)
+#   ./dev.sh simdemo the protocol core alone on a simulated network (virtual clock)
 #   ./dev.sh test    set up, then run lint, type checks and the whole test suite
 #   ./dev.sh lint    ruff + mypy only
 set -euo pipefail
@@ -10,6 +11,9 @@ case "$cmd" in
     setup) scripts/setup.sh ;;
     demo)
         scripts/setup.sh
+        exec .venv/bin/swimctl demo "$@"
+        ;;
+    simdemo)
         exec .venv/bin/python -m simulations.demo "$@"
         ;;
     lint)
@@ -24,5 +28,9 @@ case "$cmd" in
         .venv/bin/mypy
         exec .venv/bin/python -m pytest -q "$@"
         ;;
-    *) echo "usage: $0 demo|test|lint|setup" >&2; exit 2 ;;
+    bench)
+        scripts/setup.sh
+        exec .venv/bin/python -m bench.compare_serf --out BENCHMARKS.md "$@"
+        ;;
+    *) echo "usage: $0 demo|simdemo|test|lint|bench|setup" >&2; exit 2 ;;
 esac

@@ -48,6 +48,7 @@ class LocalAgent:
         profile: str,
         join: int | None,
         extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
         self.port = free_port()
@@ -78,6 +79,7 @@ class LocalAgent:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=Path(__file__).resolve().parents[1],
+            env={**os.environ, **(env or {})},
         )
         self.client = ControlClient(self.control, timeout_s=5)
 

@@ -25,7 +25,7 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -34,12 +34,14 @@ from agent import serf
 from agent.config import AgentConfig, AgentConfigError, parse_host_port
 from agent.config import load as load_config
 from agent.control_server import ControlServer
-from agent.metrics import AgentMetrics, serve_metrics
 from phi import PhiConfig, PhiRegistry, RegistryFullError
 from swim import Address, MemberEvent, Node, NodeStateType, Output, StreamRequest, Timer
 from swim.effects import EventKind, JoinResult
 from swim.node import LEAVE_FANOUT
 from swim.wire import DropReason, StreamMessage, WireError
+
+if TYPE_CHECKING:
+    from agent.metrics import AgentMetrics
 
 log = logging.getLogger("swim.agent")
 
@@ -107,7 +109,7 @@ class Agent:
             ),
             config.phi_capacity,
         )
-        self.metrics: AgentMetrics | None = None
+        self.metrics: AgentMetrics | None = None  # only with --metrics-addr
         self.bound_port = 0
         self.ready = trio.Event()
         self.stopped = trio.Event()
@@ -169,6 +171,9 @@ class Agent:
                 control = ControlServer(self)
                 await nursery.start(control.serve)
                 if cfg.metrics_addr is not None:
+                    # prometheus_client costs ~10 MB resident: load it only when asked for
+                    from agent.metrics import AgentMetrics, serve_metrics
+
                     self.metrics = AgentMetrics(self.node, self.phi_values)
                     await nursery.start(
                         serve_metrics, self.metrics, cfg.metrics_addr.host, cfg.metrics_addr.port

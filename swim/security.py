@@ -36,8 +36,8 @@ import base64
 import binascii
 from collections.abc import Iterator, Sequence
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+# ``cryptography`` (and the OpenSSL it loads, ~7 MB resident) is imported on first use, so
+# an agent without encryption never pays for it.
 
 __all__ = [
     "BLOCK_SIZE",
@@ -161,6 +161,8 @@ def encrypt_payload(version: int, key: bytes, msg: bytes, aad: bytes, nonce: byt
     if len(nonce) != NONCE_SIZE:
         raise ValueError(f"nonce must be {NONCE_SIZE} bytes, got {len(nonce)}")
     plain = _pkcs7_pad(msg) if version == 0 else msg
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
     sealed = AESGCM(bytes(key)).encrypt(bytes(nonce), bytes(plain), bytes(aad))
     return bytes((version,)) + bytes(nonce) + sealed
 
@@ -180,6 +182,9 @@ def decrypt_payload(keys: Sequence[bytes], msg: bytes, aad: bytes) -> bytes:
         raise DecryptError(f"unsupported encryption version {version}")
     if len(msg) < encrypted_length(version, 0):
         raise DecryptError(f"payload is too small to decrypt: {len(msg)}")
+
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     data = bytes(msg)
     nonce = data[VERSION_SIZE : VERSION_SIZE + NONCE_SIZE]

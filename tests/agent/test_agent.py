@@ -208,3 +208,33 @@ async def test_garbage_on_the_live_port_is_counted_and_harmless(tmp_path: Path) 
             ControlClient(tmp_path / "n0.sock").request, "members"
         )
         assert len(members) == 2
+
+
+async def test_monitor_streams_membership_events(tmp_path: Path) -> None:
+    from agent.control import FrameDecoder, encode_frame, make_request
+
+    async with cluster(tmp_path, 2) as agents:
+        await until(lambda: agents[1].state_of("n0") == NodeStateType.ALIVE, 10)
+        stream = await trio.open_unix_socket(str(tmp_path / "n0.sock"))
+        async with stream:
+            await stream.send_all(encode_frame(make_request("monitor")))
+            decoder = FrameDecoder()
+            frames: list[dict[str, object]] = []
+
+            async def read_until(pred: Callable[[dict[str, object]], bool]) -> None:
+                with trio.fail_after(10):
+                    while not any(pred(f) for f in frames):
+                        frames.extend(decoder.feed(await stream.receive_some(65536)))
+
+            await read_until(lambda f: f.get("ok") is True)
+            await agents[1].agent.set_tags({"new": "tag"})
+
+            def is_update(frame: dict[str, object]) -> bool:
+                event = frame.get("event")
+                return (
+                    isinstance(event, dict)
+                    and event.get("type") == "updated"
+                    and event.get("node") == "n1"
+                )
+
+            await read_until(is_update)

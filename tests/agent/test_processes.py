@@ -173,3 +173,43 @@ def test_bad_flags_exit_2_with_a_clear_message(tmp_path: Path) -> None:
         check=False,
     )
     assert out.returncode == 2 and "bind: 'nowhere' is not an IP address" in out.stderr
+
+
+def test_swimctl_demo_runs_and_cleans_up() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "agent.cli", "demo", "--agents", "4"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "all 4 agents see each other alive" in out.stdout
+    assert "every survivor declared agent-3 dead" in out.stdout
+    assert "sees it left after" in out.stdout
+    assert "stopped 4 agent processes" in out.stdout
+
+
+def test_systemd_notify_ready_watchdog_stopping(tmp_path: Path) -> None:
+    import socket as socketlib
+
+    path = tmp_path / "notify.sock"
+    sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(20)
+    agent = LocalAgent(
+        "sd", tmp_path, "local", None, env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "1000000"}
+    )
+    try:
+        got: list[str] = []
+        while not {"READY=1", "WATCHDOG=1"} <= set(got):
+            got.append(sock.recv(4096).decode())
+        assert got.index("READY=1") < got.index("WATCHDOG=1")
+        os.kill(agent.proc.pid, signal.SIGTERM)
+        while "STOPPING=1" not in got:
+            got.append(sock.recv(4096).decode())
+        assert agent.proc.wait(10) == 0
+    finally:
+        agent.stop(signal.SIGKILL)
+        sock.close()

@@ -1,0 +1,412 @@
+"""Side-by-side benchmark: N swim agents vs N serf agents, same profile, same machine, same run.
+
+For each N it starts a cluster of each implementation on loopback and measures:
+- join convergence: from the start of the last process until every agent has seen every
+  other join (each agent's own log, timestamped as lines arrive);
+- detection after SIGKILL of one agent: first suspicion anywhere, first and last survivor
+  to declare it dead/failed;
+- steady-state CPU per agent per second (/proc/PID/stat utime+stime over a window);
+- RSS per agent (/proc/PID/status VmRSS);
+- UDP packets and bytes sent per agent per second (iptables byte/packet counters on each
+  agent's source port; the same measurement for both implementations).
+
+Log lines are timestamped by reader threads as they arrive (serf's own log timestamps
+have one-second resolution), so both sides are timed the same way.
+
+    python -m bench.compare_serf [--sizes 8,32,64] [--profile lan] [--out BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.procs import SERF, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# What each implementation logs (serf 0.9.4 memberlist/serf lines; our agent's lines).
+PATTERNS = {
+    "serf": {
+        "ready": re.compile(r"()Serf agent running"),
+        "join": re.compile(r"EventMemberJoin: (\S+)"),
+        "suspect": re.compile(r"memberlist: Suspect (\S+) has failed"),
+        "dead": re.compile(r"EventMemberFailed: (\S+)"),
+    },
+    "swim": {
+        "ready": re.compile(r"()control API on"),
+        "join": re.compile(r"member (\S+) joined"),
+        "suspect": re.compile(r"member (\S+) suspect"),
+        "dead": re.compile(r"member (\S+) dead"),
+    },
+}
+
+
+@dataclass
+class Proc:
+    name: str
+    port: int
+    popen: subprocess.Popen[bytes]
+    events: list[tuple[float, str, str]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def seen(self, kind: str, target: str) -> float | None:
+        with self.lock:
+            times = [t for t, k, n in self.events if k == kind and n == target]
+        return min(times) if times else None
+
+    def first(self, kind: str) -> float | None:
+        with self.lock:
+            times = [t for t, k, _ in self.events if k == kind]
+        return min(times) if times else None
+
+    def joined(self) -> set[str]:
+        with self.lock:
+            return {n for _, k, n in self.events if k == "join"}
+
+
+def _reader(proc: Proc, impl: str, log_path: Path) -> None:
+    assert proc.popen.stdout is not None
+    patterns = PATTERNS[impl]
+    with log_path.open("wb") as log:
+        for raw in proc.popen.stdout:
+            now = time.monotonic()
+            log.write(raw)
+            line = raw.decode(errors="replace")
+            for kind, pattern in patterns.items():
+                match = pattern.search(line)
+                if match:
+                    with proc.lock:
+                        proc.events.append((now, kind, match.group(1)))
+
+
+def _start(impl: str, name: str, profile: str, join_port: int | None, workdir: Path) -> Proc:
+    port = free_port()
+    if impl == "serf":
+        assert SERF is not None
+        args = [
+            SERF,
+            "agent",
+            f"-node={name}",
+            f"-bind=127.0.0.1:{port}",
+            f"-rpc-addr=127.0.0.1:{free_port()}",
+            f"-profile={profile}",
+            "-log-level=debug",
+        ]
+        if join_port:
+            args.append(f"-join=127.0.0.1:{join_port}")
+    else:
+        args = [
+            sys.executable,
+            "-m",
+            "agent.cli",
+            "--control",
+            str(workdir / f"{name}.sock"),
+            "agent",
+            "--node",
+            name,
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--profile",
+            profile,
+            "--log-level",
+            "info",
+        ]
+        if join_port:
+            args += ["--retry-join", f"127.0.0.1:{join_port}", "--retry-interval-ms", "500"]
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    popen = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, env=env
+    )
+    proc = Proc(name, port, popen)
+    threading.Thread(
+        target=_reader, args=(proc, impl, workdir / f"{name}.log"), daemon=True
+    ).start()
+    return proc
+
+
+def _cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class PortCounters:
+    """iptables OUTPUT counters per UDP source port on loopback (root only)."""
+
+    CHAIN = "SWIMBENCH"
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+        self.ok = shutil.which("iptables") is not None and os.geteuid() == 0
+        if not self.ok:
+            return
+        try:
+            self._ipt("-N", self.CHAIN)
+            self._ipt("-I", "OUTPUT", "-o", "lo", "-p", "udp", "-j", self.CHAIN)
+            for port in ports:
+                self._ipt("-A", self.CHAIN, "-p", "udp", "--sport", str(port))
+        except subprocess.CalledProcessError:
+            self.close()
+            self.ok = False
+
+    def _ipt(self, *args: str) -> str:
+        return subprocess.run(
+            ["iptables", "-w", *args], check=True, capture_output=True, text=True
+        ).stdout
+
+    def read(self) -> dict[int, tuple[int, int]]:
+        if not self.ok:
+            return {}
+        out = self._ipt("-L", self.CHAIN, "-n", "-v", "-x")
+        counts: dict[int, tuple[int, int]] = {}
+        for line in out.splitlines():
+            match = re.search(r"^\s*(\d+)\s+(\d+)\s+.*spt:(\d+)", line)
+            if match:
+                counts[int(match.group(3))] = (int(match.group(1)), int(match.group(2)))
+        return counts
+
+    def close(self) -> None:
+        for args in (
+            ("-D", "OUTPUT", "-o", "lo", "-p", "udp", "-j", self.CHAIN),
+            ("-F", self.CHAIN),
+            ("-X", self.CHAIN),
+        ):
+            subprocess.run(["iptables", "-w", *args], capture_output=True, check=False)
+
+
+@dataclass
+class Kill:
+    first_suspect_s: float | None
+    first_dead_s: float | None
+    last_dead_s: float | None
+
+
+@dataclass
+class Result:
+    impl: str
+    n: int
+    converge_s: float | None
+    converge_ready_s: float | None
+    cpu_ms_per_s: float
+    rss_mib_mean: float
+    rss_mib_max: float
+    pkts_per_s: float | None
+    bytes_per_s: float | None
+    kills: list[Kill]
+
+    def median(self, attr: str) -> float | None:
+        values = [v for k in self.kills if (v := getattr(k, attr)) is not None]
+        return statistics.median(values) if len(values) == len(self.kills) else None
+
+    def spread(self, attr: str) -> str:
+        values = [v for k in self.kills if (v := getattr(k, attr)) is not None]
+        return f"{min(values):.2f}–{max(values):.2f}" if values else "n/a"
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def _kill_one(alive: list[Proc]) -> Kill:
+    """SIGKILL the newest live agent and time how the others notice."""
+    victim = alive.pop()
+    killed = time.monotonic()
+    os.kill(victim.popen.pid, signal.SIGKILL)
+    _wait(lambda: all(p.seen("dead", victim.name) for p in alive), 120)
+    suspects = [t for p in alive if (t := p.seen("suspect", victim.name))]
+    deads = [t for p in alive if (t := p.seen("dead", victim.name))]
+    return Kill(
+        min(suspects) - killed if suspects else None,
+        min(deads) - killed if deads else None,
+        max(deads) - killed if len(deads) == len(alive) else None,
+    )
+
+
+def run_one(
+    impl: str,
+    n: int,
+    profile: str,
+    settle_s: float,
+    window_s: float,
+    kills: int = 5,
+    pause_s: float = 5.0,
+) -> Result:
+    with tempfile.TemporaryDirectory(prefix=f"bench-{impl}-{n}-") as tmp:
+        workdir = Path(tmp)
+        procs: list[Proc] = []
+        counters: PortCounters | None = None
+        try:
+            first = _start(impl, f"{impl}-0", profile, None, workdir)
+            procs.append(first)
+            time.sleep(1.0 if impl == "swim" else 0.3)  # the seed must be listening
+            for i in range(1, n):
+                procs.append(_start(impl, f"{impl}-{i}", profile, first.port, workdir))
+            launched = time.monotonic()
+            names = {p.name for p in procs}
+
+            def converged() -> bool:
+                return all(p.joined() >= names - {p.name} for p in procs)
+
+            ok = _wait(converged, 120)
+            converge = converge_ready = None
+            if ok:
+                last = max(max(t for t, k, _ in p.events if k == "join") for p in procs)
+                converge = max(last - launched, 0.0)
+                readies = [p.first("ready") for p in procs]
+                if all(r is not None for r in readies):
+                    converge_ready = max(last - max(r for r in readies if r is not None), 0.0)
+            time.sleep(settle_s)
+            counters = PortCounters([p.port for p in procs])
+            ticks0 = {p.name: _cpu_ticks(p.popen.pid) for p in procs}
+            net0 = counters.read()
+            t0 = time.monotonic()
+            time.sleep(window_s)
+            elapsed = time.monotonic() - t0
+            ticks1 = {p.name: _cpu_ticks(p.popen.pid) for p in procs}
+            net1 = counters.read()
+            rss = [_rss_mib(p.popen.pid) for p in procs]
+            cpu = statistics.mean(
+                (ticks1[p.name] - ticks0[p.name]) * 1000 / CLK_TCK / elapsed for p in procs
+            )
+            pkts = bytes_ = None
+            if net0 and net1:
+                pkts = statistics.mean((net1[p.port][0] - net0[p.port][0]) / elapsed for p in procs)
+                bytes_ = statistics.mean(
+                    (net1[p.port][1] - net0[p.port][1]) / elapsed for p in procs
+                )
+            results = []
+            alive = list(procs)
+            for _ in range(min(kills, n - 2)):
+                results.append(_kill_one(alive))
+                time.sleep(pause_s)
+            return Result(
+                impl,
+                n,
+                converge,
+                converge_ready,
+                cpu,
+                statistics.mean(rss),
+                max(rss),
+                pkts,
+                bytes_,
+                results,
+            )
+        finally:
+            if counters is not None:
+                counters.close()
+            for p in procs:
+                if p.popen.poll() is None:
+                    os.kill(p.popen.pid, signal.SIGKILL)
+                p.popen.wait(10)
+
+
+def _f(value: float | None, fmt: str = "{:.2f}") -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
+
+
+def report(results: list[Result], profile: str, command: str) -> str:
+    lines = [
+        f"## swim vs serf, profile `{profile}` ({time.strftime('%Y-%m-%d')})",
+        "",
+        f"Command: `{command}`. Machine: {os.cpu_count()} CPUs; serf is Debian's 0.9.4. "
+        "Both sides run in the same invocation, one implementation at a time. Detection: "
+        "median over the SIGKILLs (range in brackets), from the kill to the first suspicion, "
+        "the first observer and the last observer declaring the member dead (failed).",
+        "",
+        "| impl | N | join converge s (from last ready) | first suspect s | first dead s | "
+        "last dead s | kills | CPU ms/agent/s | RSS MiB mean (max) | UDP pkts/agent/s | "
+        "UDP bytes/agent/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.impl} | {r.n} | {_f(r.converge_s)} ({_f(r.converge_ready_s)}) | "
+            f"{_f(r.median('first_suspect_s'))} [{r.spread('first_suspect_s')}] | "
+            f"{_f(r.median('first_dead_s'))} [{r.spread('first_dead_s')}] | "
+            f"{_f(r.median('last_dead_s'))} [{r.spread('last_dead_s')}] | {len(r.kills)} | "
+            f"{_f(r.cpu_ms_per_s)} | "
+            f"{_f(r.rss_mib_mean, '{:.1f}')} ({_f(r.rss_mib_max, '{:.1f}')}) | "
+            f"{_f(r.pkts_per_s, '{:.1f}')} | {_f(r.bytes_per_s, '{:.0f}')} |"
+        )
+    lines += [
+        "",
+        "Ratios swim/serf (targets: detection within 10%, idle CPU at most 2x, "
+        "RSS at most 40 MiB absolute):",
+        "",
+        "| N | last dead (median) | first dead (median) | CPU | RSS (swim MiB) | packets | bytes |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    by = {(r.impl, r.n): r for r in results}
+    for n in sorted({r.n for r in results}):
+        s, g = by.get(("swim", n)), by.get(("serf", n))
+        if s is None or g is None:
+            continue
+        lines.append(
+            f"| {n} | {_ratio(s.median('last_dead_s'), g.median('last_dead_s'))} | "
+            f"{_ratio(s.median('first_dead_s'), g.median('first_dead_s'))} | "
+            f"{_ratio(s.cpu_ms_per_s, g.cpu_ms_per_s)} | {s.rss_mib_mean:.1f} | "
+            f"{_ratio(s.pkts_per_s, g.pkts_per_s)} | {_ratio(s.bytes_per_s, g.bytes_per_s)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="swim vs serf, side by side")
+    parser.add_argument("--sizes", default="8,32,64")
+    parser.add_argument("--profile", default="lan", choices=["lan", "wan", "local"])
+    parser.add_argument("--settle-s", type=float, default=10.0)
+    parser.add_argument("--window-s", type=float, default=20.0)
+    parser.add_argument("--kills", type=int, default=5, help="SIGKILLs per cluster")
+    parser.add_argument("--out", type=Path, help="append the report to this markdown file")
+    args = parser.parse_args(argv)
+    if SERF is None:
+        print("serf is not installed (scripts/setup.sh installs it)", file=sys.stderr)
+        return 2
+    sizes = [int(x) for x in args.sizes.split(",")]
+    results = []
+    for n in sizes:
+        for impl in ("serf", "swim"):
+            print(f"-- {impl} N={n} ...", file=sys.stderr, flush=True)
+            result = run_one(impl, n, args.profile, args.settle_s, args.window_s, args.kills)
+            print(f"   {result}", file=sys.stderr, flush=True)
+            results.append(result)
+    command = "python -m bench.compare_serf " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = report(results, args.profile, command.strip())
+    print(text)
+    if args.out is not None:
+        with args.out.open("a") as fh:
+            fh.write("\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
