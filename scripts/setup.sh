@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the demo and the tests need, idempotently:
-#   - Debian packages: serf (the interop peer), iproute2 + iptables (network-namespace tests)
+#   - Debian packages: serf (the interop peer), iproute2 + iptables (network-namespace tests
+#     and the benchmark's packet counters), prometheus (promtool, to check our metrics),
+#     systemd (systemd-analyze, to verify the unit file)
 #   - a virtual environment in .venv with the project (editable) and its dev tools
 #   - torch==2.13.0 (the CPU build that lies on this machine's disk; an unpinned torch
 #     would pull a multi-GB CUDA build)
@@ -9,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pair in serf:serf ip:iproute2 iptables:iptables promtool:prometheus; do
+for pair in serf:serf ip:iproute2 iptables:iptables promtool:prometheus systemd-analyze:systemd; do
     cmd=${pair%%:*}; pkg=${pair##*:}
     command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
