@@ -160,6 +160,7 @@ class PortCounters:
         self.ok = shutil.which("iptables") is not None and os.geteuid() == 0
         if not self.ok:
             return
+        self.close()  # a chain left over from an interrupted run
         try:
             self._ipt("-N", self.CHAIN)
             self._ipt("-I", "OUTPUT", "-o", "lo", "-p", "udp", "-j", self.CHAIN)

@@ -55,6 +55,11 @@ class Config:
     gossip_to_the_dead_time_ms: int = 30_000
     """Keep gossiping to a dead node this long so it can refute; also the reap delay.
     memberlist GossipToTheDeadTime."""
+    gossip_to_dead_separately: bool = True
+    """Draw gossip targets from live members, plus one recently dead member with
+    probability ≈ dead/n (chitchat's rule), instead of memberlist's single draw over both,
+    which wastes a broadcast's few transmissions on dead nodes after several failures.
+    Ours; off reproduces memberlist exactly."""
     push_pull_interval_ms: int = 30_000
     """Full TCP state sync period before n-scaling (0 disables). memberlist PushPullInterval."""
     tcp_timeout_ms: int = 10_000

@@ -527,23 +527,44 @@ class Node:
     # --- dissemination ------------------------------------------------------------------
 
     def _gossip_round(self) -> None:
-        """state.go ``gossip``: pending broadcasts to a few random live or recently dead."""
-        now = self._ctx.now_ms
-        window = self.config.gossip_to_the_dead_time_ms
-
-        def exclude(m: MemberState) -> bool:
-            if m.name == self.name:
-                return True
-            if m.state in (NodeStateType.ALIVE, NodeStateType.SUSPECT):
-                return False
-            return m.state == NodeStateType.LEFT or now - m.state_change_ms > window
-
+        """state.go ``gossip``: pending broadcasts to a few random members."""
         limit = self.config.udp_buffer_size - wire.packet_overhead(self._crypto())
-        for peer in self._members.random_members(self.config.gossip_nodes, exclude):
+        for peer in self._gossip_targets():
             parts = self._take_broadcasts(limit - _crc_overhead(peer))
             if not parts:
                 return
             self._emit(peer.address, parts, peer)
+
+    def _gossip_targets(self) -> list[MemberState]:
+        """Who gets this round's gossip.
+
+        memberlist draws ``gossip_nodes`` from live *and* recently dead members together, so
+        after a few failures most of a broadcast's few transmissions go to dead nodes and a
+        live member can miss a death entirely (measured: 5.5% of deaths in an 8-node cluster
+        with repeated kills reached the last survivor > 2 s late, up to 21 s). With
+        ``gossip_to_dead_separately`` (default) the live targets are drawn from live members
+        only, and one recently dead member is added with probability ≈ dead/n (one random
+        draw), as chitchat does, so the dead can still refute.
+        """
+        now = self._ctx.now_ms
+        window = self.config.gossip_to_the_dead_time_ms
+        members = self._members
+
+        def recently_dead(m: MemberState) -> bool:
+            return m.state == NodeStateType.DEAD and now - m.state_change_ms <= window
+
+        def live(m: MemberState) -> bool:
+            return m.name != self.name and m.state in (NodeStateType.ALIVE, NodeStateType.SUSPECT)
+
+        if not self.config.gossip_to_dead_separately:
+            return members.random_members(
+                self.config.gossip_nodes, lambda m: not (live(m) or recently_dead(m))
+            )
+        targets = members.random_members(self.config.gossip_nodes, lambda m: not live(m))
+        extra = members.random_members(1, lambda m: False)
+        if extra and recently_dead(extra[0]):
+            targets.append(extra[0])
+        return targets
 
     def _take_broadcasts(self, limit: int) -> list[bytes]:
         """Member broadcasts first, then user broadcasts in what room is left (net.go)."""

@@ -51,6 +51,19 @@ RULES: dict[str, dict[str, set[str]]] = {
         "first_party": {"simulations", "swim", "phi"},
         "third_party": {"numpy", "matplotlib", "msgpack"},
     },
+    "agent": {
+        "first_party": {"agent", "swim", "phi"},
+        "third_party": {"trio", "msgpack", "numpy", "prometheus_client", "click", "cryptography"},
+    },
+    "torchhook": {
+        "first_party": {"torchhook", "agent"},
+        "third_party": {"torch", "numpy", "msgpack"},
+    },
+}
+PURE_MODULES = {
+    # torchhook may only reach the agent through this module, which must stay free of trio
+    # and of the Node (DESIGN.md: "torchhook ──► agent's pure control-protocol module").
+    "agent/control.py": {"trio", "swim", "phi", "agent"},
 }
 
 
@@ -97,6 +110,8 @@ def _violations(package: str) -> list[str]:
             if top in FIRST_PARTY:
                 if top not in rules["first_party"]:
                     problems.append(where + f" (only {sorted(rules['first_party'])} allowed)")
+                elif package == "torchhook" and top == "agent" and module != "agent.control":
+                    problems.append(where + " (torchhook may import only agent.control)")
             elif top in sys.stdlib_module_names:
                 if core and top in BANNED_IN_CORE:
                     problems.append(where + " (banned in the sans-IO core)")
@@ -105,6 +120,13 @@ def _violations(package: str) -> list[str]:
         if core:
             problems.extend(_random_misuse(path))
     return problems
+
+
+@pytest.mark.parametrize("path", sorted(PURE_MODULES))
+def test_pure_modules_stay_pure(path: str) -> None:
+    banned = PURE_MODULES[path]
+    found = [m for m, _ in _imports(ROOT / path) if m.split(".")[0] in banned]
+    assert found == []
 
 
 @pytest.mark.parametrize("package", sorted(RULES))

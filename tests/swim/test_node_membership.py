@@ -172,10 +172,11 @@ def test_leave_marks_us_left_and_finishes_when_gossiped_out() -> None:
     assert _state(a, "a") == (LEFT, inc)
     assert [e.kind for e in out.events] == [EventKind.LEFT]
     dests = {p.dest for p in out.packets}
-    assert dests == {b.address, c.address}  # gossiped at once
+    assert dests == {b.address, c.address}  # told directly and gossiped at once
     for pkt in out.packets:
         assert Dead(inc, "a", "a") in decode(pkt.data)
-    # Retransmit limit for n = 3 is 4·ceil(log10 4) = 4 sends; two went out already.
+    # Retransmit limit for n = 3 is 4·ceil(log10 4) = 4 sends: one direct send to each
+    # live peer (Node.leave's fan-out) and one gossip round use them all up at once.
     assert formulas.retransmit_limit(4, 3) == 4
     progress = [a.node.leave_done]
     carried = [sum(Dead(inc, "a", "a") in decode(p.data) for p in out.packets)]
@@ -183,8 +184,8 @@ def test_leave_marks_us_left_and_finishes_when_gossiped_out() -> None:
         tick = a.fire(GOSSIP_TICK, now)
         carried.append(sum(Dead(inc, "a", "a") in decode(p.data) for p in tick.packets))
         progress.append(a.node.leave_done)
-    assert carried == [2, 2, 0]
-    assert progress == [False, True, True]
+    assert carried == [4, 0, 0]
+    assert progress == [True, True, True]
     # A leaving node neither refutes nor accepts news about itself.
     a.receive(addr(2), Suspect(inc, "a", "b"), alive("a", 1, inc + 5), now_ms=600)
     assert _state(a, "a") == (LEFT, inc)
@@ -352,21 +353,26 @@ def test_left_member_may_come_back_from_a_new_address_at_once() -> None:
 # --- gossip to the dead, reaping ------------------------------------------------------------
 
 
-def _with_dead_and_left() -> Peer:
-    o = make_peer("o", 1)
+def _with_dead_and_left(config: Config | None = None) -> Peer:
+    o = make_peer("o", 1) if config is None else make_peer("o", 1, config=config)
     o.learn(alive("b", 2), alive("d", 3), alive("l", 4))
     o.receive(addr(9), Dead(1, "d", "z"), Dead(1, "l", "l"), now_ms=1000)
     assert [_state(o, n) for n in "bdl"] == [(ALIVE, 1), (DEAD, 1), (LEFT, 1)]
     return o
 
 
-def test_gossip_reaches_the_dead_only_within_the_window_and_never_the_left() -> None:
-    o = _with_dead_and_left()
+@pytest.mark.parametrize("separately", [True, False], ids=["ours", "memberlist"])
+def test_gossip_reaches_the_dead_only_within_the_window_and_never_the_left(
+    separately: bool,
+) -> None:
+    o = _with_dead_and_left(Config.lan(gossip_to_dead_separately=separately))
     window = o.node.config.gossip_to_the_dead_time_ms
     seen: dict[int, set[str]] = {}
     for now in (1001, 1000 + window, 1001 + window):
         dests: set[str] = set()
-        for _ in range(8):  # several rounds: targets are random
+        # Targets are random; with gossip_to_dead_separately the dead one is an extra
+        # target with probability ~1/4 per round here, so run enough rounds.
+        for _ in range(40):
             o.take(o.node.broadcast_user(b"news", now))
             out = o.fire(GOSSIP_TICK, now)
             dests |= {str(p.dest) for p in out.packets}
