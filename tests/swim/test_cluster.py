@@ -6,6 +6,7 @@ Each scenario checks a protocol promise against the numbers the formulas predict
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -193,7 +194,7 @@ def test_deaths_reach_every_survivor_quickly_after_repeated_failures() -> None:
             victim = f"node-{7 - k:03d}"
             t0 = c.now_ms
             c.crash(victim)
-            assert c.run_until_true(lambda v=victim: c.all_see(v, [DEAD]), 60_000, 10) >= 0
+            assert c.run_until_true(functools.partial(c.all_see, victim, [DEAD]), 60_000, 10) >= 0
             deads = [
                 e.at_ms
                 for o, e in c.events
