@@ -96,6 +96,9 @@ class ControlServer:
             return await _send(stream, error(f"bad arguments: {exc}"))
         except (ControlError, ValueError) as exc:
             return await _send(stream, error(str(exc)))
+        except Exception as exc:  # a bug in one request must not take the agent down
+            log.exception("control request %r failed", frame.get("op"))
+            return await _send(stream, error(f"internal error: {exc}"))
         return await _send(stream, ok(result))
 
     # --- operations -------------------------------------------------------------------

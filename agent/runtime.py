@@ -513,23 +513,31 @@ class Agent:
         await trio.serve_listeners(self._handle_conn, listeners)
 
     async def _handle_conn(self, stream: trio.SocketStream) -> None:
+        """One inbound stream. Whatever a peer does here (reset, garbage, silence) ends
+        this connection only; it never reaches the rest of the agent."""
         node = self._node()
         if self._in_limiter.available_tokens == 0:
             node.record_drop(DropReason.QUEUE_FULL)
             await stream.aclose()
             return
         async with self._in_limiter, stream:
-            peer = stream.socket.getpeername()
-            source = Address(peer[0], peer[1])
-            with trio.move_on_after(self.swim_config.tcp_timeout_ms / 1000):
-                message = await self._read_message(stream)
-                if message is None:
-                    return
-                send, receive = trio.open_memory_channel[bytes | None](1)
-                await self._send_in.send(_StreamIn(source, message, send))
-                reply = await receive.receive()
-                if reply:
-                    await stream.send_all(reply)
+            try:
+                await self._serve_conn(stream)
+            except _PEER_ERRORS as exc:
+                log.debug("inbound stream ended: %s", exc)
+
+    async def _serve_conn(self, stream: trio.SocketStream) -> None:
+        peer = stream.socket.getpeername()
+        source = Address(peer[0], peer[1])
+        with trio.move_on_after(self.swim_config.tcp_timeout_ms / 1000):
+            message = await self._read_message(stream)
+            if message is None:
+                return
+            send, receive = trio.open_memory_channel[bytes | None](1)
+            await self._send_in.send(_StreamIn(source, message, send))
+            reply = await receive.receive()
+            if reply:
+                await stream.send_all(reply)
 
     async def _read_message(self, stream: trio.SocketStream) -> StreamMessage | None:
         node = self._node()
@@ -566,8 +574,8 @@ class Agent:
                             message = await self._read_message(stream)
                             if message is None:
                                 error = "no valid reply"
-                except OSError as exc:
-                    error = f"{exc.strerror or exc}"
+                except _PEER_ERRORS as exc:
+                    error = f"{getattr(exc, 'strerror', None) or exc}"
             if scope.cancelled_caught:
                 error = "timed out"
         if request.expect_reply:
@@ -628,6 +636,9 @@ class Agent:
             systemd.notify("WATCHDOG=1")
             await trio.sleep(interval)
 
+
+_PEER_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
+"""What a misbehaving peer or network can raise on a stream; handled per connection."""
 
 _LEVELS = {
     "debug": logging.DEBUG,

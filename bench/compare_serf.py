@@ -233,6 +233,16 @@ def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
     return predicate()
 
 
+def _explain(procs: list[Proc], names: set[str], workdir: Path) -> None:
+    """Say which agents did not converge, with the end of their logs."""
+    for p in procs:
+        missing = names - {p.name} - p.joined()
+        if missing or p.popen.poll() is not None:
+            log = (workdir / f"{p.name}.log").read_text(errors="replace")[-1500:]
+            print(f"   {p.name} (exit {p.popen.poll()}) has not seen {sorted(missing)[:5]}"
+                  f"{'...' if len(missing) > 5 else ''}; log tail:\n{log}", file=sys.stderr)
+
+
 def _kill_one(alive: list[Proc]) -> Kill:
     """SIGKILL the newest live agent and time how the others notice."""
     victim = alive.pop()
@@ -274,6 +284,8 @@ def run_one(
                 return all(p.joined() >= names - {p.name} for p in procs)
 
             ok = _wait(converged, 120)
+            if not ok:
+                _explain(procs, names, workdir)
             converge = converge_ready = None
             if ok:
                 last = max(max(t for t, k, _ in p.events if k == "join") for p in procs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import functools
 import socket
+import struct
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -81,12 +82,19 @@ async def cluster(tmp_path: Path, n: int, **extra: object) -> AsyncIterator[list
             nursery.cancel_scope.cancel()
 
 
-async def until(predicate: Callable[[], bool], timeout_s: float) -> float:
+async def until(
+    predicate: Callable[[], bool], timeout_s: float, agents: list[Running] | None = None
+) -> float:
+    """Wait for ``predicate``; on timeout fail with every agent's view, to debug from CI."""
     start = trio.current_time()
-    with trio.fail_after(timeout_s):
+    with trio.move_on_after(timeout_s):
         while not predicate():
             await trio.sleep(0.02)
-    return trio.current_time() - start
+        return trio.current_time() - start
+    views = {
+        a.agent.config.node: {m.name: m.state.name for m in a.node.members()} for a in agents or []
+    }
+    raise AssertionError(f"condition not met within {timeout_s}s; views: {views}")
 
 
 async def test_join_detect_crash_and_leave(tmp_path: Path) -> None:
@@ -98,18 +106,19 @@ async def test_join_detect_crash_and_leave(tmp_path: Path) -> None:
                 for a in agents
             ),
             10,
+            agents,
         )
         crashed = agents[3]
         crashed.scope.cancel()  # the process dies: no leave, sockets close
         took = await until(
-            lambda: all(a.state_of("n3") == NodeStateType.DEAD for a in agents[:3]), 30
+            lambda: all(a.state_of("n3") == NodeStateType.DEAD for a in agents[:3]), 30, agents
         )
         # local profile: 1 s probes; suspicion 3 s minimum (α=3, n=4, k=1 confirmation)
         assert took < 3 + 18 + 2
         leaver = agents[2]
         leaver.agent.request_shutdown()
         took = await until(
-            lambda: all(a.state_of("n2") == NodeStateType.LEFT for a in agents[:2]), 5
+            lambda: all(a.state_of("n2") == NodeStateType.LEFT for a in agents[:2]), 5, agents
         )
         assert took < 1.0, "peers see a graceful leave within one second"
 
@@ -202,6 +211,11 @@ async def test_garbage_on_the_live_port_is_counted_and_harmless(tmp_path: Path) 
                 await stream.send_all(payload)
                 with trio.move_on_after(2):
                     await stream.receive_some(100)
+        for _ in range(20):  # connections reset by the peer before and after a request
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as raw:
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                raw.connect(("127.0.0.1", port))
+                raw.sendall(b"\x06")
         await until(lambda: sum(target.node.stats.dropped.values()) >= 1900, 10)
         assert [(m.name, m.state, m.incarnation) for m in target.node.members()] == before
         members = await trio.to_thread.run_sync(
