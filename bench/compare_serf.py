@@ -239,8 +239,11 @@ def _explain(procs: list[Proc], names: set[str], workdir: Path) -> None:
         missing = names - {p.name} - p.joined()
         if missing or p.popen.poll() is not None:
             log = (workdir / f"{p.name}.log").read_text(errors="replace")[-1500:]
-            print(f"   {p.name} (exit {p.popen.poll()}) has not seen {sorted(missing)[:5]}"
-                  f"{'...' if len(missing) > 5 else ''}; log tail:\n{log}", file=sys.stderr)
+            print(
+                f"   {p.name} (exit {p.popen.poll()}) has not seen {sorted(missing)[:5]}"
+                f"{'...' if len(missing) > 5 else ''}; log tail:\n{log}",
+                file=sys.stderr,
+            )
 
 
 def _kill_one(alive: list[Proc]) -> Kill:
