@@ -9,6 +9,7 @@ on Ctrl-C or error.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,18 +24,39 @@ from agent.control import ControlClient, ControlError
 POLL_S = 0.05
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A port that is free for both UDP and TCP on 127.0.0.1."""
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-            tcp.bind(("127.0.0.1", 0))
-            port = int(tcp.getsockname()[1])
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-                try:
+    """A port free for both UDP and TCP on 127.0.0.1, outside the kernel's ephemeral range.
+
+    A port drawn from the ephemeral range can be taken by any outgoing connection between
+    this check and the agent's bind (serf's RPC listener lost such a race in a benchmark),
+    so draw below it, and never hand the same port out twice in one process.
+    """
+    low, _ = _ephemeral_range()
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(10000, max(low, 10001))
+        if port in _HANDED_OUT:
+            continue
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+                tcp.bind(("127.0.0.1", port))
+                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
                     udp.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            return port
+        except OSError:
+            continue
+        _HANDED_OUT.add(port)
+        return port
     raise RuntimeError("no free port found")
 
 

@@ -224,6 +224,10 @@ class Result:
         return f"{min(values):.2f}–{max(values):.2f}" if values else "n/a"
 
 
+class NotConverged(Exception):
+    """A cluster never reached full membership; its numbers would mean nothing."""
+
+
 def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
@@ -289,6 +293,8 @@ def run_one(
             ok = _wait(converged, 120)
             if not ok:
                 _explain(procs, names, workdir)
+                exited = [p.name for p in procs if p.popen.poll() is not None]
+                raise NotConverged(f"{impl} N={n} did not converge in 120 s; exited: {exited}")
             converge = converge_ready = None
             if ok:
                 last = max(max(t for t, k, _ in p.events if k == "join") for p in procs)
@@ -409,14 +415,27 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sizes = [int(x) for x in args.sizes.split(",")]
     results = []
+    failures: list[str] = []
     for n in sizes:
         for impl in ("serf", "swim"):
-            print(f"-- {impl} N={n} ...", file=sys.stderr, flush=True)
-            result = run_one(impl, n, args.profile, args.settle_s, args.window_s, args.kills)
-            print(f"   {result}", file=sys.stderr, flush=True)
-            results.append(result)
+            for attempt in (1, 2):
+                print(f"-- {impl} N={n} (attempt {attempt}) ...", file=sys.stderr, flush=True)
+                try:
+                    result = run_one(
+                        impl, n, args.profile, args.settle_s, args.window_s, args.kills
+                    )
+                except NotConverged as exc:
+                    failures.append(str(exc))
+                    print(f"   {exc}", file=sys.stderr, flush=True)
+                    continue
+                print(f"   {result}", file=sys.stderr, flush=True)
+                results.append(result)
+                break
     command = "python -m bench.compare_serf " + " ".join(argv if argv is not None else sys.argv[1:])
     text = report(results, args.profile, command.strip())
+    if failures:
+        text += "\nRuns that did not converge (retried once):\n\n"
+        text += "".join(f"- {f}\n" for f in failures)
     print(text)
     if args.out is not None:
         with args.out.open("a") as fh:
