@@ -6,18 +6,21 @@
   CASSANDRA-2597).
 * :mod:`phi.detector` - :class:`PhiConfig` and the single-peer
   :class:`PhiAccrualDetector`.
-* :mod:`phi.registry` - :class:`PhiRegistry`, many peers scored at once with numpy.
+* :mod:`phi.registry` - :class:`PhiRegistry`, many named peers, O(1) each.
+* :mod:`phi.vector` - the numpy versions: :func:`phi.vector.phi_akka_array` and
+  :func:`phi.vector.phi_array` (a whole registry in one pass).
 
 Layering rule: this package imports only the Python standard library and numpy,
 never reads a clock or randomness, and does no I/O. Time is integer milliseconds
-passed in by the caller (``now_ms``).
+passed in by the caller (``now_ms``). numpy is imported by :mod:`phi.vector`
+alone and never by this package's ``__init__``: the agent imports ``phi`` and
+must stay free of numpy (about 14 MiB of RSS against its 40 MiB budget).
 """
 
-from phi.detector import PhiAccrualDetector, PhiConfig
+from phi.detector import PhiAccrualDetector, PhiConfig, WindowSums
 from phi.formulas import (
     elapsed_to_reach_phi,
     phi_akka,
-    phi_akka_array,
     phi_exponential,
     phi_normal_exact,
 )
@@ -28,9 +31,9 @@ __all__ = [
     "PhiConfig",
     "PhiRegistry",
     "RegistryFullError",
+    "WindowSums",
     "elapsed_to_reach_phi",
     "phi_akka",
-    "phi_akka_array",
     "phi_exponential",
     "phi_normal_exact",
 ]

@@ -17,9 +17,13 @@ Rules (all as in Akka unless noted):
   updated.
 * phi uses ``mean := window_mean + acceptable_heartbeat_pause_ms`` and
   ``std := max(window_std, min_std_deviation_ms)``.
-* The window is a fixed-size ring buffer holding the last ``max_sample_size``
-  intervals, with running integer sum and sum of squares (Akka's HeartbeatHistory
-  keeps them as ``Long``), so a heartbeat is O(1).
+* The window is a ring buffer holding the last ``max_sample_size`` intervals
+  (an ``array('q')`` that grows to the window size, then overwrites its oldest
+  entry), with running integer sum and sum of squares (Akka's HeartbeatHistory
+  keeps them as ``Long``), so a heartbeat and a phi are both O(1).
+* Standard library only (``array``, ``math``): the agent scores every member
+  with this code and must not import numpy (its RSS budget);
+  :mod:`phi.vector` holds the numpy versions.
 
 Deviations from Akka, each deliberate:
 
@@ -27,22 +31,22 @@ Deviations from Akka, each deliberate:
   (state unchanged): a reordered or clock-skewed report must not produce a
   negative interval. Equal timestamps are accepted (interval 0), as in Akka.
 * Recorded intervals are capped at :attr:`PhiConfig.max_interval_ms` so the
-  window's sum of squares always fits in an int64 (the registry stores it in
-  numpy); the cap is over a day for any sane window and never changes a verdict.
+  window's sum of squares always fits in an int64 (the ring is ``array('q')``
+  and :mod:`phi.vector` copies the sums into numpy); the cap is over a day for
+  any sane window and never changes a verdict.
 * A window variance that rounds below zero is clamped to zero before ``sqrt``.
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
+from typing import NamedTuple
 
-import numpy as np
-import numpy.typing as npt
+from phi.formulas import _phi_akka, elapsed_to_reach_phi
 
-from phi.formulas import elapsed_to_reach_phi, phi_akka
-
-__all__ = ["PhiAccrualDetector", "PhiConfig", "window_mean_std_ms"]
+__all__ = ["PhiAccrualDetector", "PhiConfig", "WindowSums", "window_mean_std_ms"]
 
 _INT64_MAX = 2**63 - 1
 
@@ -111,23 +115,48 @@ def window_mean_std_ms(sum_ms: int, sum_sq_ms2: int, count: int) -> tuple[float,
     """Mean and population std of a window from its running sums (Akka's HeartbeatHistory).
 
     Integers are converted to float before dividing, the same way numpy does it
-    in the registry, so scalar and vectorised results are bit-identical.
+    in :mod:`phi.vector`, so scalar and vectorised windows are bit-identical.
     """
     mean_ms = float(sum_ms) / count
     variance_ms2 = float(sum_sq_ms2) / count - mean_ms * mean_ms
     return mean_ms, math.sqrt(max(variance_ms2, 0.0))
 
 
+class WindowSums(NamedTuple):
+    """A detector's running sums: everything phi depends on besides the config and now."""
+
+    sum_ms: int
+    sum_sq_ms2: int
+    sample_count: int
+    last_heartbeat_ms: int
+
+
 class PhiAccrualDetector:
     """Phi accrual failure detector for one peer. Not thread-safe; time is passed in."""
 
+    __slots__ = (
+        "_config",
+        "_intervals_ms",
+        "_last_heartbeat_ms",
+        "_min_std_ms",
+        "_next",
+        "_pause_ms",
+        "_sum_ms",
+        "_sum_sq_ms2",
+        "_threshold",
+        "_window",
+    )
+
     def __init__(self, config: PhiConfig | None = None) -> None:
         self._config = config if config is not None else PhiConfig()
-        self._intervals_ms: npt.NDArray[np.int64] = np.zeros(
-            self._config.max_sample_size, dtype=np.int64
-        )
-        self._count = 0
-        # Next write position; once the window is full it is also the oldest sample.
+        # The config is frozen; copies of the fields read on every call save lookups.
+        self._window = self._config.max_sample_size
+        self._threshold = self._config.threshold
+        self._pause_ms = float(self._config.acceptable_heartbeat_pause_ms)
+        self._min_std_ms = float(self._config.min_std_deviation_ms)
+        # Grows to the window size (its length is the sample count), then is a ring.
+        self._intervals_ms = array("q")
+        # Next write position once the ring is full; it is also the oldest sample.
         self._next = 0
         self._sum_ms = 0
         self._sum_sq_ms2 = 0
@@ -144,23 +173,30 @@ class PhiAccrualDetector:
 
     @property
     def sample_count(self) -> int:
-        return self._count
+        return len(self._intervals_ms)
 
     @property
     def mean_ms(self) -> float | None:
         """Mean interval of the window (without the acceptable pause); None if empty."""
-        return self._stats()[0] if self._count else None
+        return self._stats()[0] if self._intervals_ms else None
 
     @property
     def std_ms(self) -> float | None:
         """Population std of the window (before the min_std floor); None if empty."""
-        return self._stats()[1] if self._count else None
+        return self._stats()[1] if self._intervals_ms else None
 
     def intervals_ms(self) -> list[int]:
         """The window, oldest first."""
-        if self._count < self._config.max_sample_size:
-            return [int(v) for v in self._intervals_ms[: self._count]]
-        return [int(v) for v in np.roll(self._intervals_ms, -self._next)]
+        ring = self._intervals_ms
+        return ring[self._next :].tolist() + ring[: self._next].tolist()
+
+    def window_sums(self) -> WindowSums | None:
+        """The running sums and last heartbeat; None before the first heartbeat."""
+        if self._last_heartbeat_ms is None:
+            return None
+        return WindowSums(
+            self._sum_ms, self._sum_sq_ms2, len(self._intervals_ms), self._last_heartbeat_ms
+        )
 
     def heartbeat(self, now_ms: int) -> None:
         """Record a heartbeat received at ``now_ms``; earlier-than-last ones are ignored."""
@@ -170,45 +206,53 @@ class PhiAccrualDetector:
                 self._record(interval_ms)
         elif now_ms < last_ms:
             return
-        elif self.is_available(now_ms):
+        elif self.phi(now_ms) < self._threshold:
             self._record(min(now_ms - last_ms, self._config.max_interval_ms))
         self._last_heartbeat_ms = now_ms
 
     def phi(self, now_ms: int) -> float:
         """Suspicion level at ``now_ms``; 0.0 before the first heartbeat."""
-        if self._last_heartbeat_ms is None:
+        last_ms = self._last_heartbeat_ms
+        if last_ms is None:
             return 0.0
-        mean_ms, std_ms = self._effective_mean_std_ms()
-        return phi_akka(float(now_ms - self._last_heartbeat_ms), mean_ms, std_ms)
+        # window_mean_std_ms and the Akka adjustments, inlined: this runs for every
+        # member on every metrics scrape and on every heartbeat.
+        count = len(self._intervals_ms)
+        mean_ms = float(self._sum_ms) / count
+        variance_ms2 = float(self._sum_sq_ms2) / count - mean_ms * mean_ms
+        std_ms = math.sqrt(variance_ms2) if variance_ms2 > 0.0 else 0.0
+        return _phi_akka(
+            float(now_ms - last_ms),
+            mean_ms + self._pause_ms,
+            std_ms if std_ms > self._min_std_ms else self._min_std_ms,
+        )
 
     def is_available(self, now_ms: int) -> bool:
-        return self.phi(now_ms) < self._config.threshold
+        return self.phi(now_ms) < self._threshold
 
     def silence_to_convict_ms(self) -> float | None:
         """Silence after the last heartbeat at which phi reaches the threshold (model)."""
         if self._last_heartbeat_ms is None:
             return None
-        mean_ms, std_ms = self._effective_mean_std_ms()
-        return elapsed_to_reach_phi(self._config.threshold, mean_ms, std_ms)
-
-    def _stats(self) -> tuple[float, float]:
-        return window_mean_std_ms(self._sum_ms, self._sum_sq_ms2, self._count)
-
-    def _effective_mean_std_ms(self) -> tuple[float, float]:
         mean_ms, std_ms = self._stats()
-        return (
-            mean_ms + self._config.acceptable_heartbeat_pause_ms,
-            max(std_ms, float(self._config.min_std_deviation_ms)),
+        return elapsed_to_reach_phi(
+            self._config.threshold, mean_ms + self._pause_ms, max(std_ms, self._min_std_ms)
         )
 
+    def _stats(self) -> tuple[float, float]:
+        return window_mean_std_ms(self._sum_ms, self._sum_sq_ms2, len(self._intervals_ms))
+
     def _record(self, interval_ms: int) -> None:
-        if self._count == self._config.max_sample_size:
-            evicted_ms = int(self._intervals_ms[self._next])
+        ring = self._intervals_ms
+        if len(ring) < self._window:
+            ring.append(interval_ms)
+        else:
+            position = self._next
+            evicted_ms = ring[position]
             self._sum_ms -= evicted_ms
             self._sum_sq_ms2 -= evicted_ms * evicted_ms
-        else:
-            self._count += 1
-        self._intervals_ms[self._next] = interval_ms
+            ring[position] = interval_ms
+            position += 1
+            self._next = 0 if position == self._window else position
         self._sum_ms += interval_ms
         self._sum_sq_ms2 += interval_ms * interval_ms
-        self._next = (self._next + 1) % self._config.max_sample_size

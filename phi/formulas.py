@@ -1,7 +1,9 @@
 """Closed-form suspicion levels (phi) for accrual failure detection.
 
-Pure functions only: no state, no clock. Every time argument is in milliseconds
-(``*_ms``); phi is dimensionless.
+Pure functions only: no state, no clock, standard library only (``math``): the
+agent scores every member through this module and must not pay for numpy. The
+numpy versions live in :mod:`phi.vector`. Every time argument is in
+milliseconds (``*_ms``); phi is dimensionless.
 
 Definitions and sources:
 
@@ -14,7 +16,8 @@ Definitions and sources:
 * Akka PhiAccrualFailureDetector.scala replaces ``F`` with the logistic
   approximation ``F(y) ~= 1 / (1 + exp(-y (1.5976 + 0.070566 y^2)))``,
   ``y = (elapsed - mean) / std`` ("error is 0.00014 at +-3.16").
-  :func:`phi_akka` / :func:`phi_akka_array` implement it. The caller passes the
+  :func:`phi_akka` implements it (:func:`phi.vector.phi_akka_array` is the
+  numpy version, equal to rounding). The caller passes the
   *effective* mean (Akka adds ``acceptable_heartbeat_pause`` to the window mean)
   and the *effective* std (Akka floors it at ``min_std_deviation``).
 * Cassandra FailureDetector.java / CASSANDRA-2597 use an exponential model,
@@ -40,16 +43,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-import numpy.typing as npt
-
 __all__ = [
     "LOGISTIC_A",
     "LOGISTIC_B",
     "PHI_FACTOR",
     "elapsed_to_reach_phi",
     "phi_akka",
-    "phi_akka_array",
     "phi_exponential",
     "phi_normal_exact",
 ]
@@ -74,10 +73,6 @@ def _require_positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be finite and > 0, got {value!r}")
 
 
-def _logistic_exponent(y: float) -> float:
-    return y * (LOGISTIC_A + LOGISTIC_B * y * y)
-
-
 def phi_akka(elapsed_ms: float, mean_ms: float, std_ms: float) -> float:
     """Akka's phi: ``-log10(1 - F(elapsed))`` with the logistic approximation of F.
 
@@ -85,24 +80,17 @@ def phi_akka(elapsed_ms: float, mean_ms: float, std_ms: float) -> float:
     ``std_ms`` the effective std (already floored), exactly as Akka passes them.
     """
     _require_positive("std_ms", std_ms)
-    x = _logistic_exponent((elapsed_ms - mean_ms) / std_ms)
-    # log(1 + e^x) without overflow: max(x, 0) + log1p(e^-|x|).
-    return (max(x, 0.0) + math.log1p(math.exp(-abs(x)))) / _LN10
+    return _phi_akka(elapsed_ms, mean_ms, std_ms)
 
 
-def phi_akka_array(
-    elapsed_ms: npt.ArrayLike, mean_ms: npt.ArrayLike, std_ms: npt.ArrayLike
-) -> npt.NDArray[np.float64]:
-    """Vectorised :func:`phi_akka`; arguments broadcast against each other."""
-    elapsed = np.asarray(elapsed_ms, dtype=np.float64)
-    mean = np.asarray(mean_ms, dtype=np.float64)
-    std = np.asarray(std_ms, dtype=np.float64)
-    if not bool(np.all(std > 0.0)) or not bool(np.all(np.isfinite(std))):
-        raise ValueError("std_ms must be finite and > 0 everywhere")
-    y = (elapsed - mean) / std
+def _phi_akka(elapsed_ms: float, mean_ms: float, std_ms: float) -> float:
+    """:func:`phi_akka` without the argument check, for callers whose std is floored >= 1."""
+    y = (elapsed_ms - mean_ms) / std_ms
     x = y * (LOGISTIC_A + LOGISTIC_B * y * y)
-    result: npt.NDArray[np.float64] = (np.maximum(x, 0.0) + np.log1p(np.exp(-np.abs(x)))) / _LN10
-    return result
+    # log(1 + e^x) without overflow: max(x, 0) + log1p(e^-|x|).
+    if x > 0.0:
+        return (x + math.log1p(math.exp(-x))) / _LN10
+    return math.log1p(math.exp(x)) / _LN10
 
 
 def _normal_tail_neg_ln(z: float) -> float:

@@ -9,6 +9,7 @@ reaches the agent only through its pure control-protocol module.
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -145,3 +146,13 @@ def test_the_rules_catch_a_violation(tmp_path: Path) -> None:
         bad.unlink()
     assert any("imports socket" in p for p in problems)
     assert any("random.random" in p for p in problems)
+
+
+def test_agent_runtime_does_not_import_numpy() -> None:
+    """The agent must stay under 40 MiB RSS; numpy alone costs ~14 MiB. phi's scalar path is
+    pure stdlib and only phi.vector imports numpy. Fresh interpreter: this one has numpy."""
+    code = "import sys, agent.runtime; print(sorted(m for m in sys.modules if m == 'numpy'))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"

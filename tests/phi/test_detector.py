@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from phi.detector import PhiAccrualDetector, PhiConfig, window_mean_std_ms
+from phi.detector import PhiAccrualDetector, PhiConfig, WindowSums, window_mean_std_ms
 from phi.formulas import phi_akka
 
 
@@ -247,6 +247,42 @@ def test_running_sums_match_window(window: int, gaps_ms: Sequence[int]) -> None:
     assert len(samples) == detector.sample_count <= window
     assert detector.mean_ms == pytest.approx(float(np.mean(samples)), rel=1e-12)
     assert detector.std_ms == pytest.approx(float(np.std(samples)), rel=1e-6, abs=1e-6)
+    # The running sums are exact integers over the ring, however often it wrapped.
+    last_ms = detector.last_heartbeat_ms
+    assert last_ms is not None
+    assert detector.window_sums() == WindowSums(
+        sum(samples), sum(v * v for v in samples), len(samples), last_ms
+    )
+
+
+def test_window_sums_none_before_first_heartbeat() -> None:
+    detector = PhiAccrualDetector(PhiConfig(max_sample_size=3))
+    assert detector.window_sums() is None
+    detector.heartbeat(7_000)
+    assert detector.window_sums() == WindowSums(2000, 750**2 + 1250**2, 2, 7_000)
+
+
+def test_phi_equals_phi_akka_on_effective_mean_and_std() -> None:
+    # Akka: mean := window mean + acceptable pause, std := max(window std, min std).
+    config = PhiConfig(
+        max_sample_size=10, min_std_deviation_ms=40, acceptable_heartbeat_pause_ms=700
+    )
+    detector = PhiAccrualDetector(config)
+    for now_ms in (0, 1000, 2010, 2990, 4000, 5100):
+        detector.heartbeat(now_ms)
+    assert detector.mean_ms is not None
+    assert detector.std_ms is not None
+    for probe_ms in (5100, 5900, 6800, 7500, 9000, 60_000):
+        expected = phi_akka(
+            float(probe_ms - 5100), detector.mean_ms + 700, max(detector.std_ms, 40.0)
+        )
+        assert detector.phi(probe_ms) == expected
+    # A steady peer hits the floor: std 0 is replaced by min_std_deviation_ms.
+    steady_detector = PhiAccrualDetector(PhiConfig(max_sample_size=2, min_std_deviation_ms=40))
+    for now_ms in (0, 1000, 2000, 3000):
+        steady_detector.heartbeat(now_ms)
+    assert steady_detector.std_ms == 0.0
+    assert steady_detector.phi(4500) == phi_akka(1500.0, 1000.0 + 3000, 40.0)
 
 
 def test_window_mean_std_from_sums() -> None:

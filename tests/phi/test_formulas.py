@@ -13,10 +13,10 @@ from phi.formulas import (
     PHI_FACTOR,
     elapsed_to_reach_phi,
     phi_akka,
-    phi_akka_array,
     phi_exponential,
     phi_normal_exact,
 )
+from phi.vector import phi_akka_array
 
 LN10 = math.log(10.0)
 
