@@ -1,0 +1,222 @@
+"""Shared machinery for scenarios: parameters, building a checked and measured world,
+driving it with progress reports, Lifeguard ablation switches, periodic samplers.
+
+Rules: a scenario is a function ``Params -> Result``; it builds its world(s) with
+``build``, so every run has the invariant checker and the metrics attached, starts from a
+converged membership (bootstrapped from a ``swim.MembershipSnapshot`` when the core has
+one, else joined through a seed and run until everyone sees everyone), and advances time
+only through ``drive`` (which calls the progress hook between chunks; wall-clock time is
+read by the caller, never inside the world).
+
+Lifeguard ablation (arXiv 1707.00788 §IV/§V; research notes §3.1): ``swim`` turns every
+Lifeguard mechanism off (fixed suspicion timeout = min, no local health, no nacks, no
+buddy); ``lha-probe`` = local health multiplier with nacks; ``lha-suspicion`` = dynamic
+suspicion timeouts with confirmations; ``buddy`` = buddy system only; ``full`` = all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from simulations.invariants import InvariantChecker
+from simulations.metrics import Metrics
+from simulations.network import GilbertElliott, parse_latency
+from simulations.report import Result
+from simulations.world import World
+from swim import Config
+
+PRESETS: dict[str, Callable[..., Config]] = {
+    "lan": Config.lan,
+    "wan": Config.wan,
+    "local": Config.local,
+}
+
+_OFF = {
+    "lifeguard_lhm": False,
+    "lifeguard_dynamic_suspicion": False,
+    "lifeguard_nacks": False,
+    "lifeguard_buddy": False,
+}
+LIFEGUARD: dict[str, dict[str, bool]] = {
+    "full": {},
+    "swim": dict(_OFF),
+    "lha-probe": {**_OFF, "lifeguard_lhm": True, "lifeguard_nacks": True},
+    "lha-suspicion": {**_OFF, "lifeguard_dynamic_suspicion": True},
+    "buddy": {**_OFF, "lifeguard_buddy": True},
+}
+
+Progress = Callable[[World], None]
+
+
+@dataclass(slots=True)
+class Params:
+    nodes: int | None = None
+    """None: the scenario's default."""
+    seed: int = 1
+    duration_s: float | None = None
+    config: str = "lan"
+    lifeguard: str = "full"
+    slow: int | None = None
+    loss: float | None = None
+    latency: str = "uniform:1:5"
+    full_checks: bool = False
+    ci: bool = False
+    """Small and short: the variant the test-suite runs."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Scenario-specific knobs (``--set key=value`` on the command line)."""
+    progress: Progress | None = None
+
+    def n(self, default: int, ci_default: int) -> int:
+        if self.nodes is not None:
+            return self.nodes
+        return ci_default if self.ci else default
+
+    def duration_ms(self, default_s: float, ci_default_s: float) -> int:
+        if self.duration_s is not None:
+            return int(self.duration_s * 1000)
+        return int((ci_default_s if self.ci else default_s) * 1000)
+
+    def get(self, key: str, default: Any) -> Any:
+        value = self.extra.get(key, default)
+        return type(default)(value) if default is not None and value is not None else value
+
+    def make_config(self, lifeguard: str | None = None) -> Config:
+        mode = lifeguard or self.lifeguard
+        if mode not in LIFEGUARD:
+            raise ValueError(f"unknown lifeguard mode {mode!r} ({', '.join(LIFEGUARD)})")
+        if self.config not in PRESETS:
+            raise ValueError(f"unknown config {self.config!r} ({', '.join(PRESETS)})")
+        return PRESETS[self.config](**LIFEGUARD[mode])
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes,
+            "config": self.config,
+            "lifeguard": self.lifeguard,
+            "latency": self.latency,
+            "loss": self.loss,
+            "slow": self.slow,
+            "duration_s": self.duration_s,
+            "ci": self.ci,
+            **{f"set.{k}": v for k, v in sorted(self.extra.items())},
+        }
+
+
+@dataclass(slots=True)
+class Sim:
+    world: World
+    metrics: Metrics
+    checker: InvariantChecker
+    bootstrapped: bool
+    settled_ms: int
+
+
+def build(
+    p: Params,
+    n: int,
+    *,
+    seed: int | None = None,
+    config: Config | None = None,
+    loss: float = 0.0,
+    settle_ms: int = 2_000,
+) -> Sim:
+    """A started, converged world of ``n`` nodes with checks and metrics attached."""
+    world = World(
+        n,
+        seed=p.seed if seed is None else seed,
+        config=config if config is not None else p.make_config(),
+        latency=parse_latency(p.latency),
+        loss=0.0,
+    )
+    checker = InvariantChecker(world, full=p.full_checks, full_every=0 if n > 200 else 997)
+    metrics = Metrics(world)
+    bootstrapped = world.start_all()
+    if not bootstrapped:
+        limit = 60_000 + 100 * n
+        converged = world.run_until_true(
+            lambda: all(node.num_members() == n for node in world.nodes), limit, step_ms=100
+        )
+        if converged < 0:
+            raise RuntimeError(f"{n} nodes did not converge within {limit} ms of joining")
+    net = world.network
+    net.loss = loss
+    net.duplicate = p.get("duplicate", 0.0)
+    if p.get("reorder", 0.0):
+        net.set_reorder(p.get("reorder", 0.0), p.get("reorder_ms", 20))
+    burst = p.get("burst", "")
+    if burst:
+        values = [float(x) for x in burst.split(":")]
+        loss_bad = values[2] if len(values) > 2 else 1.0
+        net.set_burst(
+            GilbertElliott(values[0], values[1], 0.0, loss_bad, p.get("burst_scope", "link"))
+        )
+    drive(world, world.now_ms + settle_ms, p.progress)
+    return Sim(world, metrics, checker, bootstrapped, world.now_ms)
+
+
+def drive(world: World, until_ms: int, progress: Progress | None, chunk_ms: int = 1000) -> None:
+    """Advance to ``until_ms`` in chunks, reporting progress between them."""
+    while world.now_ms < until_ms:
+        world.run_until(min(until_ms, world.now_ms + chunk_ms))
+        if progress is not None:
+            progress(world)
+
+
+Scenario = Callable[["Params"], Result]
+REGISTRY: dict[str, Scenario] = {}
+
+
+def scenario(name: str) -> Callable[[Scenario], Scenario]:
+    """Register a scenario function under ``name``."""
+
+    def register(fn: Scenario) -> Scenario:
+        REGISTRY[name] = fn
+        return fn
+
+    return register
+
+
+def combine_hashes(hashes: list[str]) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for x in hashes:
+        h.update(x.encode())
+    return h.hexdigest()
+
+
+class RateSampler:
+    """Cluster-wide packets sent per live member per second, sampled each second."""
+
+    def __init__(self, world: World, period_ms: int = 1000) -> None:
+        self.world = world
+        self.period_ms = period_ms
+        self.points: list[tuple[float, float]] = []
+        self._last = sum(world.traffic.pkts_out)
+        world.at(world.now_ms + period_ms, self._tick)
+
+    def _tick(self) -> None:
+        world = self.world
+        total = sum(world.traffic.pkts_out)
+        live = max(1, len(world.live_indices()))
+        rate = (total - self._last) / live / (self.period_ms / 1000)
+        self.points.append((world.now_ms / 1000, rate))
+        self._last = total
+        world.at(world.now_ms + self.period_ms, self._tick)
+
+
+def mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def agree_all_alive(world: World) -> bool:
+    """Every live member sees exactly the live members as alive (and nothing else alive)."""
+    live = world.live_indices()
+    want = {world.names[i] for i in live}
+    for i in live:
+        node = world.nodes[i]
+        alive = {m.name for m in node.members() if m.state.name == "ALIVE"}
+        if alive != want:
+            return False
+    return True

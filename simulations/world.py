@@ -1,0 +1,551 @@
+"""A deterministic discrete-event world of real ``swim.Node`` state machines.
+
+Rules:
+- One event heap of plain tuples ``(time_ms, seq, kind, node, a, b)``: integer virtual
+  milliseconds, a global sequence number as the tie-breaker (so equal times run in the
+  order they were scheduled, and tuples never compare past ``seq``), and a dispatch on
+  ``kind`` (packet, timer, stream served, stream result, scheduled call). No trio, sockets,
+  threads or wall clock: the driver advances time with ``run_until``.
+- One seeded ``random.Random``; the network, the scenario's fault choices and every node's
+  RNG are derived from it in a fixed order, so the same seed gives the same run.
+- Packets are the real encoded bytes a node emitted, routed by address through the
+  ``Network`` (latency, loss, partitions). Streams (push-pull, TCP ping) are parsed with
+  the receiving node's own ``parse_stream`` and answered with ``handle_stream``; a
+  connection costs three one-way delays (SYN, SYN-ACK, data) before the server sees it.
+- A crashed node handles nothing (its in-flight timers are dropped, packets to it are
+  lost); a restarted node is a new ``Node`` under the same name and address that joins
+  through a live member. A leaving node stops one second after ``leave`` (serf
+  ``LeavePropagateDelay``).
+- Slow members (Lifeguard paper §V, CPU exhaustion): every datagram or stream to a slow
+  node waits for the previous ones to finish, plus ``delay_ms`` of service time; timers
+  fire ``timer_delay_ms`` late; nothing is handled during a pause. Inputs queue up and are
+  handled late (with the late time as ``now_ms``), and datagrams beyond ``queue_limit``
+  queued ones are dropped (memberlist ``HandoffQueueDepth`` 1024).
+- The trace hash is blake2b over (time, observer, kind, member, incarnation) of every
+  membership event, then the packet and stream totals: equal seeds give equal hashes.
+
+Sources: DESIGN.md (sans-IO core, timers as values), research/protocol-anchors.md §1.1
+(HandoffQueueDepth), §1.5, §3 (Lifeguard evaluation), serf ``LeavePropagateDelay``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import swim
+from simulations.network import Latency, Network
+from swim import Address, Config, MemberEvent, Node, Output, StreamRequest
+from swim.wire import WireError
+
+K_PACKET = 0
+K_TIMER = 1
+K_SERVE = 2
+K_RESULT = 3
+K_CALL = 4
+LATE = 8
+"""Added to a kind: a slow node's queued input, now due (never deferred again)."""
+
+TCP_SETUP_LEGS = 3
+LEAVE_PROPAGATE_DELAY_MS = 1000
+
+
+@dataclass(slots=True)
+class SlowSpec:
+    """How a slow member processes its inputs."""
+
+    delay_ms: int = 0
+    """Service time per input: each input finishes this long after the previous one."""
+    pauses: tuple[tuple[int, int], ...] = ()
+    """Virtual-time intervals [start, end) during which the process is stopped."""
+    queue_limit: int = 1024
+    """Datagrams beyond this many queued inputs are dropped."""
+    timer_delay_ms: int = 0
+    """Timers fire this late (and after any pause), without waiting behind queued packets:
+    a starved process still runs its timer goroutine while its receive path lags, which is
+    how a slow member comes to miss acks and accuse healthy peers (Lifeguard §III)."""
+
+
+@dataclass(slots=True)
+class _Slow:
+    spec: SlowSpec
+    free_at_ms: int = 0
+    queued: int = 0
+    dropped: int = 0
+
+
+class Listener(Protocol):
+    def on_event(self, idx: int, event: MemberEvent) -> None: ...
+
+    def on_lifecycle(self, kind: str, idx: int) -> None: ...
+
+
+class InputChecker(Protocol):
+    def after_input(self, idx: int, node: Node) -> None: ...
+
+
+@dataclass(slots=True)
+class Traffic:
+    """Per-node counters, indexed by node number (lists, for speed)."""
+
+    pkts_out: list[int] = field(default_factory=list)
+    bytes_out: list[int] = field(default_factory=list)
+    pkts_in: list[int] = field(default_factory=list)
+    bytes_in: list[int] = field(default_factory=list)
+    streams_out: list[int] = field(default_factory=list)
+    stream_bytes_out: list[int] = field(default_factory=list)
+    streams_in: list[int] = field(default_factory=list)
+    stream_bytes_in: list[int] = field(default_factory=list)
+
+    def grow(self) -> None:
+        for counters in self.columns().values():
+            counters.append(0)
+
+    def columns(self) -> dict[str, list[int]]:
+        return {
+            "pkts_out": self.pkts_out,
+            "bytes_out": self.bytes_out,
+            "pkts_in": self.pkts_in,
+            "bytes_in": self.bytes_in,
+            "streams_out": self.streams_out,
+            "stream_bytes_out": self.stream_bytes_out,
+            "streams_in": self.streams_in,
+            "stream_bytes_in": self.stream_bytes_in,
+        }
+
+    def snapshot(self) -> dict[str, list[int]]:
+        return {k: list(v) for k, v in self.columns().items()}
+
+
+def snapshot_available() -> bool:
+    """Whether the core can start nodes that already know every member."""
+    return hasattr(swim, "MembershipSnapshot")
+
+
+class World:
+    """N nodes named ``node-000…`` at 10.x.y.z:7946 on a virtual clock."""
+
+    def __init__(
+        self,
+        n: int,
+        *,
+        seed: int,
+        config: Config | None = None,
+        latency: Latency | None = None,
+        loss: float = 0.0,
+    ) -> None:
+        self.seed = seed
+        master = random.Random(seed)
+        self.network = Network(random.Random(master.getrandbits(64)), latency, loss)
+        self.rng = random.Random(master.getrandbits(64))
+        """For the scenario's own choices (victims, churn)."""
+        self._node_rngs = random.Random(master.getrandbits(64))
+        self._nonces = random.Random(master.getrandbits(64))
+        self.config = config if config is not None else Config.lan()
+        self.now_ms = 0
+        self.nodes: list[Node] = []
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        self.up: list[bool] = []
+        self.leaving: list[bool] = []
+        self.faulty: set[int] = set()
+        """Members a scenario made unhealthy (slow, cut off): the Lifeguard paper's FP− counts
+        only false positives observed at the others."""
+        self.traffic = Traffic()
+        self.listeners: list[Listener] = []
+        self.checker: InputChecker | None = None
+        self.events_processed = 0
+        self.member_events = 0
+        self.packets_lost = 0
+        self.packets_unroutable = 0
+        self.packets_to_down = 0
+        self.packets_queue_dropped = 0
+        self._addr_idx: dict[Address, int] = {}
+        self._slow: dict[int, _Slow] = {}
+        self._heap: list[tuple[int, int, int, int, Any, Any]] = []
+        self._seq = itertools.count()
+        self._hash = hashlib.blake2b(digest_size=16)
+        self._width = max(3, len(str(max(n - 1, 0))))
+        for _ in range(n):
+            self.add_node()
+
+    # --- topology -----------------------------------------------------------------------
+
+    @staticmethod
+    def address_of(idx: int) -> Address:
+        ip = idx + 1
+        return Address(f"10.{(ip >> 16) & 255}.{(ip >> 8) & 255}.{ip & 255}", 7946)
+
+    def _new_node(self, idx: int, meta: bytes) -> Node:
+        return Node(
+            self.names[idx],
+            self.address_of(idx),
+            rng=random.Random(self._node_rngs.getrandbits(64)),
+            now_ms=self.now_ms,
+            config=self.config,
+            meta=meta,
+            nonce_source=self._nonces.randbytes,
+        )
+
+    def add_node(self, meta: bytes = b"") -> int:
+        """A new, not yet started node; returns its number."""
+        idx = len(self.nodes)
+        name = f"node-{idx:0{self._width}d}"
+        self.names.append(name)
+        self.index[name] = idx
+        self.up.append(False)
+        self.leaving.append(False)
+        self.traffic.grow()
+        self.nodes.append(self._new_node(idx, meta))
+        self._addr_idx[self.address_of(idx)] = idx
+        return idx
+
+    def start_all(self, *, bootstrap: bool | None = None) -> bool:
+        """Start every node. With ``swim.MembershipSnapshot`` (and ``bootstrap`` not False)
+        they start knowing each other; otherwise each joins through node 0. Returns True
+        when bootstrapped."""
+        use = snapshot_available() if bootstrap is None else bootstrap
+        if use and snapshot_available():
+            self._bootstrap()
+            return True
+        for idx, node in enumerate(self.nodes):
+            self.up[idx] = True
+            self._apply(idx, node, node.start(self.now_ms))
+        seed = self.nodes[0].address
+        for idx, node in enumerate(self.nodes):
+            if idx:
+                self._apply(idx, node, node.join([seed], self.now_ms))
+        return False
+
+    def _bootstrap(self) -> None:
+        api: Any = swim  # typed loosely: the snapshot API is newer than some cores
+        members = [
+            api.SeedMember(self.names[i], self.nodes[i].address) for i in range(len(self.nodes))
+        ]
+        snapshot = api.MembershipSnapshot.build(members, self.now_ms)
+        for idx, node in enumerate(self.nodes):
+            self.up[idx] = True
+            out = node.start(self.now_ms)
+            boot: Any = node
+            out.extend(boot.bootstrap(snapshot, self.now_ms))
+            self._apply(idx, node, out)
+
+    def live(self, idx: int) -> bool:
+        return self.up[idx] and not self.leaving[idx]
+
+    def live_indices(self) -> list[int]:
+        return [i for i in range(len(self.nodes)) if self.up[i] and not self.leaving[i]]
+
+    def _notify(self, kind: str, idx: int) -> None:
+        for listener in self.listeners:
+            listener.on_lifecycle(kind, idx)
+
+    # --- faults and commands ------------------------------------------------------------
+
+    def at(self, t_ms: int, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` at virtual time ``t_ms`` (not before now)."""
+        heapq.heappush(self._heap, (max(t_ms, self.now_ms), next(self._seq), K_CALL, -1, fn, args))
+
+    def crash(self, idx: int) -> None:
+        """The process dies: nothing in or out, its timers are never handled."""
+        if self.up[idx]:
+            self.up[idx] = False
+            self._notify("crash", idx)
+
+    def _random_live_peer(self, idx: int) -> int | None:
+        peers = [i for i in self.live_indices() if i != idx]
+        return peers[self.rng.randrange(len(peers))] if peers else None
+
+    def restart(self, idx: int, via: int | None = None) -> None:
+        """A new process with the same name and address joins through a live member."""
+        self.up[idx] = False
+        node = self._new_node(idx, b"")
+        self.nodes[idx] = node
+        self.up[idx] = True
+        self.leaving[idx] = False
+        self._slow.pop(idx, None)
+        self._notify("restart", idx)
+        self._apply(idx, node, node.start(self.now_ms))
+        self._join(idx, via)
+
+    def _join(self, idx: int, via: int | None) -> None:
+        peer = self._random_live_peer(idx) if via is None else via
+        if peer is not None:
+            node = self.nodes[idx]
+            self._apply(idx, node, node.join([self.nodes[peer].address], self.now_ms))
+
+    def join_new(self, meta: bytes = b"", via: int | None = None) -> int:
+        """A brand-new member starts and joins through a live member."""
+        idx = self.add_node(meta)
+        self.up[idx] = True
+        self._notify("join", idx)
+        node = self.nodes[idx]
+        self._apply(idx, node, node.start(self.now_ms))
+        self._join(idx, via)
+        return idx
+
+    def leave(self, idx: int, stop_after_ms: int = LEAVE_PROPAGATE_DELAY_MS) -> None:
+        """Graceful leave; the process exits ``stop_after_ms`` later."""
+        if not self.up[idx] or self.leaving[idx]:
+            return
+        self.leaving[idx] = True
+        self._notify("leave", idx)
+        node = self.nodes[idx]
+        self._apply(idx, node, node.leave(self.now_ms))
+        self.at(self.now_ms + stop_after_ms, self._stop, idx, node)
+
+    def _stop(self, idx: int, node: Node) -> None:
+        if self.nodes[idx] is node and self.up[idx]:
+            self.up[idx] = False
+            self._notify("stopped", idx)
+
+    def set_meta(self, idx: int, meta: bytes) -> None:
+        node = self.nodes[idx]
+        self._apply(idx, node, node.set_meta(meta, self.now_ms))
+
+    def set_slow(self, idx: int, spec: SlowSpec | None) -> None:
+        """Make a member slow (or healthy again with None)."""
+        if spec is None:
+            self._slow.pop(idx, None)
+            self.faulty.discard(idx)
+        else:
+            self._slow[idx] = _Slow(spec, self.now_ms)
+            self.faulty.add(idx)
+
+    def slow_dropped(self) -> int:
+        return sum(s.dropped for s in self._slow.values())
+
+    # --- the event loop -----------------------------------------------------------------
+
+    def run_for(self, duration_ms: int) -> None:
+        self.run_until(self.now_ms + duration_ms)
+
+    def run_until_true(
+        self, predicate: Callable[[], bool], limit_ms: int, step_ms: int = 50
+    ) -> int:
+        """Advance until ``predicate()`` holds; the time it first held, or -1."""
+        end = self.now_ms + limit_ms
+        while self.now_ms < end:
+            if predicate():
+                return self.now_ms
+            self.run_until(min(self.now_ms + step_ms, end))
+        return self.now_ms if predicate() else -1
+
+    def run_until(self, t_end: int) -> None:
+        heap = self._heap
+        pop = heapq.heappop
+        nodes = self.nodes
+        up = self.up
+        slow = self._slow
+        traffic = self.traffic
+        pkts_in, bytes_in = traffic.pkts_in, traffic.bytes_in
+        processed = 0
+        while heap and heap[0][0] <= t_end:
+            t, _, kind, idx, a, b = pop(heap)
+            self.now_ms = t
+            processed += 1
+            if kind == K_CALL:
+                a(*b)
+                continue
+            if not up[idx]:
+                if kind == K_PACKET or kind == K_PACKET + LATE:
+                    self.packets_to_down += 1
+                elif kind == K_SERVE or kind == K_SERVE + LATE:
+                    self._refuse(a, b)
+                continue
+            if kind >= LATE:
+                kind -= LATE
+                st = slow.get(idx)
+                if st is not None and kind != K_TIMER:
+                    st.queued -= 1
+            elif slow and idx in slow and self._defer(t, kind, idx, a, b):
+                continue
+            node = nodes[idx]
+            if kind == K_PACKET:
+                pkts_in[idx] += 1
+                bytes_in[idx] += len(b)
+                out = node.handle_datagram(a, b, t)
+            elif kind == K_TIMER:
+                if a is not node:
+                    continue
+                out = node.handle_timer(b, t)
+            elif kind == K_SERVE:
+                self._serve(idx, node, a, b)
+                continue
+            else:
+                if a is not node:
+                    continue
+                out = self._stream_result(idx, node, b)
+            self._apply(idx, node, out)
+        self.events_processed += processed
+        if t_end > self.now_ms:
+            self.now_ms = t_end
+
+    def _defer(self, t: int, kind: int, idx: int, a: Any, b: Any) -> bool:
+        """Queue an input of a slow node; False if it can be handled right now."""
+        st = self._slow[idx]
+        spec = st.spec
+        timer = kind == K_TIMER
+        start = t if timer else max(t, st.free_at_ms)
+        for p_start, p_end in spec.pauses:
+            if p_start <= start < p_end:
+                start = p_end
+        done = start + (spec.timer_delay_ms if timer else spec.delay_ms)
+        if done <= t:
+            return False
+        if timer:
+            heapq.heappush(self._heap, (done, next(self._seq), kind + LATE, idx, a, b))
+            return True
+        if kind == K_PACKET and st.queued >= spec.queue_limit:
+            st.dropped += 1
+            self.packets_queue_dropped += 1
+            return True
+        st.free_at_ms = done
+        st.queued += 1
+        heapq.heappush(self._heap, (done, next(self._seq), kind + LATE, idx, a, b))
+        return True
+
+    def _apply(self, idx: int, node: Node, out: Output) -> None:
+        if out.events:
+            self._on_events(idx, out.events)
+        heap = self._heap
+        push = heapq.heappush
+        seq = self._seq
+        for timer in out.timers:
+            push(heap, (timer.deadline_ms, next(seq), K_TIMER, idx, node, timer))
+        if out.packets:
+            t = self.now_ms
+            net = self.network
+            addr_idx = self._addr_idx
+            traffic = self.traffic
+            pkts_out, bytes_out = traffic.pkts_out, traffic.bytes_out
+            src = node.address
+            for packet in out.packets:
+                data = packet.data
+                pkts_out[idx] += 1
+                bytes_out[idx] += len(data)
+                dst = addr_idx.get(packet.dest)
+                if dst is None:
+                    self.packets_unroutable += 1
+                    continue
+                d = net.delay(idx, dst)
+                if d < 0:
+                    self.packets_lost += 1
+                    continue
+                push(heap, (t + d, next(seq), K_PACKET, dst, src, data))
+                if net.duplicate and net.rng.random() < net.duplicate:
+                    d2 = net.latency.sample(net.rng)
+                    push(heap, (t + d2, next(seq), K_PACKET, dst, src, data))
+        if self.checker is not None:
+            self.checker.after_input(idx, node)
+        for request in out.streams:
+            self._open_stream(idx, node, request)
+
+    def _on_events(self, idx: int, events: list[MemberEvent]) -> None:
+        h = self._hash
+        t = self.now_ms
+        listeners = self.listeners
+        for e in events:
+            m = e.member
+            h.update(f"{t} {idx} {e.kind.value} {m.name} {m.incarnation}\n".encode())
+            self.member_events += 1
+            for listener in listeners:
+                listener.on_event(idx, e)
+
+    # --- streams ------------------------------------------------------------------------
+
+    def _open_stream(self, idx: int, node: Node, request: StreamRequest) -> None:
+        traffic = self.traffic
+        traffic.streams_out[idx] += 1
+        traffic.stream_bytes_out[idx] += len(request.data)
+        dst = self._addr_idx.get(request.dest)
+        d = -1 if dst is None else self.network.stream_delay(idx, dst)
+        if dst is None or d < 0:
+            # no route or filtered: the dial times out at the deadline
+            self._result_at(request.deadline_ms, idx, node, request.stream_id, None, "timeout")
+            return
+        self._push(self.now_ms + TCP_SETUP_LEGS * d, K_SERVE, dst, (idx, node, d), request)
+
+    def _push(self, t: int, kind: int, idx: int, a: Any, b: Any) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), kind, idx, a, b))
+
+    def _result_at(
+        self, t: int, idx: int, node: Node, stream_id: int, reply: bytes | None, error: str
+    ) -> None:
+        if self.nodes[idx] is not node:
+            return
+        self._push(max(t, self.now_ms), K_RESULT, idx, node, (stream_id, reply, error))
+
+    def _refuse(self, a: tuple[int, Node, int], request: StreamRequest) -> None:
+        src, src_node, d = a
+        self._result_at(self.now_ms + d, src, src_node, request.stream_id, None, "refused")
+
+    def _serve(
+        self, idx: int, node: Node, a: tuple[int, Node, int], request: StreamRequest
+    ) -> None:
+        src, src_node, d = a
+        traffic = self.traffic
+        traffic.streams_in[idx] += 1
+        traffic.stream_bytes_in[idx] += len(request.data)
+        try:
+            parsed = node.parse_stream(request.data)
+        except WireError as exc:
+            node.record_drop(exc.reason)
+            parsed = None
+        if parsed is None:
+            self._result_at(self.now_ms + d, src, src_node, request.stream_id, None, "bad request")
+            return
+        out = node.handle_stream(src_node.address, parsed[0], self.now_ms)
+        reply = out.reply
+        self._apply(idx, node, out)
+        if not request.expect_reply:
+            return
+        if reply is None:
+            self._result_at(self.now_ms + d, src, src_node, request.stream_id, None, "no reply")
+            return
+        traffic.stream_bytes_out[idx] += len(reply)
+        back = self.network.stream_delay(idx, src)
+        if back < 0:
+            self._result_at(request.deadline_ms, src, src_node, request.stream_id, None, "timeout")
+        else:
+            self._result_at(self.now_ms + back, src, src_node, request.stream_id, reply, "")
+
+    def _stream_result(self, idx: int, node: Node, b: tuple[int, bytes | None, str]) -> Output:
+        stream_id, reply, error = b
+        message: Any = None
+        if reply is not None:
+            self.traffic.stream_bytes_in[idx] += len(reply)
+            try:
+                got = node.parse_stream(reply)
+                message = None if got is None else got[0]
+                if got is None:
+                    error = "truncated reply"
+            except WireError as exc:
+                error = str(exc)
+        return node.handle_stream_response(stream_id, message, self.now_ms, error)
+
+    # --- results ------------------------------------------------------------------------
+
+    def trace_hash(self) -> str:
+        """blake2b of every membership event so far, then the traffic totals."""
+        h = self._hash.copy()
+        t = self.traffic
+        totals = (
+            self.now_ms,
+            sum(t.pkts_out),
+            sum(t.bytes_out),
+            sum(t.pkts_in),
+            sum(t.streams_out),
+            self.packets_lost,
+            self.packets_to_down,
+        )
+        h.update(repr(totals).encode())
+        return h.hexdigest()
+
+    def pending_events(self) -> int:
+        return len(self._heap)

@@ -1,0 +1,105 @@
+"""The discrete-event world: determinism, the join fallback, slow members, streams."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from simulations.network import Constant
+from simulations.world import SlowSpec, World, snapshot_available
+from swim import EventKind, MemberEvent, NodeStateType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _crash_run(seed: int, bootstrap: bool | None = None) -> World:
+    world = World(10, seed=seed)
+    world.start_all(bootstrap=bootstrap)
+    world.run_until(3_000)
+    world.crash(4)
+    world.run_until(20_000)
+    return world
+
+
+def test_same_seed_same_trace_hash_and_different_seeds_differ() -> None:
+    a, b, c = _crash_run(7), _crash_run(7), _crash_run(8)
+    assert a.trace_hash() == b.trace_hash()
+    assert a.events_processed == b.events_processed
+    assert a.trace_hash() != c.trace_hash()
+
+
+def test_trace_hash_does_not_depend_on_the_process_hash_seed(tmp_path: Path) -> None:
+    hashes = set()
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        command = [sys.executable, "-m", "simulations.run", "--scenario", "crash", "--ci"]
+        command += ["--out", str(tmp_path / hash_seed), "--no-plots", "--set", "crashes=1"]
+        out = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert out.returncode == 0, out.stderr
+        line = next(x for x in out.stdout.splitlines() if x.startswith("trace hash:"))
+        hashes.add(line)
+    assert len(hashes) == 1
+
+
+def test_crash_is_seen_by_everyone_with_and_without_the_snapshot() -> None:
+    for bootstrap in sorted({False, snapshot_available()}):
+        world = _crash_run(3, bootstrap=bootstrap)
+        victim = world.names[4]
+        for i in world.live_indices():
+            member = world.nodes[i].member(victim)
+            assert member is not None and member.state == NodeStateType.DEAD
+
+
+def test_join_fallback_uses_push_pull_streams() -> None:
+    world = World(6, seed=1)
+    assert world.start_all(bootstrap=False) is False
+    world.run_until(5_000)
+    assert sum(world.traffic.streams_out) >= 5
+    assert sum(world.traffic.streams_in) >= 5
+    assert all(node.num_members() == 6 for node in world.nodes)
+
+
+def test_slow_member_handles_inputs_late_and_in_order() -> None:
+    world = World(4, seed=2, latency=Constant(1))
+    world.start_all()
+    world.run_until(2_000)
+    world.set_slow(1, SlowSpec(delay_ms=0, pauses=((2_000, 6_000),)))
+    handled: list[int] = []
+    before = world.traffic.pkts_in[1]
+    world.run_until(5_999)
+    assert world.traffic.pkts_in[1] == before, "a paused node handles nothing"
+    world.run_until(6_000)
+    handled.append(world.traffic.pkts_in[1] - before)
+    assert handled[0] > 0, "the queued packets are handled when the pause ends"
+    world.run_until(30_000)
+    # the pause (4 s) is shorter than the suspicion timeout: suspected at most, never dead
+    victim = world.names[1]
+    for i in (0, 2, 3):
+        member = world.nodes[i].member(victim)
+        assert member is not None and member.state == NodeStateType.ALIVE
+
+
+def test_restart_rejoins_with_a_higher_incarnation() -> None:
+    world = _crash_run(5)
+    victim = world.names[4]
+    seen: list[tuple[int, EventKind, int]] = []
+
+    class Spy:
+        def on_event(self, idx: int, event: MemberEvent) -> None:
+            if event.member.name == victim:
+                seen.append((idx, event.kind, event.member.incarnation))
+
+        def on_lifecycle(self, kind: str, idx: int) -> None:
+            pass
+
+    world.listeners.append(Spy())
+    world.restart(4)
+    world.run_until(world.now_ms + 20_000)
+    for i in world.live_indices():
+        member = world.nodes[i].member(victim)
+        assert member is not None and member.state == NodeStateType.ALIVE
+    assert any(kind == EventKind.JOINED for _, kind, _ in seen)
