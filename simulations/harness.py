@@ -66,7 +66,8 @@ class Params:
     ci: bool = False
     """Small and short: the variant the test-suite runs."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """Scenario-specific knobs (``--set key=value`` on the command line)."""
+    """Scenario-specific knobs (``--set key=value`` on the command line); ``cfg.FIELD``
+    keys override ``swim.Config`` fields (e.g. ``cfg.suspicion_mult=2``)."""
     progress: Progress | None = None
 
     def n(self, default: int, ci_default: int) -> int:
@@ -89,7 +90,11 @@ class Params:
             raise ValueError(f"unknown lifeguard mode {mode!r} ({', '.join(LIFEGUARD)})")
         if self.config not in PRESETS:
             raise ValueError(f"unknown config {self.config!r} ({', '.join(PRESETS)})")
-        return PRESETS[self.config](**LIFEGUARD[mode])
+        overrides: dict[str, Any] = dict(LIFEGUARD[mode])
+        for key, value in self.extra.items():
+            if key.startswith("cfg."):
+                overrides[key[4:]] = _config_value(key[4:], value)
+        return PRESETS[self.config](**overrides)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -103,6 +108,16 @@ class Params:
             "ci": self.ci,
             **{f"set.{k}": v for k, v in sorted(self.extra.items())},
         }
+
+
+def _config_value(field_name: str, value: Any) -> Any:
+    """``--set cfg.suspicion_mult=5``: a Config field, typed like its default."""
+    default = getattr(Config(), field_name, None)
+    if default is None:
+        raise ValueError(f"Config has no field {field_name!r}")
+    if isinstance(default, bool):
+        return str(value).lower() in ("1", "true", "yes", "on")
+    return int(value)
 
 
 @dataclass(slots=True)
@@ -131,7 +146,12 @@ def build(
         latency=parse_latency(p.latency),
         loss=0.0,
     )
-    checker = InvariantChecker(world, full=p.full_checks, full_every=0 if n > 200 else 997)
+    checker = InvariantChecker(
+        world,
+        full=p.full_checks,
+        full_every=0 if n > 200 else 997,
+        own_every=1 if n <= 1000 else 7,
+    )
     metrics = Metrics(world)
     bootstrapped = world.start_all()
     if not bootstrapped:

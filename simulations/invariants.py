@@ -14,10 +14,11 @@ incarnation"):
    replaces a death (Confirm overrides everything); a dead member rejoins only with a
    higher incarnation or a reclaimed address.
 
-Cost: 1 is one attribute read per input; 2–4 are per membership event (rare compared
-with packets). ``full=True`` adds, after every input, a scan of the node's whole table
-against what its events said (catches changes that emitted no event); ``full_every=K``
-does that scan on every K-th input only (sampled checks for large N).
+Cost: 1 is one attribute read per input (or per ``own_every``-th input: sampled, for
+large N); 2–4 are per membership event (rare compared with packets). ``full=True`` adds,
+after every input, a scan of the node's whole table against what its events said
+(catches changes that emitted no event); ``full_every=K`` does that scan on every K-th
+input only (sampled checks for large N).
 
 A violation raises ``InvariantViolation`` with the seed, the virtual time and details.
 """
@@ -61,10 +62,14 @@ class InvariantViolation(AssertionError):
 class InvariantChecker:
     """Attach with ``InvariantChecker(world)``; it registers itself on the world."""
 
-    def __init__(self, world: World, *, full: bool = False, full_every: int = 0) -> None:
+    def __init__(
+        self, world: World, *, full: bool = False, full_every: int = 0, own_every: int = 1
+    ) -> None:
         self.world = world
         self.full = full
         self.full_every = 1 if full else full_every
+        self.own_every = 1 if full else max(1, own_every)
+        self._own_countdown = self.own_every
         self.checked_inputs = 0
         self.checked_events = 0
         self.full_scans = 0
@@ -89,6 +94,11 @@ class InvariantChecker:
                 del self._seen[key]
 
     def after_input(self, idx: int, node: Node) -> None:
+        if self.own_every > 1:
+            self._own_countdown -= 1
+            if self._own_countdown > 0:
+                return
+            self._own_countdown = self.own_every
         self.checked_inputs += 1
         inc = node.incarnation
         own = self._own

@@ -10,7 +10,20 @@ wall seconds, and at the end a summary whose first lines are the seed and the tr
 writes CSVs, a markdown summary and PNG plots (if matplotlib is installed) under ``--out``.
 Scenario-specific knobs are listed in each scenario's module docstring
 (``simulations.scenarios``, ``simulations.scenarios_faults``), e.g. ``--set crashes=10``,
-``--set slow_delay_ms=150``, ``--set burst=0.01:0.3``, ``--set duplicate=0.01``.
+``--set slow_delay_ms=150``, ``--set burst=0.01:0.3`` (Gilbert–Elliott p_gb:p_bg),
+``--set duplicate=0.01``, ``--set reorder=0.05 --set reorder_ms=30``, and any Config
+field as ``--set cfg.suspicion_mult=2``.
+
+The scenarios (each also has ``--ci``, a small, short variant):
+
+    python -m simulations.run --scenario steady --nodes 100 --duration-s 60
+    python -m simulations.run --scenario crash --nodes 50 --set crashes=10
+    python -m simulations.run --scenario dissemination --nodes 1000      # sweeps n up to N
+    python -m simulations.run --scenario slow-members --nodes 50 --slow 4 --lifeguard all
+    python -m simulations.run --scenario loss --nodes 100 --loss 0.1     # no --loss: 0/0.1/0.3
+    python -m simulations.run --scenario partition --nodes 40 --set asymmetric=1
+    python -m simulations.run --scenario churn --nodes 50 --set crash_per_min=4
+    python -m simulations.run --scenario scale --nodes 10000 --duration-s 60
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 - ``slow-members``: K members are slow (CPU exhaustion, Lifeguard arXiv 1707.00788 §V and
   Fig. 1: "even a single overloaded member is sufficient to cause some false positive
   failure detection events"). Their datagrams wait behind each other with a service time
-  (``slow_delay_ms``, default 100 ms) in a bounded queue, optionally with pauses
+  (``slow_delay_ms``, default 150 ms) in a bounded queue, optionally with pauses
   (``pause_ms`` every ``pause_every_ms``). Halfway through, a healthy member crashes, so
   one run gives false positives (total, FP− at healthy observers, about healthy members),
   the detection latency of a real failure under stress and the message load. With
@@ -39,6 +39,10 @@ from simulations.metrics import LoadWindow, Metrics
 from simulations.report import Plot, Result
 from simulations.world import SlowSpec, World
 
+ABLATION_ORDER = ["swim", "lha-probe", "lha-suspicion", "buddy", "full"]
+"""The Lifeguard paper's table order (research notes §3.2), SWIM first as the baseline."""
+assert sorted(ABLATION_ORDER) == sorted(LIFEGUARD)
+
 
 def _pauses(
     world: World, start_ms: int, end_ms: int, pause_ms: int, every_ms: int
@@ -58,7 +62,7 @@ def slow_members(p: Params) -> Result:
     n = p.n(50, 12)
     k = p.slow if p.slow is not None else (2 if p.ci else 4)
     duration = p.duration_ms(120, 24)
-    modes = list(LIFEGUARD) if p.lifeguard == "all" else [p.lifeguard]
+    modes = ABLATION_ORDER if p.lifeguard == "all" else [p.lifeguard]
     rows: list[dict[str, Any]] = []
     hashes = []
     fp_rows: list[dict[str, Any]] = []
@@ -70,7 +74,7 @@ def slow_members(p: Params) -> Result:
         slow = world.rng.sample(range(n), k)
         for idx in slow:
             spec = SlowSpec(
-                delay_ms=p.get("slow_delay_ms", 100),
+                delay_ms=p.get("slow_delay_ms", 150),
                 pauses=_pauses(world, start, end, p.get("pause_ms", 0), p.get("pause_every_ms", 0)),
                 queue_limit=p.get("queue_limit", 128),
                 timer_delay_ms=p.get("timer_delay_ms", 0),
@@ -105,7 +109,7 @@ def slow_members(p: Params) -> Result:
     if len(rows) > 1:
         for row in rows:
             total = row["fp_suspect"] + row["fp_dead"]
-            row["fp_pct_of_first"] = 100.0 * total / base if base else None
+            row["fp_pct_of_swim"] = 100.0 * total / base if base else None
     result.plots.append(
         Plot(
             "fp",

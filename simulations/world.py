@@ -342,6 +342,7 @@ class World:
         nodes = self.nodes
         up = self.up
         slow = self._slow
+        apply = self._apply
         traffic = self.traffic
         pkts_in, bytes_in = traffic.pkts_in, traffic.bytes_in
         processed = 0
@@ -349,42 +350,59 @@ class World:
             t, _, kind, idx, a, b = pop(heap)
             self.now_ms = t
             processed += 1
-            if kind == K_CALL:
-                a(*b)
-                continue
-            if not up[idx]:
-                if kind == K_PACKET or kind == K_PACKET + LATE:
+            # The two common kinds first, with their checks inline; the rest below.
+            if kind == K_TIMER:
+                if a is not nodes[idx] or not up[idx]:
+                    continue  # a timer of a dead or replaced process
+                if slow and idx in slow and self._defer(t, kind, idx, a, b):
+                    continue
+                apply(idx, a, a.handle_timer(b, t))
+            elif kind == K_PACKET:
+                if not up[idx]:
                     self.packets_to_down += 1
-                elif kind == K_SERVE or kind == K_SERVE + LATE:
-                    self._refuse(a, b)
-                continue
-            if kind >= LATE:
-                kind -= LATE
-                st = slow.get(idx)
-                if st is not None and kind != K_TIMER:
-                    st.queued -= 1
-            elif slow and idx in slow and self._defer(t, kind, idx, a, b):
-                continue
-            node = nodes[idx]
-            if kind == K_PACKET:
+                    continue
+                if slow and idx in slow and self._defer(t, kind, idx, a, b):
+                    continue
+                node = nodes[idx]
                 pkts_in[idx] += 1
                 bytes_in[idx] += len(b)
-                out = node.handle_datagram(a, b, t)
-            elif kind == K_TIMER:
-                if a is not node:
-                    continue
-                out = node.handle_timer(b, t)
-            elif kind == K_SERVE:
-                self._serve(idx, node, a, b)
-                continue
+                apply(idx, node, node.handle_datagram(a, b, t))
             else:
-                if a is not node:
-                    continue
-                out = self._stream_result(idx, node, b)
-            self._apply(idx, node, out)
+                self._dispatch_rare(t, kind, idx, a, b)
         self.events_processed += processed
         if t_end > self.now_ms:
             self.now_ms = t_end
+
+    def _dispatch_rare(self, t: int, kind: int, idx: int, a: Any, b: Any) -> None:
+        """Scheduled calls, streams, and slow nodes' queued inputs."""
+        if kind == K_CALL:
+            a(*b)
+            return
+        if not self.up[idx]:
+            if kind == K_PACKET + LATE:
+                self.packets_to_down += 1
+            elif kind in (K_SERVE, K_SERVE + LATE):
+                self._refuse(a, b)
+            return
+        if kind >= LATE:
+            kind -= LATE
+            st = self._slow.get(idx)
+            if st is not None and kind != K_TIMER:
+                st.queued -= 1
+        elif self._slow and idx in self._slow and self._defer(t, kind, idx, a, b):
+            return
+        node = self.nodes[idx]
+        if kind == K_PACKET:
+            self.traffic.pkts_in[idx] += 1
+            self.traffic.bytes_in[idx] += len(b)
+            self._apply(idx, node, node.handle_datagram(a, b, t))
+        elif kind == K_TIMER:
+            if a is node:
+                self._apply(idx, node, node.handle_timer(b, t))
+        elif kind == K_SERVE:
+            self._serve(idx, node, a, b)
+        elif a is node:
+            self._apply(idx, node, self._stream_result(idx, node, b))
 
     def _defer(self, t: int, kind: int, idx: int, a: Any, b: Any) -> bool:
         """Queue an input of a slow node; False if it can be handled right now."""

@@ -97,3 +97,17 @@ def test_cli_prints_seed_and_hash_and_writes_files(
     assert lines[i + 1] == "seed: 9" and lines[i + 2].startswith("trace hash: ")
     assert (tmp_path / "crash.md").exists()
     assert (tmp_path / "crash-detection.csv").read_text().startswith("victim,")
+
+
+def test_plots_are_written_or_skipped_with_a_message(tmp_path: Path) -> None:
+    from simulations import report
+
+    result = run("crash", _ci(crashes=1))
+    messages = report.write(result, tmp_path)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert any("matplotlib is not installed" in m for m in messages)
+    else:
+        assert (tmp_path / "crash-dead_spread.png").stat().st_size > 1000
+    assert (tmp_path / "crash-summary.csv").exists()
