@@ -21,6 +21,7 @@ from swim.effects import (
 )
 from swim.messages import Address, NodeStateType
 from swim.node import Node
+from swim.table import MembershipSnapshot, SeedMember
 
 __all__ = [
     "Address",
@@ -30,6 +31,7 @@ __all__ = [
     "JoinResult",
     "Member",
     "MemberEvent",
+    "MembershipSnapshot",
     "Node",
     "NodeStateType",
     "NodeStats",
@@ -37,6 +39,7 @@ __all__ = [
     "Output",
     "Packet",
     "ProbeResult",
+    "SeedMember",
     "StreamKind",
     "StreamRequest",
     "Timer",

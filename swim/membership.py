@@ -14,7 +14,10 @@ Rules (hashicorp/memberlist @ 1b4c746 state.go ``aliveNode``, ``suspectNode``, `
 - Only the node itself raises its incarnation.
 - Dead and left members stay in the table, gossiped to, for gossip_to_the_dead_time; they
   are reaped when the round-robin probe order wraps, and the order is then reshuffled
-  (SWIM §4.3). New members are inserted at a random position.
+  (SWIM §4.3). New members are inserted at a random position among those still to be
+  probed this round. The order is drawn incrementally (``swim.table``), never stored.
+- Storage is copy-on-write over an optional shared ``MembershipSnapshot`` (``bootstrap``):
+  a node holds only the members it changed or added; see ``swim.table``.
 - Hostile or invalid input is dropped and counted before anything changes.
 """
 
@@ -25,44 +28,18 @@ from dataclasses import dataclass, field
 
 from swim import formulas, wire
 from swim.context import Context
-from swim.effects import EventKind, Member
+from swim.effects import EventKind
 from swim.messages import Address, Alive, Dead, NodeStateType, PushNodeState, Suspect, ip_from_bytes
+from swim.table import MembershipSnapshot, MemberState, MemberTable
 from swim.wire import DropReason
+
+__all__ = ["LEAVE_NOTIFY", "SUSPICION_TIMER", "MemberState", "Membership"]
 
 MAX_NAME_BYTES = 512
 """Longest node name accepted from the wire (memberlist has no bound; we need one)."""
 
 SUSPICION_TIMER = "suspicion"
 LEAVE_NOTIFY = 1
-
-
-@dataclass(slots=True)
-class MemberState:
-    name: str
-    address: Address
-    meta: bytes
-    incarnation: int
-    state: NodeStateType
-    state_change_ms: int
-    vsn: tuple[int, ...] = ()
-
-    @property
-    def protocol_max(self) -> int:
-        return self.vsn[1] if len(self.vsn) >= 6 else 0
-
-    def dead_or_left(self) -> bool:
-        return self.state in (NodeStateType.DEAD, NodeStateType.LEFT)
-
-    def snapshot(self) -> Member:
-        return Member(
-            self.name,
-            self.address,
-            self.meta,
-            self.incarnation,
-            self.state,
-            self.state_change_ms,
-            self.vsn,
-        )
 
 
 @dataclass(slots=True)
@@ -82,10 +59,7 @@ class Membership:
     def __init__(self, ctx: Context, local: MemberState) -> None:
         self._ctx = ctx
         self.local_name = local.name
-        self._members: dict[str, MemberState] = {local.name: local}
-        self._order: list[str] = [local.name]
-        self._by_addr: dict[Address, str] = {local.address: local.name}
-        self._probe_index = 0
+        self._members = MemberTable(local)
         self._suspicions: dict[str, _Suspicion] = {}
         self.health_score = 0
         self.leaving = False
@@ -97,29 +71,33 @@ class Membership:
 
     @property
     def local(self) -> MemberState:
-        return self._members[self.local_name]
+        return self._members.mutable(self.local_name)
 
     def get(self, name: str) -> MemberState | None:
+        """A member's record, for reading only (it may be shared with other nodes)."""
         return self._members.get(name)
 
     def by_address(self, address: Address) -> MemberState | None:
-        name = self._by_addr.get(address)
-        return None if name is None else self._members.get(name)
+        return self._members.by_address(address)
 
     def __len__(self) -> int:
         return len(self._members)
 
     def states(self) -> list[MemberState]:
-        """Members in probe order (deterministic; never set iteration)."""
-        return [self._members[name] for name in self._order]
+        """Every member, in a deterministic order (never set iteration). O(n)."""
+        return list(self._members)
 
     def count(self, state: NodeStateType) -> int:
-        return sum(1 for m in self._members.values() if m.state == state)
+        return self._members.count(state)
 
     def any_alive_peer(self) -> bool:
-        return any(
-            not m.dead_or_left() and m.name != self.local_name for m in self._members.values()
-        )
+        table = self._members
+        live = table.count(NodeStateType.ALIVE) + table.count(NodeStateType.SUSPECT)
+        return live - (0 if self.local.dead_or_left() else 1) > 0
+
+    def bootstrap(self, snapshot: MembershipSnapshot) -> None:
+        """Start from ``snapshot``: every member in it but us is alive; no events."""
+        self._members.bootstrap(snapshot)
 
     def suspicion_deadline_ms(self, name: str) -> int | None:
         s = self._suspicions.get(name)
@@ -132,65 +110,41 @@ class Membership:
         )
 
     def random_members(self, k: int, exclude: Callable[[MemberState], bool]) -> list[MemberState]:
-        """Up to k distinct members not excluded, chosen at random (util.go ``kRandomNodes``).
-
-        With few members: shuffle and scan; otherwise up to 3n random draws, so the cost is
-        O(k) in the common case rather than O(n).
-        """
-        n = len(self._order)
-        rng = self._ctx.rng
-        if n < 3 * k:
-            names = list(self._order)
-            rng.shuffle(names)
-            picked = [self._members[x] for x in names if not exclude(self._members[x])]
-            return picked[:k]
-        chosen: list[MemberState] = []
-        seen: set[str] = set()
-        for _ in range(3 * n):
-            if len(chosen) >= k:
-                break
-            m = self._members[self._order[rng.randrange(n)]]
-            if m.name in seen or exclude(m):
-                continue
-            seen.add(m.name)
-            chosen.append(m)
-        return chosen
+        """Up to k distinct members not excluded, uniformly at random (util.go
+        ``kRandomNodes``); O(k) expected, see ``MemberTable.random_members``."""
+        return self._members.random_members(k, exclude, self._ctx.rng)
 
     def next_probe_target(self) -> MemberState | None:
-        """Round-robin over the shuffled order, skipping ourselves and the dead (SWIM §4.3)."""
-        checked = 0
-        while checked < len(self._order):
-            if self._probe_index >= len(self._order):
+        """Randomized round-robin, skipping ourselves and the dead (SWIM §4.3): each member
+        is drawn once per round; when all were drawn the round wraps (``resetNodes``)."""
+        table = self._members
+        wrapped = False
+        while True:
+            if table.undrawn() == 0:
+                if wrapped:
+                    return None
                 self._reset_order()
-                self._probe_index = 0
-                checked += 1
+                wrapped = True
                 continue
-            m = self._members[self._order[self._probe_index]]
-            self._probe_index += 1
-            if m.name == self.local_name or m.dead_or_left():
-                checked += 1
-                continue
-            return m
-        return None
+            m = table.draw(self._ctx.rng)
+            if m.name != self.local_name and not m.dead_or_left():
+                return m
 
     def _reset_order(self) -> None:
-        """state.go ``resetNodes``: reap the long dead, then reshuffle the probe order."""
+        """state.go ``resetNodes``: reap the long dead, then start a freshly shuffled round.
+
+        Only our own records can be dead or left (the shared base is all alive), so this
+        scans O(changed members), not O(n).
+        """
         now = self._ctx.now_ms
         window = self._ctx.config.gossip_to_the_dead_time_ms
-        keep: list[str] = []
-        for name in self._order:
-            m = self._members[name]
-            if m.dead_or_left() and now - m.state_change_ms > window and name != self.local_name:
+        for m in self._members.overrides():
+            if m.dead_or_left() and now - m.state_change_ms > window and m.name != self.local_name:
                 self._forget(m)
-            else:
-                keep.append(name)
-        self._order = keep
-        self._ctx.rng.shuffle(self._order)
+        self._members.new_round()
 
     def _forget(self, m: MemberState) -> None:
-        del self._members[m.name]
-        if self._by_addr.get(m.address) == m.name:
-            del self._by_addr[m.address]
+        self._members.remove(m.name)
         self._cancel_suspicion(m.name)
         self._ctx.event(EventKind.REAPED, m.snapshot())
 
@@ -272,15 +226,15 @@ class Membership:
             ctx.notice("warning", "refute", f"refuting an alive message about us ({a.node})")
             return
         self._broadcast(a.node, a)
+        state = self._members.mutable(a.node)
         old_state, old_meta = state.state, state.meta
         if len(a.vsn) >= 6:
             state.vsn = tuple(a.vsn[:6])
         state.incarnation = a.incarnation
         state.meta = a.meta
-        self._set_address(state, address)
+        self._members.set_address(state, address)
         if state.state != NodeStateType.ALIVE:
-            state.state = NodeStateType.ALIVE
-            state.state_change_ms = ctx.now_ms
+            self._members.set_state(state, NodeStateType.ALIVE, ctx.now_ms)
         self.failed.pop(a.node, None)
         if old_state in (NodeStateType.DEAD, NodeStateType.LEFT):
             ctx.event(EventKind.JOINED, state.snapshot())
@@ -326,23 +280,10 @@ class Membership:
             self._ctx.now_ms,
             tuple(a.vsn[:6]) if len(a.vsn) >= 6 else (),
         )
-        self._members[name] = state
         # The newest name at an address wins: a process restarted under another name at
         # the same address is the one that answers there now.
-        self._by_addr[address] = name
-        n = len(self._order)
-        offset = self._ctx.rng.randrange(n) if n > 0 else 0
-        self._order.append(name)
-        self._order[offset], self._order[n] = self._order[n], self._order[offset]
+        self._members.insert(state, self._ctx.rng)
         return state
-
-    def _set_address(self, state: MemberState, address: Address) -> None:
-        if state.address == address:
-            return
-        if self._by_addr.get(state.address) == state.name:
-            del self._by_addr[state.address]
-        state.address = address
-        self._by_addr[address] = state.name
 
     def apply_suspect(self, s: Suspect) -> None:
         """state.go ``suspectNode``."""
@@ -364,9 +305,9 @@ class Membership:
         self._broadcast(s.node, s)
         if s.sender == self.local_name:
             ctx.stats.suspicions_raised += 1
+        state = self._members.mutable(s.node)
         state.incarnation = s.incarnation
-        state.state = NodeStateType.SUSPECT
-        state.state_change_ms = ctx.now_ms
+        self._members.set_state(state, NodeStateType.SUSPECT, ctx.now_ms)
         self._start_suspicion(state, s.sender)
         ctx.event(EventKind.SUSPECT, state.snapshot())
 
@@ -397,7 +338,7 @@ class Membership:
         remaining = formulas.remaining_suspicion_time_ms(
             s.confirmations, s.k, elapsed, s.min_ms, s.max_ms
         )
-        state = self._members[name]
+        state = self._members.mutable(name)
         self._ctx.cancel_timer(s.timer_id)
         s.timer_id = self._ctx.set_timer(
             SUSPICION_TIMER, max(remaining, 0), (name, state.state_change_ms)
@@ -448,9 +389,10 @@ class Membership:
             self._broadcast(d.node, d, notify=LEAVE_NOTIFY)
         else:
             self._broadcast(d.node, d)
+        state = self._members.mutable(d.node)
         state.incarnation = d.incarnation
-        state.state = NodeStateType.LEFT if d.node == d.sender else NodeStateType.DEAD
-        state.state_change_ms = ctx.now_ms
+        new = NodeStateType.LEFT if d.node == d.sender else NodeStateType.DEAD
+        self._members.set_state(state, new, ctx.now_ms)
         self._remember_failure(state)
         kind = EventKind.LEFT if state.state == NodeStateType.LEFT else EventKind.DEAD
         ctx.event(kind, state.snapshot())
@@ -519,11 +461,10 @@ class Membership:
     def force_left(self, name: str) -> None:
         """Mark a failed member as left, as if it had said so itself (its own incarnation,
         sender = itself), and gossip that; it is then reaped like any left member."""
-        state = self._members[name]
+        state = self._members.mutable(name)
         if state.state == NodeStateType.DEAD:
             # apply_dead ignores news about the already dead; replace the record directly
-            state.state = NodeStateType.LEFT
-            state.state_change_ms = self._ctx.now_ms
+            self._members.set_state(state, NodeStateType.LEFT, self._ctx.now_ms)
             self.failed.pop(name, None)
             self._broadcast(name, Dead(state.incarnation, name, name))
             self._ctx.event(EventKind.LEFT, state.snapshot())

@@ -14,6 +14,7 @@ the protocol and only ever appended to.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from dataclasses import dataclass
 from enum import IntEnum
@@ -70,11 +71,18 @@ class Address:
         return cls(ip_from_bytes(ip), port)
 
 
+_IP_CACHE = 1 << 16
+"""Addresses remembered by the two converters: parsing an IP per packet is costly, and a
+cluster has few distinct addresses (these are pure functions; the cache only saves time)."""
+
+
+@functools.lru_cache(maxsize=_IP_CACHE)
 def ip_to_bytes(host: str) -> bytes:
     ip = ipaddress.ip_address(host)
     return ip.packed
 
 
+@functools.lru_cache(maxsize=_IP_CACHE)
 def ip_from_bytes(ip: bytes) -> str:
     """Text form of a ``net.IP``; 16-byte IPv4-mapped addresses come back as IPv4."""
     if len(ip) == 4:

@@ -29,7 +29,7 @@ from typing import cast
 
 from swim import formulas, wire
 from swim.compat import Versions, verify_protocol
-from swim.config import META_MAX_BYTES, PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, Config
+from swim.config import META_MAX_BYTES, Config
 from swim.context import Context
 from swim.effects import (
     JoinResult,
@@ -66,6 +66,7 @@ from swim.probe import (
     Prober,
 )
 from swim.security import Keyring
+from swim.table import MembershipSnapshot, local_vsn
 from swim.wire import DropReason, StreamMessage, WireError
 
 PROBE_TICK = "probe_tick"
@@ -110,14 +111,7 @@ class Node:
         self._ctx = Context(self.config, rng, now_ms)
         self._keyring = keyring
         self._nonce_source = nonce_source
-        vsn = (
-            PROTOCOL_VERSION_MIN,
-            PROTOCOL_VERSION_MAX,
-            self.config.protocol_version,
-            self.config.delegate_protocol_min,
-            self.config.delegate_protocol_max,
-            self.config.delegate_protocol_version,
-        )
+        vsn = local_vsn(self.config)
         local = MemberState(name, address, meta, 0, NodeStateType.ALIVE, now_ms, vsn)
         self._members = Membership(self._ctx, local)
         self._prober = Prober(self._ctx, self._members, self)
@@ -125,6 +119,7 @@ class Node:
         self._next_stream_id = 0
         self._leave_done = False
         self._user_state = b""
+        self._push_pull_timer: int | None = None
         self._members.bump_local()
         self._ctx.out = Output()
 
@@ -197,9 +192,34 @@ class Node:
         if c.gossip_interval_ms > 0 and c.gossip_nodes > 0:
             self._ctx.set_timer(GOSSIP_TICK, rng.randrange(c.gossip_interval_ms))
         if c.push_pull_interval_ms > 0:
-            self._ctx.set_timer(PUSH_PULL_TICK, rng.randrange(c.push_pull_interval_ms))
+            self._push_pull_timer = self._ctx.set_timer(
+                PUSH_PULL_TICK, rng.randrange(c.push_pull_interval_ms)
+            )
         if c.reconnect_interval_ms > 0:
             self._ctx.set_timer(RECONNECT_TICK, rng.randrange(c.reconnect_interval_ms))
+        return self._finish()
+
+    def bootstrap(self, snapshot: MembershipSnapshot, now_ms: int) -> Output:
+        """Start already joined: every member of ``snapshot`` other than us becomes an alive
+        member, without push-pulls. Call it right after ``start()`` (raises otherwise).
+
+        No per-member events are emitted (the caller built the snapshot, so it knows who is
+        in it); later changes are reported as usual. The snapshot is shared, not copied:
+        this node stores only the members whose state it changes later, so N nodes
+        bootstrapped from one snapshot cost O(n) memory in all, not O(n²). Our own entry in
+        the snapshot, if any, is replaced by what we are. The first periodic push-pull is
+        re-staggered over the interval scaled to the new group size, as memberlist's
+        ``pushPullTrigger`` staggers it over ``pushPullScale(interval, estNumNodes())``.
+        """
+        self._ctx.begin(now_ms)
+        self._members.bootstrap(snapshot)
+        interval_ms = self.config.push_pull_interval_ms
+        if interval_ms > 0 and self._push_pull_timer is not None:
+            self._ctx.cancel_timer(self._push_pull_timer)
+            scaled_ms = formulas.push_pull_scale_ms(interval_ms, len(self._members))
+            self._push_pull_timer = self._ctx.set_timer(
+                PUSH_PULL_TICK, self._ctx.rng.randrange(scaled_ms)
+            )
         return self._finish()
 
     def join(self, seeds: Sequence[Address], now_ms: int) -> Output:
@@ -491,7 +511,7 @@ class Node:
         interval = formulas.push_pull_scale_ms(
             self.config.push_pull_interval_ms, len(self._members)
         )
-        self._ctx.set_timer(PUSH_PULL_TICK, interval)
+        self._push_pull_timer = self._ctx.set_timer(PUSH_PULL_TICK, interval)
         peers = self._members.random_members(
             1, lambda m: m.name == self.name or m.state != NodeStateType.ALIVE
         )
@@ -528,6 +548,8 @@ class Node:
 
     def _gossip_round(self) -> None:
         """state.go ``gossip``: pending broadcasts to a few random members."""
+        if not len(self._ctx.broadcasts) and not len(self._ctx.user_broadcasts):
+            return  # nothing to send: skip drawing targets (memberlist draws, then sends none)
         limit = self.config.udp_buffer_size - wire.packet_overhead(self._crypto())
         for peer in self._gossip_targets():
             parts = self._take_broadcasts(limit - _crc_overhead(peer))

@@ -65,6 +65,15 @@ MAX_DECOMPRESSED_BYTES = 2 * 20 * 1024 * 1024
 """net.go ``maxDecompressedBytes``."""
 MAX_NESTING = 4
 """Compound/compress layers we unwrap; memberlist recurses without a bound."""
+MIN_COMPRESS_BYTES = 128
+"""Packets shorter than this are sent uncompressed without trying. memberlist (net.go
+``rawSendMsgPacket``) compresses every packet and keeps the result only if it is smaller;
+receivers take either form (net.go ``handleCommand`` dispatches ``compressMsg`` and plain
+messages alike), so skipping a compression that cannot pay is interoperable. LZW's fixed
+cost (CLEAR and EOF codes, 9-bit codes, the msgpack ``{Algo, Buf}`` wrapper: ~17 bytes)
+makes small packets grow: in a 100-node run with failures the smallest packet that
+compression shrank was 134 bytes, by a few bytes. Pure-Python LZW was the top cost per
+packet (pings and acks are 10–70 bytes)."""
 _LZW_ALGO = 0
 
 
@@ -110,10 +119,12 @@ class _Field:
     kind: str
     omitempty: bool = False
     nil_if_empty: bool = False
+    key: bytes = b""
+    """``go`` as the msgpack map key bytes."""
 
 
 def _f(go: str, attr: str, kind: str, omit: bool = False, nil: bool = False) -> _Field:
-    return _Field(go, attr, kind, omit, nil)
+    return _Field(go, attr, kind, omit, nil, go.encode())
 
 
 _SOURCE = (
@@ -225,19 +236,37 @@ def _unpack_one(body: bytes) -> Any:
         raise WireError(DropReason.MALFORMED, f"bad msgpack: {exc}") from exc
 
 
+_Plan = tuple[tuple[str, str, bool, bool, bool], ...]
+_PLANS: dict[tuple[_Field, ...], _Plan] = {}
+
+
+def _plan(fields: Sequence[_Field]) -> _Plan:
+    """(go name, attr, is str, omitempty, nil_if_empty) per field, sorted by go name, as
+    go-msgpack writes struct fields (seen in every serf capture), not in declaration order;
+    the tables are in declaration order for readability. Computed once per table."""
+    key = tuple(fields)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = tuple(
+            (f.go, f.attr, f.kind == "str", f.omitempty, f.nil_if_empty)
+            for f in sorted(fields, key=lambda f: f.go)
+        )
+        _PLANS[key] = plan
+    return plan
+
+
 def _encode_fields(fields: Sequence[_Field], values: Callable[[str], Any]) -> bytes:
     out: dict[str, Any] = {}
-    # go-msgpack writes struct fields sorted by name (seen in every serf capture), not in
-    # declaration order; the tables are in declaration order for readability.
-    for field in sorted(fields, key=lambda f: f.go):
-        value = values(field.attr)
-        if field.kind == "str":
+    for go, attr, is_str, omitempty, nil_if_empty in _plan(fields):
+        value = values(attr)
+        if is_str:
             value = value.encode("utf-8", "surrogateescape")
-        if field.omitempty and not value:
-            continue
-        if field.nil_if_empty and not value:
-            value = None
-        out[field.go] = value
+        if not value:
+            if omitempty:
+                continue
+            if nil_if_empty:
+                value = None
+        out[go] = value
     return _pack(out)
 
 
@@ -266,9 +295,19 @@ def _decode_fields(fields: Sequence[_Field], obj: Any) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise WireError(DropReason.MALFORMED, "message body is not a map")
     result: dict[str, Any] = {}
+    get = obj.get
     for field in fields:
-        value = obj.get(field.go.encode())
-        result[field.attr] = _decode_value(field, value)
+        value = get(field.key)
+        kind = field.kind
+        # fast paths for well-formed values; everything else goes the careful way
+        if kind == "str" and type(value) is bytes:
+            result[field.attr] = value.decode("utf-8", "surrogateescape")
+        elif (kind == "bytes" and type(value) is bytes) or (
+            type(value) is int and 0 <= value <= _UNSIGNED_MAX.get(kind, -1)
+        ):
+            result[field.attr] = value
+        else:
+            result[field.attr] = _decode_value(field, value)
     return result
 
 
@@ -446,7 +485,7 @@ def encode_packet(
 ) -> bytes:
     """One datagram from encoded messages: the first is the message, the rest piggyback."""
     data = parts[0] if len(parts) == 1 else make_compound(parts)
-    if compress:
+    if compress and len(data) >= MIN_COMPRESS_BYTES:
         compressed = compress_message(data)
         if len(compressed) < len(data):
             data = compressed
