@@ -74,7 +74,9 @@ def _parse_set(values: Sequence[str]) -> dict[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run a simulator scenario on real swim Nodes.")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--scenario", required=True, choices=sorted(REGISTRY))
     parser.add_argument("--nodes", type=int)
     parser.add_argument("--seed", type=int, default=1)

@@ -37,6 +37,7 @@ from simulations.harness import (
 )
 from simulations.metrics import LoadWindow, Metrics, Spread
 from simulations.report import Plot, Result
+from simulations.world import World
 
 
 def run(name: str, p: Params) -> Result:
@@ -256,8 +257,19 @@ def scale(p: Params) -> Result:
     world.at(start + duration // 2, _inject, sim.metrics, world.rng.randrange(n))
     events0 = world.events_processed
     wall1 = time.perf_counter()
-    drive(world, start + duration, p.progress)
+    timeline: list[tuple[float, float, int]] = []
+
+    def record(w: World) -> None:
+        timeline.append((w.now_ms / 1000, time.perf_counter() - wall1, w.events_processed))
+        if p.progress is not None:
+            p.progress(w)
+
+    drive(world, start + duration, record)
     run_s = time.perf_counter() - wall1
+    # after the start-up transient (every node gossips its own alive once at start)
+    warm = next((x for x in timeline if x[0] >= min(5.0, duration / 2000)), timeline[0])
+    steady_events = world.events_processed - warm[2]
+    steady_wall = run_s - warm[1]
     rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     events = world.events_processed - events0
     result = Result("scale", p.seed, world.trace_hash(), {**p.describe(), "nodes": n})
@@ -270,6 +282,8 @@ def scale(p: Params) -> Result:
             "sim_s": duration / 1000,
             "events": events,
             "events_per_wall_s": events / run_s if run_s else None,
+            "steady_events_per_wall_s": steady_events / steady_wall if steady_wall > 0 else None,
+            "steady_from_sim_s": warm[0],
             "sim_speed_x": (duration / 1000) / run_s if run_s else None,
             "rss_max_mib": rss_after / 1024,
             "rss_per_node_kib_built": (rss_built - rss_before) / n,
@@ -285,6 +299,16 @@ def scale(p: Params) -> Result:
     result.tables["detection"] = crash_rows
     result.tables["updates"] = [s.row() for s in sim.metrics.spreads]
     result.notes.append("RSS is ru_maxrss (peak), so per-node figures are upper bounds.")
+    result.tables["timeline"] = [{"sim_s": t, "wall_s": w, "events": e} for t, w, e in timeline]
+    result.plots.append(
+        Plot(
+            "speed",
+            "simulated vs wall time",
+            "wall (s)",
+            "simulated (s)",
+            {"run": [(w, t) for t, w, _ in timeline]},
+        )
+    )
     return result
 
 

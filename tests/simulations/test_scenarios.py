@@ -111,3 +111,17 @@ def test_plots_are_written_or_skipped_with_a_message(tmp_path: Path) -> None:
     else:
         assert (tmp_path / "crash-dead_spread.png").stat().st_size > 1000
     assert (tmp_path / "crash-summary.csv").exists()
+
+
+def test_config_overrides_and_lifeguard_modes() -> None:
+    p = Params(
+        lifeguard="lha-probe", extra={"cfg.suspicion_mult": "2", "cfg.enable_compression": "0"}
+    )
+    config = p.make_config()
+    assert config.suspicion_mult == 2 and config.enable_compression is False
+    assert config.lifeguard_lhm and config.lifeguard_nacks
+    assert not config.lifeguard_dynamic_suspicion and not config.lifeguard_buddy
+    with pytest.raises(ValueError):
+        Params(extra={"cfg.no_such_field": "1"}).make_config()
+    with pytest.raises(ValueError):
+        Params(lifeguard="nope").make_config()

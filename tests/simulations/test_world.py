@@ -103,3 +103,32 @@ def test_restart_rejoins_with_a_higher_incarnation() -> None:
         member = world.nodes[i].member(victim)
         assert member is not None and member.state == NodeStateType.ALIVE
     assert any(kind == EventKind.JOINED for _, kind, _ in seen)
+
+
+def test_an_overloaded_member_queues_drops_and_handles_late() -> None:
+    world = World(6, seed=4, latency=Constant(1))
+    world.start_all()
+    world.run_until(2_000)
+    world.set_slow(2, SlowSpec(delay_ms=400, queue_limit=4, timer_delay_ms=50))
+    world.run_until(20_000)
+    assert world.slow_dropped() > 0, "datagrams beyond the queue limit are dropped"
+    assert world.packets_queue_dropped == world.slow_dropped()
+    assert 2 in world.faulty
+    world.set_slow(2, None)
+    assert 2 not in world.faulty
+    world.run_until(60_000)
+    for i in world.live_indices():
+        assert world.nodes[i].num_members() == 6
+
+
+def test_leave_stops_the_process_after_it_told_the_others() -> None:
+    world = World(6, seed=4)
+    world.start_all()
+    world.run_until(2_000)
+    world.leave(3)
+    assert list(world.up)[3] and not world.live(3)
+    world.run_until(4_000)
+    assert not list(world.up)[3]
+    for i in world.live_indices():
+        member = world.nodes[i].member(world.names[3])
+        assert member is not None and member.state == NodeStateType.LEFT
