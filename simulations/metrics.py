@@ -242,7 +242,12 @@ class Metrics:
                 1 for f in fps if f.kind == "suspect" and f.observer_healthy
             ),
             "fp_dead_at_healthy": sum(1 for f in fps if f.kind == "dead" and f.observer_healthy),
-            "fp_about_healthy_members": sum(1 for f in fps if not f.member_faulty),
+            "fp_suspect_about_healthy_members": sum(
+                1 for f in fps if f.kind == "suspect" and not f.member_faulty
+            ),
+            "fp_dead_about_healthy_members": sum(
+                1 for f in fps if f.kind == "dead" and not f.member_faulty
+            ),
         }
 
     def fp_rows(self) -> list[dict[str, Any]]:

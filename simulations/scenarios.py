@@ -106,9 +106,16 @@ def crash(p: Params) -> Result:
             world.crash,
             victim,
         )
+    window = LoadWindow.open(world)
     drive(world, start + duration, p.progress)
     metrics = sim.metrics
     rows = metrics.crash_rows()
+    for row in rows:
+        for key in ("first_suspect_s", "first_dead_s", "all_dead_s"):
+            value = row[key]
+            row[key[:-2] + "_periods"] = (
+                None if value is None else value * 1000 / config.probe_interval_ms
+            )
     period_s = config.probe_interval_ms / 1000
     suspects: list[float] = [r["first_suspect_s"] for r in rows if r["first_suspect_s"] is not None]
     deads = [r["first_dead_s"] for r in rows if r["first_dead_s"] is not None]
@@ -131,6 +138,7 @@ def crash(p: Params) -> Result:
     _fp_summary(result, metrics.fp_counts())
     result.tables["detection"] = rows
     result.tables["false_positives"] = metrics.fp_rows()
+    result.tables["load"] = [window.close(world)]
     spreads = metrics.crash_dissemination()
     result.tables["dead_dissemination"] = [s.row() for s in spreads]
     result.plots.append(_spread_plot("dead_spread", "dead message reaching the others", spreads))

@@ -209,18 +209,21 @@ def churn(p: Params) -> Result:
     n = p.n(50, 16)
     duration = p.duration_ms(180, 30)
     quiet_ms = int(p.get("quiet_s", 30.0 if p.ci else 90.0) * 1000)
+    busy = 3.0 if p.ci else 1.0  # the short CI run needs more churn per minute
     rates = {
-        "crash": p.get("crash_per_min", 2.0),
-        "restart": p.get("restart_per_min", 2.0),
-        "join": p.get("join_per_min", 1.0),
-        "leave": p.get("leave_per_min", 1.0),
+        "crash": p.get("crash_per_min", 2.0 * busy),
+        "restart": p.get("restart_per_min", 2.0 * busy),
+        "join": p.get("join_per_min", 1.0 * busy),
+        "leave": p.get("leave_per_min", 1.0 * busy),
     }
     sim = build(p, n, loss=p.loss or 0.0, settle_ms=3_000)
     world = sim.world
     churner = _Churner(world, rates, min_live=max(3, n // 2))
     start = world.now_ms
     churner.schedule(start, start + duration)
+    window = LoadWindow.open(world)
     drive(world, start + duration, p.progress)
+    load = window.close(world)
     agreed = _run_until_agree(world, quiet_ms, p)
     drive(world, start + duration + quiet_ms, p.progress)
     sim.checker.scan_all()
@@ -239,6 +242,7 @@ def churn(p: Params) -> Result:
     )
     result.tables["detection"] = rows
     result.tables["actions"] = churner.log
+    result.tables["load"] = [load]
     result.tables["false_positives"] = sim.metrics.fp_rows()
     return result
 
