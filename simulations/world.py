@@ -35,11 +35,11 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import swim
 from simulations.network import Latency, Network
+from simulations.world_types import InputChecker, Listener, SlowSpec, SlowState, Traffic
 from swim import Address, Config, MemberEvent, Node, Output, StreamRequest
 from swim.wire import WireError
 
@@ -53,73 +53,6 @@ LATE = 8
 
 TCP_SETUP_LEGS = 3
 LEAVE_PROPAGATE_DELAY_MS = 1000
-
-
-@dataclass(slots=True)
-class SlowSpec:
-    """How a slow member processes its inputs."""
-
-    delay_ms: int = 0
-    """Service time per input: each input finishes this long after the previous one."""
-    pauses: tuple[tuple[int, int], ...] = ()
-    """Virtual-time intervals [start, end) during which the process is stopped."""
-    queue_limit: int = 1024
-    """Datagrams beyond this many queued inputs are dropped."""
-    timer_delay_ms: int = 0
-    """Timers fire this late (and after any pause), without waiting behind queued packets:
-    a starved process still runs its timer goroutine while its receive path lags, which is
-    how a slow member comes to miss acks and accuse healthy peers (Lifeguard §III)."""
-
-
-@dataclass(slots=True)
-class _Slow:
-    spec: SlowSpec
-    free_at_ms: int = 0
-    queued: int = 0
-    dropped: int = 0
-
-
-class Listener(Protocol):
-    def on_event(self, idx: int, event: MemberEvent) -> None: ...
-
-    def on_lifecycle(self, kind: str, idx: int) -> None: ...
-
-
-class InputChecker(Protocol):
-    def after_input(self, idx: int, node: Node) -> None: ...
-
-
-@dataclass(slots=True)
-class Traffic:
-    """Per-node counters, indexed by node number (lists, for speed)."""
-
-    pkts_out: list[int] = field(default_factory=list)
-    bytes_out: list[int] = field(default_factory=list)
-    pkts_in: list[int] = field(default_factory=list)
-    bytes_in: list[int] = field(default_factory=list)
-    streams_out: list[int] = field(default_factory=list)
-    stream_bytes_out: list[int] = field(default_factory=list)
-    streams_in: list[int] = field(default_factory=list)
-    stream_bytes_in: list[int] = field(default_factory=list)
-
-    def grow(self) -> None:
-        for counters in self.columns().values():
-            counters.append(0)
-
-    def columns(self) -> dict[str, list[int]]:
-        return {
-            "pkts_out": self.pkts_out,
-            "bytes_out": self.bytes_out,
-            "pkts_in": self.pkts_in,
-            "bytes_in": self.bytes_in,
-            "streams_out": self.streams_out,
-            "stream_bytes_out": self.stream_bytes_out,
-            "streams_in": self.streams_in,
-            "stream_bytes_in": self.stream_bytes_in,
-        }
-
-    def snapshot(self) -> dict[str, list[int]]:
-        return {k: list(v) for k, v in self.columns().items()}
 
 
 def snapshot_available() -> bool:
@@ -166,7 +99,7 @@ class World:
         self.packets_to_down = 0
         self.packets_queue_dropped = 0
         self._addr_idx: dict[Address, int] = {}
-        self._slow: dict[int, _Slow] = {}
+        self._slow: dict[int, SlowState] = {}
         self._heap: list[tuple[int, int, int, int, Any, Any]] = []
         self._seq = itertools.count()
         self._hash = hashlib.blake2b(digest_size=16)
@@ -314,7 +247,7 @@ class World:
             self._slow.pop(idx, None)
             self.faulty.discard(idx)
         else:
-            self._slow[idx] = _Slow(spec, self.now_ms)
+            self._slow[idx] = SlowState(spec, self.now_ms)
             self.faulty.add(idx)
 
     def slow_dropped(self) -> int:
@@ -567,3 +500,19 @@ class World:
 
     def pending_events(self) -> int:
         return len(self._heap)
+
+
+__all__ = [
+    "K_CALL",
+    "K_PACKET",
+    "K_RESULT",
+    "K_SERVE",
+    "K_TIMER",
+    "LATE",
+    "InputChecker",
+    "Listener",
+    "SlowSpec",
+    "Traffic",
+    "World",
+    "snapshot_available",
+]
