@@ -1,11 +1,13 @@
 """A deterministic discrete-event world of real ``swim.Node`` state machines.
 
 Rules:
-- One event heap of plain tuples ``(time_ms, seq, kind, node, a, b)``: integer virtual
-  milliseconds, a global sequence number as the tie-breaker (so equal times run in the
-  order they were scheduled, and tuples never compare past ``seq``), and a dispatch on
-  ``kind`` (packet, timer, stream served, stream result, scheduled call). No trio, sockets,
-  threads or wall clock: the driver advances time with ``run_until``.
+- One event queue: a heap of the distinct integer virtual milliseconds that have events,
+  and per millisecond a list of plain tuples ``(kind, node, a, b)`` in the order they were
+  scheduled (a calendar queue: with thousands of nodes most milliseconds hold many events,
+  so a push is a list append and the heap stays small; the order is exactly that of a
+  heap on (time, sequence number)). A dispatch on ``kind`` (packet, timer, stream served,
+  stream result, scheduled call). No trio, sockets, threads or wall clock: the driver
+  advances time with ``run_until``.
 - One seeded ``random.Random``; the network, the scenario's fault choices and every node's
   RNG are derived from it in a fixed order, so the same seed gives the same run.
 - Packets are the real encoded bytes a node emitted, routed by address through the
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import itertools
 import random
 from collections.abc import Callable
 from typing import Any
@@ -100,8 +101,10 @@ class World:
         self.packets_queue_dropped = 0
         self._addr_idx: dict[Address, int] = {}
         self._slow: dict[int, SlowState] = {}
-        self._heap: list[tuple[int, int, int, int, Any, Any]] = []
-        self._seq = itertools.count()
+        self._times: list[int] = []
+        """Heap of the distinct virtual times that have events."""
+        self._buckets: dict[int, list[tuple[int, int, Any, Any]]] = {}
+        """Events per time, in the order they were scheduled: ``(kind, node, a, b)``."""
         self._hash = hashlib.blake2b(digest_size=16)
         self._width = max(3, len(str(max(n - 1, 0))))
         for _ in range(n):
@@ -182,7 +185,7 @@ class World:
 
     def at(self, t_ms: int, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn(*args)`` at virtual time ``t_ms`` (not before now)."""
-        heapq.heappush(self._heap, (max(t_ms, self.now_ms), next(self._seq), K_CALL, -1, fn, args))
+        self._push(t_ms, K_CALL, -1, fn, args)
 
     def crash(self, idx: int) -> None:
         """The process dies: nothing in or out, its timers are never handled."""
@@ -270,8 +273,8 @@ class World:
         return self.now_ms if predicate() else -1
 
     def run_until(self, t_end: int) -> None:
-        heap = self._heap
-        pop = heapq.heappop
+        times = self._times
+        buckets = self._buckets
         nodes = self.nodes
         up = self.up
         slow = self._slow
@@ -279,29 +282,37 @@ class World:
         traffic = self.traffic
         pkts_in, bytes_in = traffic.pkts_in, traffic.bytes_in
         processed = 0
-        while heap and heap[0][0] <= t_end:
-            t, _, kind, idx, a, b = pop(heap)
+        while times and times[0] <= t_end:
+            t = times[0]
             self.now_ms = t
-            processed += 1
-            # The two common kinds first, with their checks inline; the rest below.
-            if kind == K_TIMER:
-                if a is not nodes[idx] or not up[idx]:
-                    continue  # a timer of a dead or replaced process
-                if slow and idx in slow and self._defer(t, kind, idx, a, b):
-                    continue
-                apply(idx, a, a.handle_timer(b, t))
-            elif kind == K_PACKET:
-                if not up[idx]:
-                    self.packets_to_down += 1
-                    continue
-                if slow and idx in slow and self._defer(t, kind, idx, a, b):
-                    continue
-                node = nodes[idx]
-                pkts_in[idx] += 1
-                bytes_in[idx] += len(b)
-                apply(idx, node, node.handle_datagram(a, b, t))
-            else:
-                self._dispatch_rare(t, kind, idx, a, b)
+            bucket = buckets[t]
+            i = 0
+            # The bucket grows while we work through it (zero-delay events land in it).
+            while i < len(bucket):
+                kind, idx, a, b = bucket[i]
+                i += 1
+                # The two common kinds first, with their checks inline; the rest below.
+                if kind == K_TIMER:
+                    if a is not nodes[idx] or not up[idx]:
+                        continue  # a timer of a dead or replaced process
+                    if slow and idx in slow and self._defer(t, kind, idx, a, b):
+                        continue
+                    apply(idx, a, a.handle_timer(b, t))
+                elif kind == K_PACKET:
+                    if not up[idx]:
+                        self.packets_to_down += 1
+                        continue
+                    if slow and idx in slow and self._defer(t, kind, idx, a, b):
+                        continue
+                    node = nodes[idx]
+                    pkts_in[idx] += 1
+                    bytes_in[idx] += len(b)
+                    apply(idx, node, node.handle_datagram(a, b, t))
+                else:
+                    self._dispatch_rare(t, kind, idx, a, b)
+            processed += i
+            heapq.heappop(times)
+            del buckets[t]
         self.events_processed += processed
         if t_end > self.now_ms:
             self.now_ms = t_end
@@ -350,7 +361,7 @@ class World:
         if done <= t:
             return False
         if timer:
-            heapq.heappush(self._heap, (done, next(self._seq), kind + LATE, idx, a, b))
+            self._push(done, kind + LATE, idx, a, b)
             return True
         if kind == K_PACKET and st.queued >= spec.queue_limit:
             st.dropped += 1
@@ -358,17 +369,20 @@ class World:
             return True
         st.free_at_ms = done
         st.queued += 1
-        heapq.heappush(self._heap, (done, next(self._seq), kind + LATE, idx, a, b))
+        self._push(done, kind + LATE, idx, a, b)
         return True
 
     def _apply(self, idx: int, node: Node, out: Output) -> None:
         if out.events:
             self._on_events(idx, out.events)
-        heap = self._heap
-        push = heapq.heappush
-        seq = self._seq
+        buckets = self._buckets
         for timer in out.timers:
-            push(heap, (timer.deadline_ms, next(seq), K_TIMER, idx, node, timer))
+            at = timer.deadline_ms
+            bucket = buckets.get(at)
+            if bucket is None:
+                self._push(at, K_TIMER, idx, node, timer)
+            else:
+                bucket.append((K_TIMER, idx, node, timer))
         if out.packets:
             t = self.now_ms
             net = self.network
@@ -388,10 +402,13 @@ class World:
                 if d < 0:
                     self.packets_lost += 1
                     continue
-                push(heap, (t + d, next(seq), K_PACKET, dst, src, data))
+                bucket = buckets.get(t + d)
+                if bucket is None:
+                    self._push(t + d, K_PACKET, dst, src, data)
+                else:
+                    bucket.append((K_PACKET, dst, src, data))
                 if net.duplicate and net.rng.random() < net.duplicate:
-                    d2 = net.latency.sample(net.rng)
-                    push(heap, (t + d2, next(seq), K_PACKET, dst, src, data))
+                    self._push(t + net.latency.sample(net.rng), K_PACKET, dst, src, data)
         if self.checker is not None:
             self.checker.after_input(idx, node)
         for request in out.streams:
@@ -423,7 +440,15 @@ class World:
         self._push(self.now_ms + TCP_SETUP_LEGS * d, K_SERVE, dst, (idx, node, d), request)
 
     def _push(self, t: int, kind: int, idx: int, a: Any, b: Any) -> None:
-        heapq.heappush(self._heap, (t, next(self._seq), kind, idx, a, b))
+        """Schedule an event; never in the past. Same time ⇒ handled in schedule order."""
+        if t < self.now_ms:
+            t = self.now_ms
+        bucket = self._buckets.get(t)
+        if bucket is None:
+            self._buckets[t] = [(kind, idx, a, b)]
+            heapq.heappush(self._times, t)
+        else:
+            bucket.append((kind, idx, a, b))
 
     def _result_at(
         self, t: int, idx: int, node: Node, stream_id: int, reply: bytes | None, error: str
@@ -499,7 +524,7 @@ class World:
         return h.hexdigest()
 
     def pending_events(self) -> int:
-        return len(self._heap)
+        return sum(len(b) for b in self._buckets.values())
 
 
 __all__ = [
