@@ -132,3 +132,20 @@ def test_leave_stops_the_process_after_it_told_the_others() -> None:
     for i in world.live_indices():
         member = world.nodes[i].member(world.names[3])
         assert member is not None and member.state == NodeStateType.LEFT
+
+
+def test_events_at_the_same_millisecond_run_in_the_order_they_were_scheduled() -> None:
+    world = World(2, seed=1)
+    order: list[str] = []
+
+    def first() -> None:
+        order.append("first")
+        world.at(world.now_ms, order.append, "scheduled-during-first")  # zero delay
+
+    world.at(100, first)
+    world.at(100, order.append, "second")
+    world.at(50, order.append, "earlier")
+    world.at(10, order.append, "past")
+    world.run_until(100)
+    assert order == ["past", "earlier", "first", "second", "scheduled-during-first"]
+    assert world.now_ms == 100 and world.pending_events() == 0
