@@ -4,7 +4,8 @@ driving it with progress reports, Lifeguard ablation switches, periodic samplers
 Rules: a scenario is a function ``Params -> Result``; it builds its world(s) with
 ``build``, so every run has the invariant checker and the metrics attached, starts from a
 converged membership (bootstrapped from a ``swim.MembershipSnapshot`` when the core has
-one, else joined through a seed and run until everyone sees everyone), and advances time
+one and ``--set bootstrap=0`` is not given, else joined through a seed and run until
+everyone sees everyone), and advances time
 only through ``drive`` (which calls the progress hook between chunks; wall-clock time is
 read by the caller, never inside the world).
 
@@ -153,7 +154,7 @@ def build(
         own_every=1 if n <= 1000 else 7,
     )
     metrics = Metrics(world)
-    bootstrapped = world.start_all()
+    bootstrapped = world.start_all(bootstrap=bool(p.get("bootstrap", 1)))
     if not bootstrapped:
         limit = 60_000 + 100 * n
         converged = world.run_until_true(
