@@ -204,7 +204,8 @@ class World:
         self.nodes[idx] = node
         self.up[idx] = True
         self.leaving[idx] = False
-        self._slow.pop(idx, None)
+        self._slow.pop(idx, None)  # a new process on a healthy machine
+        self.faulty.discard(idx)
         self._notify("restart", idx)
         self._apply(idx, node, node.start(self.now_ms))
         self._join(idx, via)
@@ -254,7 +255,8 @@ class World:
             self.faulty.add(idx)
 
     def slow_dropped(self) -> int:
-        return sum(s.dropped for s in self._slow.values())
+        """Datagrams dropped because a slow member's queue was full (all time)."""
+        return self.packets_queue_dropped
 
     # --- the event loop -----------------------------------------------------------------
 
