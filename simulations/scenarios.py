@@ -225,8 +225,11 @@ def _spread_scenario(
             summary = _spread_summary(spreads)
             row: dict[str, object] = {"n": n, "loss": loss_p, "updates": len(spreads), **summary}
             for q, label in ((0.5, "50"), (0.99, "99"), (0.9999, "99_99")):
-                row[f"serf_model_t{label}_s"] = serf_model_s(
-                    n, q, loss_p, config.gossip_interval_ms, config.gossip_nodes
+                model = serf_model_s(n, q, loss_p, config.gossip_interval_ms, config.gossip_nodes)
+                row[f"serf_model_t{label}_s"] = model
+                measured = summary[f"t{label}_s"]
+                row[f"measured_over_model_t{label}"] = (
+                    None if measured is None else measured / model
                 )
             rows.append(row)
             for key in ("t50_s", "t99_s", "t100_s"):
