@@ -47,13 +47,14 @@ class Counters:
 
 
 class Sim:
-    """The smallest loop that drives nodes faithfully: one heap of (time, seq, ...)."""
+    """The smallest loop that drives nodes faithfully: a bucket per millisecond (FIFO
+    within it, like a (time, sequence) heap) and a heap of the distinct times."""
 
     def __init__(self, n: int, seed: int) -> None:
         self.rng = random.Random(seed)
         self.now_ms = 0
-        self.heap: list[tuple[int, int, int, int, Any]] = []
-        self.seq = 0
+        self.times: list[int] = []
+        self.buckets: dict[int, list[tuple[int, int, Any]]] = {}
         self.counters = Counters()
         self.crashed: set[int] = set()
         addresses = [
@@ -78,8 +79,11 @@ class Sim:
             self.apply(i, node.bootstrap(self.snapshot, 0))
 
     def push(self, at_ms: int, kind: int, i: int, payload: Any) -> None:
-        self.seq += 1
-        heapq.heappush(self.heap, (at_ms, self.seq, kind, i, payload))
+        bucket = self.buckets.get(at_ms)
+        if bucket is None:
+            bucket = self.buckets[at_ms] = []
+            heapq.heappush(self.times, at_ms)
+        bucket.append((kind, i, payload))
 
     def latency(self) -> int:
         return 1 + int(self.rng.random() * 5)
@@ -124,24 +128,26 @@ class Sim:
             self.push(self.now_ms + self.latency(), RESULT, src, result)
 
     def run_until(self, end_ms: int) -> None:
-        heap, nodes, crashed = self.heap, self.nodes, self.crashed
-        pop = heapq.heappop
-        while heap and heap[0][0] <= end_ms:
-            at_ms, _, kind, i, payload = pop(heap)
-            if i in crashed:
-                continue
+        times, buckets, nodes, crashed = self.times, self.buckets, self.nodes, self.crashed
+        pop, apply = heapq.heappop, self.apply
+        while times and times[0] <= end_ms:
+            at_ms = pop(times)
+            bucket = buckets.pop(at_ms)
             self.now_ms = at_ms
-            self.counters.events += 1
-            node = nodes[i]
-            if kind == TIMER:
-                self.apply(i, node.handle_timer(payload, at_ms))
-            elif kind == PACKET:
-                self.apply(i, node.handle_datagram(payload[0], payload[1], at_ms))
-            elif kind == SERVE:
-                self.serve(i, payload[0], payload[1])
-            else:
-                stream_id, reply, error = payload
-                self.apply(i, node.handle_stream_response(stream_id, reply, at_ms, error))
+            self.counters.events += len(bucket)
+            for kind, i, payload in bucket:
+                if i in crashed:
+                    continue
+                node = nodes[i]
+                if kind == TIMER:
+                    apply(i, node.handle_timer(payload, at_ms))
+                elif kind == PACKET:
+                    apply(i, node.handle_datagram(payload[0], payload[1], at_ms))
+                elif kind == SERVE:
+                    self.serve(i, payload[0], payload[1])
+                else:
+                    stream_id, reply, error = payload
+                    apply(i, node.handle_stream_response(stream_id, reply, at_ms, error))
         self.now_ms = end_ms
 
 

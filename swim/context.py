@@ -44,8 +44,8 @@ class Context:
         self.out = Output()
 
     def finish(self) -> Output:
-        out, self.out = self.out, Output()
-        return out
+        """The output of the call in progress; the next ``begin`` starts a fresh one."""
+        return self.out
 
     def set_timer(self, kind: str, delay_ms: int, data: Any = None) -> int:
         self._next_timer_id += 1

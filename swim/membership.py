@@ -27,9 +27,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from swim import formulas, wire
+from swim.compat import Versions, VersionSummary, combine_bounds, summarize
 from swim.context import Context
 from swim.effects import EventKind
-from swim.messages import Address, Alive, Dead, NodeStateType, PushNodeState, Suspect, ip_from_bytes
+from swim.messages import (
+    Address,
+    Alive,
+    Dead,
+    NodeStateType,
+    PushNodeState,
+    PushPull,
+    Suspect,
+    ip_from_bytes,
+)
+from swim.shared import PushPullDiff, SharedCodec, push_state
 from swim.table import MembershipSnapshot, MemberState, MemberTable
 from swim.wire import DropReason
 
@@ -96,8 +107,21 @@ class Membership:
         return live - (0 if self.local.dead_or_left() else 1) > 0
 
     def bootstrap(self, snapshot: MembershipSnapshot) -> None:
-        """Start from ``snapshot``: every member in it but us is alive; no events."""
+        """Start from ``snapshot``: every member in it but us is alive; no events.
+
+        If the snapshot already holds exactly what we are, our startup alive broadcast is
+        news to no one and is dropped (10,000 nodes would otherwise gossip 10,000 useless
+        alive messages 20 times each); otherwise it stays queued and corrects the others.
+        """
         self._members.bootstrap(snapshot)
+        seed, me = snapshot.get(self.local_name), self.local
+        if seed is not None and (seed.address, seed.incarnation, seed.meta, seed.vsn) == (
+            me.address,
+            me.incarnation,
+            me.meta,
+            me.vsn,
+        ):
+            self._ctx.broadcasts.discard(self.local_name)
 
     def suspicion_deadline_ms(self, name: str) -> int | None:
         s = self._suspicions.get(name)
@@ -445,18 +469,51 @@ class Membership:
                 self.apply_suspect(Suspect(r.incarnation, r.name, self.local_name))
 
     def push_states(self) -> tuple[PushNodeState, ...]:
-        return tuple(
-            PushNodeState(
-                m.name,
-                m.address.ip_bytes,
-                m.address.port,
-                m.meta,
-                m.incarnation,
-                m.state,
-                bytes(m.vsn),
-            )
-            for m in self.states()
-        )
+        return tuple(push_state(m) for m in self.states())
+
+    @property
+    def codec(self) -> SharedCodec | None:
+        """Shared push-pull work, for a node bootstrapped from a snapshot."""
+        return self._members.codec
+
+    def encode_push_pull(self, join: bool, user_state: bytes) -> bytes:
+        """Our whole table as a push-pull (``wire.encode_push_pull`` of ``push_states``,
+        same order, same bytes). Bootstrapped: the shared encoding of the base, with our
+        changed records spliced in, removed ones blanked, added ones appended."""
+        table, codec = self._members, self._members.codec
+        if codec is None:
+            return wire.encode_push_pull(PushPull(join, self.push_states(), user_state))
+        parts = codec.base_parts()
+        for m in table.base_overrides():
+            parts[codec.base_position(m.name)] = wire.encode_push_state(push_state(m))
+        for name in table.gone_names():
+            parts[codec.base_position(name)] = b""
+        for name in table.added_names():
+            state = table.get(name)
+            assert state is not None
+            parts.append(wire.encode_push_state(push_state(state)))
+        return wire.encode_push_pull_parts(join, len(table), parts, user_state)
+
+    def version_summary(self, codec: SharedCodec) -> VersionSummary:
+        """Our side of ``verifyProtocol``; O(changed members) when the base is uniform."""
+        base, uniform = codec.base_versions()
+        table = self._members
+        if not uniform:
+            return summarize((Versions(m.name, m.state, m.vsn) for m in table), remote=False)
+        own = summarize((Versions(m.name, m.state, m.vsn) for m in table.overrides()), remote=False)
+        if table.untouched_base() == 0:
+            return own
+        currents = dict.fromkeys((*own.currents, *base.currents))
+        return VersionSummary(combine_bounds(own.bounds, base.bounds), tuple(currents))
+
+    def merge_diff(self, remote: Sequence[PushNodeState], diff: PushPullDiff) -> None:
+        """``merge`` of only the entries that can change anything (``swim.shared``)."""
+        picks = set(diff.differs)
+        for name in self._members.changed_names():
+            index = diff.index.get(name)
+            if index is not None:
+                picks.add(index)
+        self.merge([remote[i] for i in sorted(picks)])
 
     def force_left(self, name: str) -> None:
         """Mark a failed member as left, as if it had said so itself (its own incarnation,

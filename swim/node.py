@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from swim import formulas, wire
-from swim.compat import Versions, verify_protocol
+from swim.compat import Versions, verify_protocol, verify_summaries
 from swim.config import META_MAX_BYTES, Config
 from swim.context import Context
 from swim.effects import (
@@ -66,6 +66,7 @@ from swim.probe import (
     Prober,
 )
 from swim.security import Keyring
+from swim.shared import MEMO_MIN_BYTES, SHARED_MIN_NODES
 from swim.table import MembershipSnapshot, local_vsn
 from swim.wire import DropReason, StreamMessage, WireError
 
@@ -393,6 +394,14 @@ class Node:
             self.config.max_push_pull_nodes,
             self.config.max_user_msg_bytes,
         )
+        codec = self._members.codec
+        if (
+            codec is not None
+            and self._keyring is None
+            and type(data) is bytes
+            and len(data) >= MEMO_MIN_BYTES
+        ):
+            return codec.parse(data, limits)
         return wire.parse_stream(data, self._crypto(), limits)
 
     def handle_stream(self, source: Address, message: StreamMessage, now_ms: int) -> Output:
@@ -407,8 +416,8 @@ class Node:
                 out.reply = self._stream_bytes(ack)
         elif isinstance(message, PushPull):
             self._ctx.stats.push_pulls += 1
-            local = PushPull(message.join, self._members.push_states(), self._user_state)
-            out.reply = self._stream_bytes(wire.encode_push_pull(local))
+            local = self._members.encode_push_pull(message.join, self._user_state)
+            out.reply = self._stream_bytes(local)
             self._merge(message, source)
         elif isinstance(message, UserMsg):
             out.user_messages.append(UserMessage(source, message.payload))
@@ -460,15 +469,24 @@ class Node:
     def _merge(self, remote: PushPull, source: Address) -> bool:
         """Merge a pushed state unless its protocol versions clash (memberlist
         ``mergeRemoteState``): then nothing is merged and the reason is logged."""
-        problem = verify_protocol(
-            (Versions(m.name, m.state, m.vsn) for m in self._members.states()),
-            (Versions(r.name, r.state, r.vsn) for r in remote.nodes),
-        )
+        codec = self._members.codec
+        if codec is not None and len(remote.nodes) >= SHARED_MIN_NODES:
+            diff = codec.diff(remote)
+            problem = verify_summaries(self._members.version_summary(codec), diff.versions)
+        else:
+            diff = None
+            problem = verify_protocol(
+                (Versions(m.name, m.state, m.vsn) for m in self._members.states()),
+                (Versions(r.name, r.state, r.vsn) for r in remote.nodes),
+            )
         if problem:
             self._ctx.drop(DropReason.INVALID_VERSION)
             self._ctx.notice("error", "push_pull_rejected", f"push/pull from {source}: {problem}")
             return False
-        self._members.merge(remote.nodes)
+        if diff is not None:
+            self._members.merge_diff(remote.nodes, diff)
+        else:
+            self._members.merge(remote.nodes)
         if remote.user_state:
             self._ctx.out.push_pull_states.append(remote.user_state)
         return True
@@ -650,16 +668,22 @@ class Node:
         return stream_id
 
     def _open_push_pull(self, dest: Address, join: bool) -> int:
-        local = PushPull(join, self._members.push_states(), self._user_state)
+        local = self._members.encode_push_pull(join, self._user_state)
         deadline_ms = self._ctx.now_ms + self.config.tcp_timeout_ms
-        stream_id = self.open_stream(
-            dest, wire.encode_push_pull(local), StreamKind.PUSH_PULL, deadline_ms
-        )
+        stream_id = self.open_stream(dest, local, StreamKind.PUSH_PULL, deadline_ms)
         if stream_id in self._streams:
             self._streams[stream_id].join = join
         return stream_id
 
     def _stream_bytes(self, message: bytes) -> bytes:
+        codec = self._members.codec
+        if (
+            codec is not None
+            and self._keyring is None
+            and self.config.enable_compression
+            and len(message) >= MEMO_MIN_BYTES
+        ):
+            return codec.compress(message)
         return wire.encode_stream(
             message, compress=self.config.enable_compression, crypto=self._crypto()
         )

@@ -64,6 +64,15 @@ class BroadcastQueue:
         while len(self._keys) > self._max_items:
             self._prune_one()
 
+    def discard(self, name: str) -> bool:
+        """Drop the queued news about ``name``, if any (it became stale); True if dropped."""
+        item = self._by_name.pop(name, None)
+        if item is None:
+            return False
+        self._remove(item)
+        self._finish(item)
+        return True
+
     def take(self, overhead: int, limit: int, n: int) -> list[bytes]:
         """Messages that fit in ``limit`` bytes, each costing ``overhead`` extra bytes.
 

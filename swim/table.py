@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from swim.config import PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, Config
 from swim.effects import Member
 from swim.messages import Address, NodeStateType
+from swim.shared import SharedCodec
 
 _SAMPLE_TRIES = 32
 """Rejection-sampling draws per wanted item before the exact O(n) fallback."""
@@ -105,7 +106,7 @@ class SeedMember:
 class MembershipSnapshot:
     """An immutable, shareable member list for ``Node.bootstrap``."""
 
-    __slots__ = ("_by_addr", "_names", "_states")
+    __slots__ = ("_by_addr", "_names", "_states", "codec")
 
     def __init__(
         self,
@@ -116,6 +117,8 @@ class MembershipSnapshot:
         self._names = names
         self._states = states
         self._by_addr = by_addr
+        self.codec = SharedCodec(states)
+        """Push-pull work shared by the nodes bootstrapped from this snapshot."""
 
     @classmethod
     def build(cls, members: Sequence[SeedMember], now_ms: int = 0) -> MembershipSnapshot:
@@ -177,8 +180,8 @@ class MemberTable:
         self._base: dict[str, MemberState] = {}
         self._base_addr: dict[Address, str] = {}
         self._own: dict[str, MemberState] = {local.name: local}
-        self._gone: set[str] = set()
-        """Base members removed from this table."""
+        self._gone: dict[str, None] = {}
+        """Base members removed from this table (a dict: ordered, unlike a set)."""
         self._added: list[str] = [local.name]
         self._added_pos: dict[str, int] = {local.name: 0}
         self._addr: dict[Address, str | None] = {local.address: local.name}
@@ -187,6 +190,8 @@ class MemberTable:
         self._size = 1
         self._drawn: set[str] = set()
         self._tail: list[str] | None = None
+        self.codec: SharedCodec | None = None
+        """The snapshot's shared codec once bootstrapped."""
 
     def bootstrap(self, snapshot: MembershipSnapshot) -> None:
         """Adopt ``snapshot`` as the base; our own entry stays ours."""
@@ -211,6 +216,7 @@ class MemberTable:
                 self._addr[mine.address] = None
         self._drawn.clear()
         self._tail = None
+        self.codec = snapshot.codec
 
     # --- lookups ------------------------------------------------------------------------
 
@@ -256,6 +262,28 @@ class MemberTable:
         for name in self._added:
             yield own[name]
 
+    def added_names(self) -> list[str]:
+        """Members not in the base, in insertion order."""
+        return list(self._added)
+
+    def base_overrides(self) -> list[MemberState]:
+        """Our own records of base members (changed, or ourselves), in insertion order."""
+        base = self._base
+        return [m for name, m in self._own.items() if name in base]
+
+    def gone_names(self) -> list[str]:
+        """Base members removed from this table."""
+        return list(self._gone)
+
+    def changed_names(self) -> list[str]:
+        """Members whose record is not the shared base one: changed, added or removed."""
+        return [*self._own, *self._gone]
+
+    def untouched_base(self) -> int:
+        """Base members still held as the shared record."""
+        base = self._base
+        return len(base) - len(self._gone) - sum(1 for name in self._own if name in base)
+
     def overrides(self) -> list[MemberState]:
         """Our own records (changed or added members), in insertion order."""
         return list(self._own.values())
@@ -268,7 +296,7 @@ class MemberTable:
             raise ValueError(f"{name} is already in the table")
         self._own[name] = state
         if name in self._base:
-            self._gone.discard(name)
+            self._gone.pop(name, None)
         else:
             self._added_pos[name] = len(self._added)
             self._added.append(name)
@@ -284,7 +312,7 @@ class MemberTable:
             raise KeyError(name)
         self._own.pop(name, None)
         if name in self._base:
-            self._gone.add(name)
+            self._gone[name] = None
         else:
             pos = self._added_pos.pop(name)
             last = self._added.pop()

@@ -339,15 +339,26 @@ def decode_message(data: bytes) -> Message:
     return msg
 
 
-def type_name(kind: int) -> str:
-    """Lower-case name of a message type byte, for counters."""
+def _type_label(kind: int) -> str:
     member = MsgType._value2member_map_.get(kind)
     return member.name.lower() if isinstance(member, MsgType) else f"type_{kind}"
 
 
+_TYPE_NAMES = tuple(_type_label(kind) for kind in range(256))
+_MESSAGE_TYPE_NAMES: dict[type, str] = {
+    **{cls: _TYPE_NAMES[kind] for cls, kind in _TYPE_OF.items()},
+    UserMsg: "user",
+}
+
+
+def type_name(kind: int) -> str:
+    """Lower-case name of a message type byte, for counters."""
+    return _TYPE_NAMES[kind] if 0 <= kind < 256 else _type_label(kind)
+
+
 def message_type_name(msg: Message) -> str:
     """The wire type name of a decoded message (``ping``, ``indirect_ping``, ``user``…)."""
-    return "user" if isinstance(msg, UserMsg) else type_name(_TYPE_OF[type(msg)])
+    return _MESSAGE_TYPE_NAMES[type(msg)]
 
 
 # --- compound, compression, crc -----------------------------------------------------------
@@ -515,13 +526,25 @@ def packet_overhead(crypto: Crypto | None) -> int:
 
 def encode_push_pull(pp: PushPull) -> bytes:
     """net.go ``sendLocalState``: ``[6]`` header, each node state, then raw user state."""
+    states = [encode_push_state(state) for state in pp.nodes]
+    return encode_push_pull_parts(pp.join, len(states), states, pp.user_state)
+
+
+def encode_push_state(state: PushNodeState) -> bytes:
+    """One node state of a push-pull (a msgpack map)."""
+    return _encode_fields(_FIELDS[PushNodeState], state.__getattribute__)
+
+
+def encode_push_pull_parts(
+    join: bool, count: int, states: Sequence[bytes], user_state: bytes
+) -> bytes:
+    """``encode_push_pull`` from ``count`` node states already encoded with
+    ``encode_push_state`` (empty parts are allowed and stand for nothing)."""
     header = _encode_fields(
         _HEADER_FIELDS,
-        {"nodes": len(pp.nodes), "user_state_len": len(pp.user_state), "join": pp.join}.get,
+        {"nodes": count, "user_state_len": len(user_state), "join": join}.get,
     )
-    fields = _FIELDS[PushNodeState]
-    states = [_encode_fields(fields, state.__getattribute__) for state in pp.nodes]
-    return bytes([MsgType.PUSH_PULL]) + header + b"".join(states) + pp.user_state
+    return b"".join([bytes([MsgType.PUSH_PULL]), header, *states, user_state])
 
 
 def encode_user_stream(payload: bytes) -> bytes:
