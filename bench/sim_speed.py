@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from swim import Address, MembershipSnapshot, Node, Output, SeedMember
+from swim import Address, Config, MembershipSnapshot, Node, Output, SeedMember
 from swim.wire import WireError
 
 TIMER, PACKET, SERVE, RESULT = 0, 1, 2, 3
@@ -50,7 +50,7 @@ class Sim:
     """The smallest loop that drives nodes faithfully: a bucket per millisecond (FIFO
     within it, like a (time, sequence) heap) and a heap of the distinct times."""
 
-    def __init__(self, n: int, seed: int) -> None:
+    def __init__(self, n: int, seed: int, config: Config) -> None:
         self.rng = random.Random(seed)
         self.now_ms = 0
         self.times: list[int] = []
@@ -72,6 +72,7 @@ class Sim:
                 addresses[i],
                 rng=random.Random(self.rng.getrandbits(64)),
                 now_ms=0,
+                config=config,
                 nonce_source=self.rng.randbytes,
             )
             self.nodes.append(node)
@@ -159,11 +160,16 @@ def main() -> None:
     parser.add_argument("--crash", type=int, default=0, help="nodes to crash")
     parser.add_argument("--crash-at-s", type=float, default=10.0)
     parser.add_argument("--profile", help="write a cProfile of the run to this file")
+    parser.add_argument(
+        "--no-compression",
+        action="store_true",
+        help="Config.lan(enable_compression=False): no pure-Python LZW on gossip packets",
+    )
     args = parser.parse_args()
 
     rss0 = rss_bytes()
     t0 = time.perf_counter()
-    sim = Sim(args.nodes, args.seed)
+    sim = Sim(args.nodes, args.seed, Config.lan(enable_compression=not args.no_compression))
     boot_s = time.perf_counter() - t0
     rss_boot = rss_bytes()
     grown = rss_boot - rss0

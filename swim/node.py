@@ -5,6 +5,10 @@ Rules (DESIGN.md; h11/foca style):
   us), ``handle_stream_response`` (the answer on a stream we opened), ``handle_timer``, and
   commands (``join``, ``leave``, ``set_meta``, user messages, keyring changes). Each takes
   ``now_ms`` and returns an ``Output``; nothing else leaves the node.
+- ``bootstrap(snapshot)`` starts a node already joined to a shared ``MembershipSnapshot``
+  (simulators): no events, no join traffic; the node stores only what it changes later
+  (``swim.table``), and push-pulls between such nodes share their codec work
+  (``swim.shared``) without changing a byte on the wire.
 - Randomness comes only from the injected ``random.Random``; AES-GCM nonces come from the
   injected nonce source (``secrets.token_bytes`` by default, never the protocol RNG).
 - Malformed or hostile input never raises out of the node: it is dropped, counted by reason
@@ -15,8 +19,10 @@ Rules (DESIGN.md; h11/foca style):
   (alive, suspect, or dead for less than ``gossip_to_the_dead_time_ms``); a push-pull
   full-state exchange runs on join and every ``push_pull_scale_ms`` (memberlist util.go).
 
-Module map: ``membership`` (table and §4.2 transitions), ``probe`` (the probe cycle),
-``wire`` (bytes), ``queue`` (piggyback queue), ``formulas`` (every derived number).
+Module map: ``membership`` (§4.2 transitions), ``table`` (copy-on-write member storage,
+sampling, probe rounds), ``shared`` (push-pull work shared across bootstrapped nodes),
+``probe`` (the probe cycle), ``wire`` (bytes), ``queue`` (piggyback queue), ``formulas``
+(every derived number).
 """
 
 from __future__ import annotations
@@ -208,9 +214,15 @@ class Node:
         in it); later changes are reported as usual. The snapshot is shared, not copied:
         this node stores only the members whose state it changes later, so N nodes
         bootstrapped from one snapshot cost O(n) memory in all, not O(n²). Our own entry in
-        the snapshot, if any, is replaced by what we are. The first periodic push-pull is
-        re-staggered over the interval scaled to the new group size, as memberlist's
-        ``pushPullTrigger`` staggers it over ``pushPullScale(interval, estNumNodes())``.
+        the snapshot, if any, is replaced by what we are.
+
+        The next periodic push-pull is re-drawn uniformly over the interval scaled to the
+        new group size (``pushPullScale``). memberlist's ``pushPullTrigger`` staggers a
+        fresh node's first push-pull over the unscaled interval and then ticks every
+        scaled interval; a bootstrapped node stands for a member of a cluster that has
+        been running a while, whose ticks are uniformly spread over the scaled interval.
+        (Otherwise all n nodes of a bootstrapped cluster would push-pull their full state
+        within the first 30 s.)
         """
         self._ctx.begin(now_ms)
         self._members.bootstrap(snapshot)

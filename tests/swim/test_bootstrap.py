@@ -19,8 +19,10 @@ from swim import (
     Output,
     SeedMember,
     formulas,
+    wire,
 )
-from swim.messages import Suspect
+from swim import node as node_module
+from swim.messages import PushNodeState, PushPull, Suspect
 from swim.table import MemberState, MemberTable
 from tests.swim.node_harness import packet
 
@@ -301,3 +303,86 @@ def _detection_bound_ms(n: int) -> int:
     interval = 1_000
     suspicion_max = 6 * formulas.suspicion_timeout_ms(4, n, interval)
     return 2 * n * interval // 10 + suspicion_max + 5_000
+
+
+# --- the shared push-pull path equals the plain one ---------------------------------------
+
+BIG = 300  # above swim.shared.SHARED_MIN_NODES
+
+
+def _booted(name: str, seed: int, snapshot: MembershipSnapshot) -> Node:
+    index = int(name[1:])
+    node = Node(name, address(index), rng=random.Random(seed), now_ms=0)
+    node.start(0)
+    node.bootstrap(snapshot, 0)
+    return node
+
+
+def _remote_states(case: str) -> list[PushNodeState]:
+    base = [
+        PushNodeState(s.name, s.address.ip_bytes, s.address.port, b"", 1, ALIVE, bytes(s.vsn))
+        for s in seeds(BIG)
+    ]
+    r = base[10]
+    if case == "newer":
+        base[10] = PushNodeState(r.name, r.addr, r.port, b"m", 2, ALIVE, r.vsn)
+    elif case == "suspect":
+        base[10] = PushNodeState(r.name, r.addr, r.port, b"", 1, SUSPECT, r.vsn)
+    elif case == "dead":
+        base[10] = PushNodeState(r.name, r.addr, r.port, b"", 1, DEAD, r.vsn)
+    elif case == "left":
+        base[10] = PushNodeState(r.name, r.addr, r.port, b"", 1, NodeStateType.LEFT, r.vsn)
+    elif case == "unknown":
+        extra = address(777)
+        base.append(PushNodeState("new", extra.ip_bytes, extra.port, b"", 5, ALIVE, r.vsn))
+    elif case == "twice":
+        base.append(PushNodeState(r.name, r.addr, r.port, b"", 3, ALIVE, r.vsn))
+    elif case == "accuses_us":
+        me = base[0]
+        base[0] = PushNodeState(me.name, me.addr, me.port, b"", 9, SUSPECT, me.vsn)
+    elif case == "old_protocol":
+        base[20] = PushNodeState(
+            base[20].name, base[20].addr, 7946, b"", 1, ALIVE, b"\x01\x01\x01\x01\x01\x01"
+        )
+    return base
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["same", "newer", "suspect", "dead", "left", "unknown", "twice", "accuses_us", "old_protocol"],
+)
+def test_shared_merge_equals_plain_merge(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    snapshot = MembershipSnapshot.build(seeds(BIG))
+    remote = PushPull(False, tuple(_remote_states(case)))
+    results = []
+    for shared in (True, False):
+        if not shared:
+            monkeypatch.setattr(node_module, "SHARED_MIN_NODES", 10**9)
+        node = _booted("n000", 1, snapshot)
+        # a member we changed ourselves before the push-pull arrives
+        node.handle_datagram(address(30), packet(Suspect(1, "n030", "n031")), 10)
+        out = node.handle_stream(address(5), remote, 20)
+        results.append(
+            (
+                node.members(),
+                [(e.kind, e.member) for e in out.events],
+                dict(node.stats.dropped),
+                [n.kind for n in out.notices],
+                node.incarnation,
+            )
+        )
+    assert results[0] == results[1]
+
+
+def test_shared_encoding_is_the_plain_encoding() -> None:
+    snapshot = MembershipSnapshot.build(seeds(BIG))
+    node = _booted("n000", 1, snapshot)
+    node.handle_datagram(address(30), packet(Suspect(1, "n030", "n031")), 10)
+    node.handle_datagram(address(500), packet(_alive(200)), 10)
+    members = node._members
+    members._members.remove("n040")
+    plain = wire.encode_push_pull(PushPull(True, members.push_states(), b"state"))
+    assert members.encode_push_pull(True, b"state") == plain
+    parsed = wire.parse_stream(plain, None, wire.StreamLimits())
+    assert parsed is not None and isinstance(parsed[0], PushPull)
+    assert len(parsed[0].nodes) == BIG
