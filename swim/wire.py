@@ -226,12 +226,20 @@ def _unpacker(max_bytes: int) -> msgpack.Unpacker:
 
 def _unpack_one(body: bytes) -> Any:
     """Decode the first msgpack object of ``body``; trailing bytes are ignored, as Go does."""
-    unpacker = _unpacker(max(len(body), 1))
-    unpacker.feed(body)
+    size = max(len(body), 1)
     try:
-        return unpacker.unpack()
-    except msgpack.OutOfData as exc:
-        raise WireError(DropReason.MALFORMED, "truncated msgpack body") from exc
+        return msgpack.unpackb(
+            body,
+            raw=True,
+            strict_map_key=False,
+            max_str_len=size,
+            max_bin_len=size,
+            max_array_len=1024,
+            max_map_len=64,
+            max_ext_len=0,
+        )
+    except msgpack.ExtraData as extra:  # a whole object, then trailing bytes
+        return extra.unpacked
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise WireError(DropReason.MALFORMED, f"bad msgpack: {exc}") from exc
 
