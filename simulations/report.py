@@ -82,7 +82,15 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
         writer = csv.DictWriter(f, fieldnames=cols)
         writer.writeheader()
         for row in rows:
-            writer.writerow({c: "" if row.get(c) is None else row.get(c) for c in cols})
+            writer.writerow({c: _cell(row.get(c)) for c in cols})
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    return value
 
 
 def write(result: Result, out_dir: Path, *, plots: bool = True) -> list[str]:
