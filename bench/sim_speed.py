@@ -186,12 +186,12 @@ def main() -> None:
 
         profiler = cProfile.Profile()
         profiler.enable()
-    t1 = time.perf_counter()
+    t1, cpu1 = time.perf_counter(), time.process_time()
     if args.crash and crash_ms < end_ms:
         sim.run_until(crash_ms)
         sim.crashed.update(sim.rng.sample(range(args.nodes), args.crash))
     sim.run_until(end_ms)
-    wall_s = time.perf_counter() - t1
+    wall_s, cpu_s = time.perf_counter() - t1, time.process_time() - cpu1
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(args.profile)
@@ -202,6 +202,10 @@ def main() -> None:
         f"{args.nodes * args.sim_s / wall_s:,.0f} node-s/s, {c.events / wall_s:,.0f} events/s "
         f"({c.events:,} events, {c.packets:,} packets, {c.streams:,} streams, "
         f"{c.member_events:,} member events)"
+    )
+    print(
+        f"CPU {cpu_s:.2f} s: {args.nodes * args.sim_s / cpu_s:,.0f} node-s per CPU second "
+        "(wall time is inflated when other work shares the core)"
     )
     print(
         f"RSS after run +{(rss_end - rss0) / 2**20:.1f} MiB = "
