@@ -211,6 +211,12 @@ def _pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=False)  # type: ignore[no-any-return]
 
 
+MAX_ARRAY_LEN = 1024
+"""Longest msgpack array accepted from the wire (both decoders share the bound)."""
+MAX_MAP_LEN = 64
+"""Most keys in one msgpack map accepted from the wire."""
+
+
 def _unpacker(max_bytes: int) -> msgpack.Unpacker:
     return msgpack.Unpacker(
         raw=True,
@@ -218,8 +224,8 @@ def _unpacker(max_bytes: int) -> msgpack.Unpacker:
         max_buffer_size=max_bytes,
         max_str_len=max_bytes,
         max_bin_len=max_bytes,
-        max_array_len=1024,
-        max_map_len=64,
+        max_array_len=MAX_ARRAY_LEN,
+        max_map_len=MAX_MAP_LEN,
         max_ext_len=0,
     )
 
@@ -234,8 +240,8 @@ def _unpack_one(body: bytes) -> Any:
             strict_map_key=False,
             max_str_len=size,
             max_bin_len=size,
-            max_array_len=1024,
-            max_map_len=64,
+            max_array_len=MAX_ARRAY_LEN,
+            max_map_len=MAX_MAP_LEN,
             max_ext_len=0,
         )
     except msgpack.ExtraData as extra:  # a whole object, then trailing bytes
