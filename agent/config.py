@@ -20,6 +20,8 @@ File format (see packaging/agent.toml for a commented example)::
     log_level = "info"
     leave_timeout_ms = 5000
     leave_propagate_delay_ms = 300  # leave intent first, so Serf peers say "left"
+    reconnect_timeout_ms = 86400000 # failed members stay listed this long (Serf: 24h)
+    tombstone_timeout_ms = 86400000 # left members stay listed this long (Serf: 24h)
     [tags]
     rack = "a3"
     [protocol]                      # any swim.Config field, e.g.
@@ -109,6 +111,8 @@ class AgentConfig:
     log_level: str = "info"
     leave_timeout_ms: int = 5_000
     leave_propagate_delay_ms: int = 300
+    reconnect_timeout_ms: int = 86_400_000
+    tombstone_timeout_ms: int = 86_400_000
     protocol: Mapping[str, Any] = field(default_factory=dict)
     config_file: Path | None = None
     phi_capacity: int = 4096
@@ -205,6 +209,8 @@ def build(values: Mapping[str, Any], config_file: Path | None = None) -> AgentCo
         "retry_max",
         "leave_timeout_ms",
         "leave_propagate_delay_ms",
+        "reconnect_timeout_ms",
+        "tombstone_timeout_ms",
         "phi_capacity",
     ):
         if key in v:
@@ -240,6 +246,9 @@ def _check(c: AgentConfig) -> None:
         raise AgentConfigError("retry_interval_ms must be > 0")
     if c.phi_capacity < 1:
         raise AgentConfigError("phi_capacity must be >= 1")
+    for key in ("reconnect_timeout_ms", "tombstone_timeout_ms"):
+        if getattr(c, key) < 0:
+            raise AgentConfigError(f"{key} must be >= 0")
     c.swim_config()  # validates [protocol] against the profile
     from agent.serf import encode_tags
 

@@ -109,14 +109,14 @@ class ControlServer:
         agent = self.agent
         now = _now()
         phi = agent.phi_values()
-        members = [member_json(m, phi.get(m.name), now) for m in agent._node().members()]
+        members = [member_json(m, phi.get(m.name), now) for m in agent.all_members()]
         return [m for m in members if status is None or m["status"] == status]
 
     async def _op_info(self) -> dict[str, Any]:
         agent = self.agent
         node = agent._node()
         counts = {s: 0 for s in STATUSES}
-        for m in node.members():
+        for m in agent.all_members():
             counts[m.state.name.lower()] += 1
         st = node.stats
         return {
@@ -158,10 +158,8 @@ class ControlServer:
 
     async def _op_force_leave(self, node: str) -> dict[str, Any]:
         agent = self.agent
-        n = agent._node()
-        await agent.command(lambda t: agent._apply(n.force_leave(node, t)))
+        member = await agent.command(lambda t: agent.force_leave(node, t))
         agent._send_leave_intent(node)
-        member = n.member(node)
         return {"node": node, "status": member.state.name.lower() if member else "left"}
 
     async def _op_tags(

@@ -34,9 +34,10 @@ from agent import serf
 from agent.config import AgentConfig, AgentConfigError, parse_host_port
 from agent.config import load as load_config
 from agent.control_server import ControlServer
+from agent.departed import Departed
 from phi import PhiConfig, PhiRegistry, RegistryFullError
 from swim import Address, MemberEvent, Node, NodeStateType, Output, StreamRequest, Timer
-from swim.effects import EventKind, JoinResult
+from swim.effects import EventKind, JoinResult, Member
 from swim.node import LEAVE_FANOUT
 from swim.wire import DropReason, StreamMessage, WireError
 
@@ -53,6 +54,8 @@ MAX_OUTBOUND_STREAMS = 128
 RECV_BYTES = 65_536
 MAX_INTENT_NAMES = 65_536
 """Serf intent clocks remembered (one per member name)."""
+MAX_LEFT_MEMBERS = 65_536
+"""LeftMembers names honoured from one push-pull state."""
 PHI_WINDOW = 200
 """Samples per peer: enough for a stable estimate, bounded memory (capacity × window × 8 B)."""
 
@@ -125,6 +128,7 @@ class Agent:
         self.shutdown_requested = trio.Event()
         self._leaving = False
         self._status_ltimes: dict[str, int] = {}
+        self.departed = Departed(config.reconnect_timeout_ms, config.tombstone_timeout_ms)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -377,7 +381,14 @@ class Agent:
         if event.kind in (EventKind.REAPED, EventKind.LEFT) and m.name in self.phi:
             self.phi.remove(m.name)
         if event.kind == EventKind.REAPED:
-            self._status_ltimes.pop(m.name, None)
+            # Serf keeps failed and left members listed (and their intent clocks) long
+            # after memberlist reaps them; so do we, bounded (agent/departed.py).
+            self._forget_intents(self.departed.record(m, event.at_ms))
+            self._forget_intents(self.departed.expire(event.at_ms))
+            if m.name not in self.departed:
+                self._status_ltimes.pop(m.name, None)
+        elif event.kind == EventKind.JOINED:
+            self.departed.forget(m.name)
         self._publish(
             {
                 "type": event.kind.value,
@@ -409,15 +420,7 @@ class Agent:
             else:
                 return
         if isinstance(message, serf.LeaveIntent):
-            node = self._node()
-            if message.node == node.name and not self._leaving:
-                # A stale leave about us (e.g. from before a restart): serf peers would keep
-                # us "leaving"; a newer join intent refutes it (serf.go handleNodeLeaveIntent).
-                self._send_join_intent()
-                return
-            member = node.member(message.node)
-            if member is not None and member.state in (NodeStateType.DEAD, NodeStateType.SUSPECT):
-                self._apply(node.force_leave(message.node, now_ms()))
+            self._on_leave_intent(message.node)
         elif isinstance(message, serf.UserEvent):
             self._publish(
                 {
@@ -429,6 +432,51 @@ class Agent:
                     "message": "",
                 }
             )
+
+    def _on_leave_intent(self, name: str) -> None:
+        """A leave intent that is news (serf.go ``handleNodeLeaveIntent``)."""
+        node = self._node()
+        if name == node.name:
+            if not self._leaving:
+                # A stale leave about us (e.g. from before a restart): serf peers would keep
+                # us "leaving"; a newer join intent refutes it.
+                self._send_join_intent()
+            return
+        member = node.member(name)
+        if member is not None:
+            if member.state in (NodeStateType.DEAD, NodeStateType.SUSPECT):
+                self._apply(node.force_leave(name, now_ms()))
+            return
+        # Already reaped by the core: a late leave still turns "failed" into "left"
+        # (serf's "EventMemberLeave (forced)").
+        left = self.departed.mark_left(name, now_ms())
+        if left is not None:
+            self._on_event(MemberEvent(EventKind.LEFT, left, now_ms()))
+
+    def _forget_intents(self, names: list[str]) -> None:
+        for name in names:
+            self._status_ltimes.pop(name, None)
+
+    def all_members(self) -> list[Member]:
+        """The core's table plus departed members it has already reaped (as serf lists
+        failed and left members until their reconnect/tombstone timeout)."""
+        node = self._node()
+        self._forget_intents(self.departed.expire(now_ms()))
+        live = node.members()
+        known = {m.name for m in live}
+        return live + [m for m in self.departed.members() if m.name not in known]
+
+    def force_leave(self, name: str, now: int) -> Member | None:
+        """Serf ``force-leave``: a failed member is marked left (and gossiped as such).
+        Raises ``ValueError`` for an unknown or live member."""
+        node = self._node()
+        if node.member(name) is None and name in self.departed:
+            left = self.departed.mark_left(name, now)
+            if left is not None:
+                self._on_event(MemberEvent(EventKind.LEFT, left, now))
+            return self.departed.get(name)
+        self._apply(node.force_leave(name, now))
+        return node.member(name)
 
     def _intent_is_news(self, name: str, ltime: int) -> bool:
         """serf.go: an intent matters only if newer than the last one seen for that node.
@@ -449,6 +497,12 @@ class Agent:
         ltime = decoded.get("ltime")
         if isinstance(ltime, int) and ltime > 0:
             self.clock.witness(ltime - 1)
+        # delegate.go MergeRemoteState: each LeftMembers name is a leave intent one past
+        # its join LTime, so a leave we missed in gossip still arrives within a push-pull.
+        status_ltimes = decoded.get("status_ltimes", {})
+        for name in decoded.get("left_members", [])[:MAX_LEFT_MEMBERS]:
+            if self._intent_is_news(name, status_ltimes.get(name, 0) + 1):
+                self._on_leave_intent(name)
 
     def _send_join_intent(self) -> None:
         # serf.go: intents carry the current Lamport time, then the clock moves on.

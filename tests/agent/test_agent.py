@@ -252,3 +252,44 @@ async def test_monitor_streams_membership_events(tmp_path: Path) -> None:
                 )
 
             await read_until(is_update)
+
+
+async def test_reaped_member_stays_listed_and_a_late_leave_makes_it_left(
+    tmp_path: Path,
+) -> None:
+    """Serf lists a failed member for its reconnect timeout, and a leave intent that comes
+    after the failure (here: an operator's force-leave on another node, gossiped) turns it
+    into "left" even after memberlist reaped it."""
+    fast_reap = {"protocol": {"gossip_to_the_dead_time_ms": 2_000}}
+    async with cluster(tmp_path, 3, **fast_reap) as agents:
+        names = {"n0", "n1", "n2"}
+        await until(
+            lambda: all(
+                {m.name for m in a.node.members() if m.state == NodeStateType.ALIVE} == names
+                for a in agents
+            ),
+            10,
+            agents,
+        )
+        agents[2].scope.cancel()
+
+        def listed(a: Running) -> NodeStateType | None:
+            found = [m.state for m in a.agent.all_members() if m.name == "n2"]
+            return found[0] if found else None
+
+        # reaped from the core's table, still listed as failed by the agent
+        await until(lambda: all(a.state_of("n2") is None for a in agents[:2]), 40, agents)
+        assert [listed(a) for a in agents[:2]] == [NodeStateType.DEAD] * 2
+        client = ControlClient(tmp_path / "n0.sock")
+        rows = await trio.to_thread.run_sync(functools.partial(client.request, "members"))
+        assert {r["name"]: r["status"] for r in rows}["n2"] == "dead"
+
+        reply = await trio.to_thread.run_sync(
+            functools.partial(client.request, "force_leave", node="n2")
+        )
+        assert reply["status"] == "left"
+        await until(lambda: listed(agents[1]) == NodeStateType.LEFT, 10, agents)
+        with pytest.raises(ControlError, match="no member named"):
+            await trio.to_thread.run_sync(
+                functools.partial(client.request, "force_leave", node="nobody")
+            )
