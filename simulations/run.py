@@ -48,9 +48,13 @@ class ProgressPrinter:
         self.started = time.perf_counter()
         self._last = self.started
         self._last_events = 0
+        self._world_id = 0
 
     def __call__(self, world: World) -> None:
         now = time.perf_counter()
+        if id(world) != self._world_id:
+            # a scenario that runs several worlds (sweeps, ablations) starts counting anew
+            self._world_id, self._last_events = id(world), 0
         if now - self._last < self.every_s:
             return
         events = world.events_processed

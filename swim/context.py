@@ -40,7 +40,8 @@ class Context:
 
     def begin(self, now_ms: int) -> None:
         """Start handling one input: fresh output, time never runs backwards."""
-        self.now_ms = max(self.now_ms, now_ms)
+        if now_ms > self.now_ms:
+            self.now_ms = now_ms
         self.out = Output()
 
     def finish(self) -> Output:

