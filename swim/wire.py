@@ -348,9 +348,30 @@ def decode_message(data: bytes) -> Message:
         if kind in MsgType._value2member_map_:
             raise WireError(DropReason.UNEXPECTED_TYPE, f"message type {kind} not valid here")
         raise WireError(DropReason.UNKNOWN_TYPE, f"unknown message type {kind}")
+    if kind in _GOSSIP_TYPES:
+        cached = _GOSSIP_CACHE.get(data)
+        if cached is not None:
+            return cached
     values = _decode_fields(_FIELDS[cls], _unpack_one(body))
     msg: Message = cls(**values)
+    if kind in _GOSSIP_TYPES:
+        # A broadcast arrives up to retransmit-limit times per member, as the same bytes;
+        # messages are frozen, so decoding them once is safe. Bounded: cleared when full.
+        if len(_GOSSIP_CACHE) >= GOSSIP_CACHE_ENTRIES:
+            _GOSSIP_CACHE.clear()
+        _GOSSIP_CACHE[bytes(data)] = msg
     return msg
+
+
+GOSSIP_CACHE_ENTRIES = 4096
+"""Decoded alive/suspect/dead messages remembered by their bytes (a pure-function memo)."""
+_GOSSIP_TYPES = frozenset((MsgType.ALIVE, MsgType.SUSPECT, MsgType.DEAD))
+_GOSSIP_CACHE: dict[bytes, Message] = {}
+
+
+def gossip_cache_len() -> int:
+    """How many decoded broadcasts the memo holds (for tests and metrics)."""
+    return len(_GOSSIP_CACHE)
 
 
 def _type_label(kind: int) -> str:
