@@ -18,11 +18,15 @@ Rules (DESIGN.md; h11/foca style):
   ``gossip_interval_ms`` sends pending broadcasts to ``gossip_nodes`` random members
   (alive, suspect, or dead for less than ``gossip_to_the_dead_time_ms``); a push-pull
   full-state exchange runs on join and every ``push_pull_scale_ms`` (memberlist util.go).
+- The node is the facade: it owns the per-node ``Context`` and routes every input to the
+  helper that shares it; helpers never call back into the node except through the
+  ``probe.Transport`` protocol (send, send_parts, open_stream).
 
 Module map: ``membership`` (§4.2 transitions), ``table`` (copy-on-write member storage,
 sampling, probe rounds), ``shared`` (push-pull work shared across bootstrapped nodes),
-``probe`` (the probe cycle), ``wire`` (bytes), ``queue`` (piggyback queue), ``formulas``
-(every derived number).
+``probe`` (the probe cycle), ``transport`` (packets out, gossip rounds), ``streams``
+(push-pull, TCP pings, reliable user messages, reconnect), ``wire`` (bytes), ``queue``
+(piggyback queue), ``formulas`` (every derived number).
 """
 
 from __future__ import annotations
@@ -30,37 +34,23 @@ from __future__ import annotations
 import random
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import cast
 
-from swim import formulas, wire
-from swim.compat import Versions, verify_protocol, verify_summaries
+from swim import wire
 from swim.config import META_MAX_BYTES, Config
 from swim.context import Context
-from swim.effects import (
-    JoinResult,
-    Member,
-    NodeStats,
-    Output,
-    Packet,
-    StreamKind,
-    StreamRequest,
-    Timer,
-    UserMessage,
-)
+from swim.effects import Member, NodeStats, Output, StreamKind, Timer, UserMessage
 from swim.membership import LEAVE_NOTIFY, SUSPICION_TIMER, Membership, MemberState
 from swim.messages import (
     Ack,
     Address,
     Alive,
     Dead,
-    ErrResp,
     IndirectPing,
     Message,
     Nack,
     NodeStateType,
     Ping,
-    PushPull,
     Suspect,
     UserMsg,
 )
@@ -72,27 +62,18 @@ from swim.probe import (
     Prober,
 )
 from swim.security import Keyring
-from swim.shared import MEMO_MIN_BYTES, SHARED_MIN_NODES
+from swim.shared import SHARED_MIN_NODES
+from swim.streams import PUSH_PULL_TICK, RECONNECT_TICK, STREAM_EXPIRE, Streams
 from swim.table import MembershipSnapshot, local_vsn
+from swim.transport import Sender
 from swim.wire import DropReason, StreamMessage, WireError
+
+__all__ = ["GOSSIP_TICK", "LEAVE_FANOUT", "PROBE_TICK", "PUSH_PULL_TICK", "Node"]
 
 PROBE_TICK = "probe_tick"
 GOSSIP_TICK = "gossip_tick"
-PUSH_PULL_TICK = "push_pull_tick"
-RECONNECT_TICK = "reconnect_tick"
-STREAM_EXPIRE = "stream_expire"
-MAX_PENDING_STREAMS = 1024
 LEAVE_FANOUT = 1024
 """Live members told of our leave directly; the rest hear it by gossip."""
-
-
-@dataclass(slots=True)
-class _Stream:
-    kind: StreamKind
-    dest: Address
-    join: bool
-    timer_id: int
-    reconnect: bool = False
 
 
 class Node:
@@ -117,16 +98,16 @@ class Node:
         self.config = config if config is not None else Config.lan()
         self._ctx = Context(self.config, rng, now_ms)
         self._keyring = keyring
-        self._nonce_source = nonce_source
         vsn = local_vsn(self.config)
         local = MemberState(name, address, meta, 0, NodeStateType.ALIVE, now_ms, vsn)
         self._members = Membership(self._ctx, local)
+        self._sender = Sender(self._ctx, self._members, keyring, nonce_source)
         self._prober = Prober(self._ctx, self._members, self)
-        self._streams: dict[int, _Stream] = {}
-        self._next_stream_id = 0
+        # SHARED_MIN_NODES is read here, from this module, so a test can force plain merges
+        self._streams = Streams(
+            self._ctx, self._members, self._sender, self._prober, SHARED_MIN_NODES
+        )
         self._leave_done = False
-        self._user_state = b""
-        self._push_pull_timer: int | None = None
         self._members.bump_local()
         self._ctx.out = Output()
 
@@ -199,9 +180,7 @@ class Node:
         if c.gossip_interval_ms > 0 and c.gossip_nodes > 0:
             self._ctx.set_timer(GOSSIP_TICK, rng.randrange(c.gossip_interval_ms))
         if c.push_pull_interval_ms > 0:
-            self._push_pull_timer = self._ctx.set_timer(
-                PUSH_PULL_TICK, rng.randrange(c.push_pull_interval_ms)
-            )
+            self._streams.schedule_push_pull(rng.randrange(c.push_pull_interval_ms))
         if c.reconnect_interval_ms > 0:
             self._ctx.set_timer(RECONNECT_TICK, rng.randrange(c.reconnect_interval_ms))
         return self._finish()
@@ -226,13 +205,7 @@ class Node:
         """
         self._ctx.begin(now_ms)
         self._members.bootstrap(snapshot)
-        interval_ms = self.config.push_pull_interval_ms
-        if interval_ms > 0 and self._push_pull_timer is not None:
-            self._ctx.cancel_timer(self._push_pull_timer)
-            scaled_ms = formulas.push_pull_scale_ms(interval_ms, len(self._members))
-            self._push_pull_timer = self._ctx.set_timer(
-                PUSH_PULL_TICK, self._ctx.rng.randrange(scaled_ms)
-            )
+        self._streams.rescale_push_pull()
         return self._finish()
 
     def join(self, seeds: Sequence[Address], now_ms: int) -> Output:
@@ -240,7 +213,7 @@ class Node:
         self._ctx.begin(now_ms)
         for seed in seeds:
             if seed != self.address:
-                self._open_push_pull(seed, join=True)
+                self._streams.open_push_pull(seed, join=True)
         return self._finish()
 
     def leave(self, now_ms: int) -> Output:
@@ -261,8 +234,8 @@ class Node:
                 LEAVE_FANOUT, lambda m: m.name == me.name or m.state != NodeStateType.ALIVE
             )
             for peer in peers:
-                self.send(peer.address, dead, peer)
-            self._gossip_round()
+                self._sender.send(peer.address, dead, peer)
+            self._sender.gossip_round()
         return self._finish()
 
     def force_leave(self, name: str, now_ms: int) -> Output:
@@ -283,12 +256,12 @@ class Node:
     def set_push_pull_state(self, state: bytes) -> None:
         """Application state sent after the member list in every push-pull (memberlist
         ``Delegate.LocalState``; Serf keeps its Lamport clocks there)."""
-        self._user_state = bytes(state)
+        self._streams.user_state = bytes(state)
 
     def gossip(self, now_ms: int) -> Output:
         """Run a gossip round now (e.g. to push out a message before leaving)."""
         self._ctx.begin(now_ms)
-        self._gossip_round()
+        self._sender.gossip_round()
         return self._finish()
 
     def set_meta(self, meta: bytes, now_ms: int) -> Output:
@@ -305,7 +278,8 @@ class Node:
     def send_user(self, dest: Address, payload: bytes, now_ms: int) -> Output:
         """A best-effort user message in one packet (memberlist ``SendBestEffort``)."""
         self._ctx.begin(now_ms)
-        self._emit(dest, [wire.encode_message(UserMsg(payload))], self._members.by_address(dest))
+        message = wire.encode_message(UserMsg(payload))
+        self._sender.emit(dest, [message], self._members.by_address(dest))
         return self._finish()
 
     def send_user_reliable(self, dest: Address, payload: bytes, now_ms: int) -> Output:
@@ -314,12 +288,13 @@ class Node:
             raise ValueError(f"user message of {len(payload)} bytes exceeds the limit")
         self._ctx.begin(now_ms)
         deadline_ms = self._ctx.now_ms + self.config.tcp_timeout_ms
-        self.open_stream(dest, wire.encode_user_stream(payload), StreamKind.USER, deadline_ms)
+        message = wire.encode_user_stream(payload)
+        self._streams.open(dest, message, StreamKind.USER, deadline_ms)
         return self._finish()
 
     def broadcast_user(self, payload: bytes, now_ms: int) -> Output:
         """Queue a user message to piggyback on gossip to everyone."""
-        limit = self.config.udp_buffer_size - wire.packet_overhead(self._crypto())
+        limit = self.config.udp_buffer_size - wire.packet_overhead(self._sender.crypto())
         if len(payload) + wire.USER_MSG_OVERHEAD + wire.COMPOUND_OVERHEAD > limit:
             raise ValueError(f"a broadcast user message must fit one packet ({limit} bytes)")
         self._ctx.begin(now_ms)
@@ -352,7 +327,7 @@ class Node:
         stats.packets_in += 1
         stats.bytes_in += len(data)
         try:
-            decoded = wire.decode_packet(data, self._crypto())
+            decoded = wire.decode_packet(data, self._sender.crypto())
         except WireError as exc:
             self._ctx.drop(exc.reason)
             return self._finish()
@@ -401,40 +376,12 @@ class Node:
         Raises ``WireError`` as soon as the bytes cannot be a valid message; the driver
         then closes the stream and calls ``record_drop(error.reason)``.
         """
-        limits = wire.StreamLimits(
-            self.config.max_stream_bytes,
-            self.config.max_push_pull_nodes,
-            self.config.max_user_msg_bytes,
-        )
-        codec = self._members.codec
-        if (
-            codec is not None
-            and self._keyring is None
-            and type(data) is bytes
-            and len(data) >= MEMO_MIN_BYTES
-        ):
-            return codec.parse(data, limits)
-        return wire.parse_stream(data, self._crypto(), limits)
+        return self._streams.parse(data)
 
     def handle_stream(self, source: Address, message: StreamMessage, now_ms: int) -> Output:
         """A message someone sent us on a stream; ``Output.reply`` is the answer, if any."""
         self._ctx.begin(now_ms)
-        out = self._ctx.out
-        if isinstance(message, Ping):
-            if message.node and message.node != self.name:
-                self._ctx.drop(DropReason.WRONG_NODE)
-            else:
-                ack = wire.encode_message(Ack(message.seq_no))
-                out.reply = self._stream_bytes(ack)
-        elif isinstance(message, PushPull):
-            self._ctx.stats.push_pulls += 1
-            local = self._members.encode_push_pull(message.join, self._user_state)
-            out.reply = self._stream_bytes(local)
-            self._merge(message, source)
-        elif isinstance(message, UserMsg):
-            out.user_messages.append(UserMessage(source, message.payload))
-        else:
-            self._ctx.drop(DropReason.UNEXPECTED_TYPE)
+        self._streams.handle(source, message)
         return self._finish()
 
     def handle_stream_response(
@@ -442,71 +389,8 @@ class Node:
     ) -> Output:
         """The reply on a stream we opened, or None with ``error`` if it failed."""
         self._ctx.begin(now_ms)
-        stream = self._streams.pop(stream_id, None)
-        if stream is not None:
-            self._ctx.cancel_timer(stream.timer_id)
-            if message is None:
-                self._ctx.stats.streams_failed += 1
-            self._stream_done(stream_id, stream, message, error)
+        self._streams.handle_response(stream_id, message, error)
         return self._finish()
-
-    def _stream_done(
-        self, stream_id: int, stream: _Stream, message: StreamMessage | None, error: str
-    ) -> None:
-        if stream.kind == StreamKind.PING:
-            self._prober.on_tcp_result(stream_id, message if isinstance(message, Ack) else None)
-            return
-        if stream.kind != StreamKind.PUSH_PULL:
-            return
-        if isinstance(message, PushPull) and not self._merge(message, stream.dest):
-            error = "incompatible protocol versions"
-        elif isinstance(message, PushPull):
-            self._ctx.stats.push_pulls += 1
-            if stream.reconnect:
-                self._ctx.notice("info", "reconnected", f"reconnected to {stream.dest}")
-            elif stream.join:
-                self._join_result(stream.dest, True, f"pushed/pulled {len(message.nodes)} states")
-            return
-        if isinstance(message, ErrResp):
-            error = f"remote error: {message.error}"
-        elif message is not None and not isinstance(message, PushPull):
-            error = f"unexpected reply {type(message).__name__}"
-        if stream.reconnect:
-            self._ctx.notice("debug", "reconnect_failed", f"reconnect {stream.dest}: {error}")
-            return
-        self._ctx.notice("error", "push_pull_failed", f"push/pull with {stream.dest}: {error}")
-        if stream.join:
-            self._join_result(stream.dest, False, error or "failed")
-
-    def _merge(self, remote: PushPull, source: Address) -> bool:
-        """Merge a pushed state unless its protocol versions clash (memberlist
-        ``mergeRemoteState``): then nothing is merged and the reason is logged."""
-        codec = self._members.codec
-        if codec is not None and len(remote.nodes) >= SHARED_MIN_NODES:
-            diff = codec.diff(remote)
-            problem = verify_summaries(self._members.version_summary(codec), diff.versions)
-        else:
-            diff = None
-            problem = verify_protocol(
-                (Versions(m.name, m.state, m.vsn) for m in self._members.states()),
-                (Versions(r.name, r.state, r.vsn) for r in remote.nodes),
-            )
-        if problem:
-            self._ctx.drop(DropReason.INVALID_VERSION)
-            self._ctx.notice("error", "push_pull_rejected", f"push/pull from {source}: {problem}")
-            return False
-        if diff is not None:
-            self._members.merge_diff(remote.nodes, diff)
-        else:
-            self._members.merge(remote.nodes)
-        if remote.user_state:
-            self._ctx.out.push_pull_states.append(remote.user_state)
-        return True
-
-    def _join_result(self, address: Address, ok: bool, detail: str) -> None:
-        level = "info" if ok else "error"
-        self._ctx.notice(level, "join_ok" if ok else "join_failed", f"join {address}: {detail}")
-        self._ctx.out.join_results.append(JoinResult(address, ok, detail))
 
     # --- timers -------------------------------------------------------------------------
 
@@ -517,17 +401,17 @@ class Node:
             prober.on_tick()
         elif kind == GOSSIP_TICK:
             self._ctx.set_timer(GOSSIP_TICK, self.config.gossip_interval_ms)
-            self._gossip_round()
+            self._sender.gossip_round()
         elif kind == PUSH_PULL_TICK:
-            self._on_push_pull_tick()
+            self._streams.on_push_pull_tick()
         elif kind == RECONNECT_TICK:
             self._ctx.set_timer(RECONNECT_TICK, self.config.reconnect_interval_ms)
-            self._reconnect()
+            self._streams.reconnect()
         elif kind == SUSPICION_TIMER:
             name, state_change_ms = cast(tuple[str, int], data)
             self._members.on_suspicion_timeout(name, state_change_ms)
         elif kind == STREAM_EXPIRE:
-            self._on_stream_expire(cast(int, data))
+            self._streams.on_expire(cast(int, data))
         elif kind == PROBE_TIMEOUT:
             prober.on_probe_timeout(cast(int, data))
         elif kind == PROBE_DEADLINE:
@@ -537,175 +421,17 @@ class Node:
         elif kind == RELAY_TIMEOUT:
             prober.on_relay_timeout(cast(int, data))
 
-    def _on_push_pull_tick(self) -> None:
-        interval = formulas.push_pull_scale_ms(
-            self.config.push_pull_interval_ms, len(self._members)
-        )
-        self._push_pull_timer = self._ctx.set_timer(PUSH_PULL_TICK, interval)
-        peers = self._members.random_members(
-            1, lambda m: m.name == self.name or m.state != NodeStateType.ALIVE
-        )
-        if peers:
-            self._open_push_pull(peers[0].address, join=False)
-
-    def _reconnect(self) -> None:
-        """serf ``reconnect``: with probability failed/alive, push-pull with one failed member.
-
-        This is what merges two halves of a healed partition: each side declared the other
-        dead, and only a new exchange of full state lets the accused refute.
-        """
-        members = self._members
-        members.expire_failed()
-        if not members.failed or members.leaving:
-            return
-        alive = max(members.count(NodeStateType.ALIVE), 1)
-        rng = self._ctx.rng
-        if rng.random() > len(members.failed) / alive:
-            return
-        names = list(members.failed)
-        address, _ = members.failed[names[rng.randrange(len(names))]]
-        stream_id = self._open_push_pull(address, join=True)
-        if stream_id in self._streams:
-            self._streams[stream_id].reconnect = True
-
-    def _on_stream_expire(self, stream_id: int) -> None:
-        stream = self._streams.pop(stream_id, None)
-        if stream is not None:
-            self._ctx.stats.streams_failed += 1
-            self._stream_done(stream_id, stream, None, "no answer before the deadline")
-
-    # --- dissemination ------------------------------------------------------------------
-
-    def _gossip_round(self) -> None:
-        """state.go ``gossip``: pending broadcasts to a few random members."""
-        if not len(self._ctx.broadcasts) and not len(self._ctx.user_broadcasts):
-            return  # nothing to send: skip drawing targets (memberlist draws, then sends none)
-        limit = self.config.udp_buffer_size - wire.packet_overhead(self._crypto())
-        for peer in self._gossip_targets():
-            parts = self._take_broadcasts(limit - _crc_overhead(peer))
-            if not parts:
-                return
-            self._emit(peer.address, parts, peer)
-
-    def _gossip_targets(self) -> list[MemberState]:
-        """Who gets this round's gossip.
-
-        memberlist draws ``gossip_nodes`` from live *and* recently dead members together, so
-        after a few failures most of a broadcast's few transmissions go to dead nodes and a
-        live member can miss a death entirely (measured: 5.5% of deaths in an 8-node cluster
-        with repeated kills reached the last survivor > 2 s late, up to 21 s). With
-        ``gossip_to_dead_separately`` (default) the live targets are drawn from live members
-        only, and one recently dead member is added with probability ≈ dead/n (one random
-        draw), as chitchat does, so the dead can still refute.
-        """
-        now = self._ctx.now_ms
-        window = self.config.gossip_to_the_dead_time_ms
-        members = self._members
-
-        def recently_dead(m: MemberState) -> bool:
-            return m.state == NodeStateType.DEAD and now - m.state_change_ms <= window
-
-        def live(m: MemberState) -> bool:
-            return m.name != self.name and m.state in (NodeStateType.ALIVE, NodeStateType.SUSPECT)
-
-        if not self.config.gossip_to_dead_separately:
-            return members.random_members(
-                self.config.gossip_nodes, lambda m: not (live(m) or recently_dead(m))
-            )
-        targets = members.random_members(self.config.gossip_nodes, lambda m: not live(m))
-        if not members.count(NodeStateType.DEAD):
-            return targets  # nobody to gossip to the dead: skip the draw
-        extra = members.random_members(1, lambda m: False)
-        if extra and recently_dead(extra[0]):
-            targets.append(extra[0])
-        return targets
-
-    def _take_broadcasts(self, limit: int) -> list[bytes]:
-        """Member broadcasts first, then user broadcasts in what room is left (net.go)."""
-        n = len(self._members)
-        overhead = wire.COMPOUND_OVERHEAD
-        parts = self._ctx.broadcasts.take(overhead, limit, n)
-        used = sum(len(p) + overhead for p in parts)
-        avail = limit - used
-        if avail > overhead + wire.USER_MSG_OVERHEAD and len(self._ctx.user_broadcasts):
-            user = self._ctx.user_broadcasts.take(overhead + wire.USER_MSG_OVERHEAD, avail, n)
-            parts.extend(wire.encode_message(UserMsg(p)) for p in user)
-        return parts
+    # --- sending (the ``probe.Transport`` protocol) -----------------------------------------
 
     def send(self, dest: Address, message: bytes, member: MemberState | None = None) -> None:
         """One message, with as many broadcasts piggybacked as fit (net.go ``sendMsg``)."""
-        # Unlike memberlist (net.go sendMsg), also count the message's own compound entry
-        # and the CRC header, so a packet never exceeds udp_buffer_size.
-        limit = (
-            self.config.udp_buffer_size
-            - len(message)
-            - wire.COMPOUND_OVERHEAD
-            - wire.packet_overhead(self._crypto())
-            - _crc_overhead(member)
-        )
-        self._emit(dest, [message, *self._take_broadcasts(limit)], member)
+        self._sender.send(dest, message, member)
 
     def send_parts(self, dest: Address, parts: list[bytes], member: MemberState | None) -> None:
-        self._emit(dest, parts, member)
-
-    def _emit(self, dest: Address, parts: list[bytes], member: MemberState | None) -> None:
-        crc = _crc_overhead(member) > 0
-        crypto = self._crypto()
-        stats = self._ctx.stats
-        for start in range(0, len(parts), wire.MAX_COMPOUND_PARTS):
-            chunk = parts[start : start + wire.MAX_COMPOUND_PARTS]
-            data = wire.encode_packet(
-                chunk, compress=self.config.enable_compression, crc=crc, crypto=crypto
-            )
-            self._ctx.out.packets.append(Packet(dest, data))
-            stats.packets_out += 1
-            stats.bytes_out += len(data)
-            for part in chunk:
-                stats.messages_out[_type_name(part)] += 1
+        self._sender.emit(dest, parts, member)
 
     def open_stream(self, dest: Address, message: bytes, kind: StreamKind, deadline_ms: int) -> int:
-        if len(self._streams) >= MAX_PENDING_STREAMS:
-            self._ctx.drop(DropReason.QUEUE_FULL)
-            return -1
-        self._next_stream_id += 1
-        stream_id = self._next_stream_id
-        expect_reply = kind != StreamKind.USER
-        if expect_reply:
-            grace_ms = deadline_ms - self._ctx.now_ms + self.config.probe_timeout_ms
-            timer_id = self._ctx.set_timer(STREAM_EXPIRE, grace_ms, stream_id)
-            self._streams[stream_id] = _Stream(kind, dest, False, timer_id)
-        self._ctx.stats.streams_opened += 1
-        data = self._stream_bytes(message)
-        self._ctx.out.streams.append(
-            StreamRequest(stream_id, dest, data, deadline_ms, kind, expect_reply)
-        )
-        return stream_id
-
-    def _open_push_pull(self, dest: Address, join: bool) -> int:
-        local = self._members.encode_push_pull(join, self._user_state)
-        deadline_ms = self._ctx.now_ms + self.config.tcp_timeout_ms
-        stream_id = self.open_stream(dest, local, StreamKind.PUSH_PULL, deadline_ms)
-        if stream_id in self._streams:
-            self._streams[stream_id].join = join
-        return stream_id
-
-    def _stream_bytes(self, message: bytes) -> bytes:
-        codec = self._members.codec
-        if (
-            codec is not None
-            and self._keyring is None
-            and self.config.enable_compression
-            and len(message) >= MEMO_MIN_BYTES
-        ):
-            return codec.compress(message)
-        return wire.encode_stream(
-            message, compress=self.config.enable_compression, crypto=self._crypto()
-        )
-
-    def _crypto(self) -> wire.Crypto | None:
-        if self._keyring is None:
-            return None
-        return wire.Crypto(self._keyring, self._nonce_source)
+        return self._streams.open(dest, message, kind, deadline_ms)
 
     def _finish(self) -> Output:
         finished = self._ctx.broadcasts.finished
@@ -714,15 +440,6 @@ class Node:
                 self._leave_done = True
             finished.clear()
         return self._ctx.finish()
-
-
-def _crc_overhead(member: MemberState | None) -> int:
-    """Receivers that speak protocol ≥ 5 get a CRC32 header (net.go rawSendMsgPacket)."""
-    return wire.CRC_OVERHEAD if member is not None and member.protocol_max >= 5 else 0
-
-
-def _type_name(part: bytes) -> str:
-    return wire.type_name(part[0]) if part else "empty"
 
 
 def _check_meta(meta: bytes) -> None:
