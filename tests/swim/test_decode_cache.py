@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from swim import wire
-from swim.messages import Ping, Suspect
+from swim.messages import MsgType, Ping, Suspect
 
 
 def test_repeated_broadcast_decodes_equal_and_memo_is_bounded() -> None:
@@ -25,7 +25,7 @@ def test_pings_and_bad_bytes_are_not_memoised() -> None:
     before = wire.gossip_cache_len()
     wire.decode_message(wire.encode_message(Ping(1, "x", b"", 0, "y")))
     assert wire.gossip_cache_len() == before
-    bad = bytes([wire.MsgType.SUSPECT]) + b"\xc1"
+    bad = bytes([MsgType.SUSPECT]) + b"\xc1"
     with pytest.raises(wire.WireError):
         wire.decode_message(bad)
     assert wire.gossip_cache_len() == before
