@@ -27,6 +27,7 @@ class Plot:
     series: dict[str, list[tuple[float, float]]]
     step: bool = False
     logy: bool = False
+    logx: bool = False
 
 
 @dataclass(slots=True)
@@ -134,6 +135,8 @@ def write_plots(plots: Sequence[Plot], out_dir: Path, stem: str) -> list[str]:
         ax.set_ylabel(plot.ylabel)
         if plot.logy:
             ax.set_yscale("log")
+        if plot.logx:
+            ax.set_xscale("log")
         ax.grid(True, alpha=0.3)
         if len(plot.series) > 1:
             ax.legend(fontsize=8)

@@ -23,8 +23,10 @@ for step in "${steps[@]}"; do
     scale) sim scale --scenario scale --nodes 10000 --duration-s 60 --seed 1 ;;
     steady) sim steady --scenario steady --nodes 100 --duration-s 60 --seed 1 ;;
     crash)
-        for n in 10 100 1000; do
-            sim crash/n$n --scenario crash --nodes $n --set crashes=10 --seed 1
+        # crashes one after another; at n = 10 three, so enough members stay to observe
+        sim crash/n10 --scenario crash --nodes 10 --set crashes=3 --seed 1
+        for n in 100 1000; do
+            sim crash/n$n --scenario crash --nodes $n --set crashes=20 --seed 1
         done ;;
     dissemination) sim dissemination --scenario dissemination --nodes 10000 --seed 1 ;;
     loss)

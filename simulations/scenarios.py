@@ -243,7 +243,14 @@ def _spread_scenario(
     result.tables["false_positives"] = fp_rows
     if len(sweep) > 1:
         result.plots.append(
-            Plot("vs_n", "time to reach members (mean over updates)", "n", "seconds", plot_series)
+            Plot(
+                "vs_n",
+                "time to reach members (mean over updates); log n axis",
+                "n",
+                "seconds",
+                plot_series,
+                logx=True,
+            )
         )
     result.plots.append(_spread_plot("curves", "update reaching the members", all_spreads))
     result.notes.append(
