@@ -97,17 +97,21 @@ async def until(
     raise AssertionError(f"condition not met within {timeout_s}s; views: {views}")
 
 
+async def all_alive(agents: list[Running], names: set[str], timeout_s: float = 10) -> None:
+    """Wait until every agent sees exactly ``names`` alive."""
+    await until(
+        lambda: all(
+            {m.name for m in a.node.members() if m.state == NodeStateType.ALIVE} == names
+            for a in agents
+        ),
+        timeout_s,
+        agents,
+    )
+
+
 async def test_join_detect_crash_and_leave(tmp_path: Path) -> None:
     async with cluster(tmp_path, 4) as agents:
-        names = {f"n{i}" for i in range(4)}
-        await until(
-            lambda: all(
-                {m.name for m in a.node.members() if m.state == NodeStateType.ALIVE} == names
-                for a in agents
-            ),
-            10,
-            agents,
-        )
+        await all_alive(agents, {f"n{i}" for i in range(4)})
         crashed = agents[3]
         crashed.scope.cancel()  # the process dies: no leave, sockets close
         took = await until(
@@ -262,15 +266,7 @@ async def test_reaped_member_stays_listed_and_a_late_leave_makes_it_left(
     into "left" even after memberlist reaped it."""
     fast_reap = {"protocol": {"gossip_to_the_dead_time_ms": 2_000}}
     async with cluster(tmp_path, 3, **fast_reap) as agents:
-        names = {"n0", "n1", "n2"}
-        await until(
-            lambda: all(
-                {m.name for m in a.node.members() if m.state == NodeStateType.ALIVE} == names
-                for a in agents
-            ),
-            10,
-            agents,
-        )
+        await all_alive(agents, {"n0", "n1", "n2"})
         agents[2].scope.cancel()
 
         def listed(a: Running) -> NodeStateType | None:
