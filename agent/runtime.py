@@ -447,11 +447,14 @@ class Agent:
             if member.state in (NodeStateType.DEAD, NodeStateType.SUSPECT):
                 self._apply(node.force_leave(name, now_ms()))
             return
-        # Already reaped by the core: a late leave still turns "failed" into "left"
-        # (serf's "EventMemberLeave (forced)").
-        left = self.departed.mark_left(name, now_ms())
+        self._departed_left(name, now_ms())
+
+    def _departed_left(self, name: str, now: int) -> None:
+        """A member the core already reaped as failed left after all: a late leave intent or
+        a force-leave turns "failed" into "left" (serf's "EventMemberLeave (forced)")."""
+        left = self.departed.mark_left(name, now)
         if left is not None:
-            self._on_event(MemberEvent(EventKind.LEFT, left, now_ms()))
+            self._on_event(MemberEvent(EventKind.LEFT, left, now))
 
     def _forget_intents(self, names: list[str]) -> None:
         for name in names:
@@ -471,16 +474,15 @@ class Agent:
         Raises ``ValueError`` for an unknown or live member."""
         node = self._node()
         if node.member(name) is None and name in self.departed:
-            left = self.departed.mark_left(name, now)
-            if left is not None:
-                self._on_event(MemberEvent(EventKind.LEFT, left, now))
+            self._departed_left(name, now)
             return self.departed.get(name)
         self._apply(node.force_leave(name, now))
         return node.member(name)
 
     def _intent_is_news(self, name: str, ltime: int) -> bool:
         """serf.go: an intent matters only if newer than the last one seen for that node.
-        Bounded: one entry per name, dropped when the member is reaped."""
+        Bounded: one entry per name, dropped when the member is forgotten (reaped and,
+        if failed or left, its departed record expired or evicted)."""
         if ltime <= self._status_ltimes.get(name, -1):
             return False
         if name not in self._status_ltimes and len(self._status_ltimes) >= MAX_INTENT_NAMES:
