@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.departed import DEFAULT_RECONNECT_TIMEOUT_MS, DEFAULT_TOMBSTONE_TIMEOUT_MS
 from swim import Config, ConfigError
 from swim.config import META_MAX_BYTES
 from swim.security import Keyring
@@ -111,8 +112,8 @@ class AgentConfig:
     log_level: str = "info"
     leave_timeout_ms: int = 5_000
     leave_propagate_delay_ms: int = 300
-    reconnect_timeout_ms: int = 86_400_000
-    tombstone_timeout_ms: int = 86_400_000
+    reconnect_timeout_ms: int = DEFAULT_RECONNECT_TIMEOUT_MS
+    tombstone_timeout_ms: int = DEFAULT_TOMBSTONE_TIMEOUT_MS
     protocol: Mapping[str, Any] = field(default_factory=dict)
     config_file: Path | None = None
     phi_capacity: int = 4096

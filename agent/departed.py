@@ -74,7 +74,7 @@ class Departed:
         return evicted
 
     def forget(self, name: str) -> bool:
-        """The member is back (or was removed by an operator)."""
+        """The member is back (it joined again under the same name)."""
         return self._entries.pop(name, None) is not None
 
     def mark_left(self, name: str, now_ms: int) -> Member | None:
