@@ -62,7 +62,6 @@ from swim.probe import (
     Prober,
 )
 from swim.security import Keyring
-from swim.shared import SHARED_MIN_NODES
 from swim.streams import PUSH_PULL_TICK, RECONNECT_TICK, STREAM_EXPIRE, Streams
 from swim.table import MembershipSnapshot, local_vsn
 from swim.transport import Sender
@@ -103,10 +102,7 @@ class Node:
         self._members = Membership(self._ctx, local)
         self._sender = Sender(self._ctx, self._members, keyring, nonce_source)
         self._prober = Prober(self._ctx, self._members, self)
-        # SHARED_MIN_NODES is read here, from this module, so a test can force plain merges
-        self._streams = Streams(
-            self._ctx, self._members, self._sender, self._prober, SHARED_MIN_NODES
-        )
+        self._streams = Streams(self._ctx, self._members, self._sender, self._prober)
         self._leave_done = False
         self._members.bump_local()
         self._ctx.out = Output()

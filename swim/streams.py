@@ -61,10 +61,7 @@ class Streams:
         members: Membership,
         sender: Sender,
         prober: Prober,
-        shared_min_nodes: int = SHARED_MIN_NODES,
     ) -> None:
-        """``shared_min_nodes``: the fewest remote states merged through the shared codec's
-        diff; smaller push-pulls take the plain merge (same result, see ``swim.shared``)."""
         self._ctx = ctx
         self._members = members
         self._sender = sender
@@ -73,7 +70,6 @@ class Streams:
         self._next_stream_id = 0
         self.user_state = b""
         self._push_pull_timer: int | None = None
-        self._shared_min_nodes = shared_min_nodes
 
     # --- inputs -------------------------------------------------------------------------
 
@@ -159,7 +155,8 @@ class Streams:
         ``mergeRemoteState``): then nothing is merged and the reason is logged."""
         members = self._members
         codec = members.codec
-        if codec is not None and len(remote.nodes) >= self._shared_min_nodes:
+        # below SHARED_MIN_NODES the plain merge is as fast (same result, see swim.shared)
+        if codec is not None and len(remote.nodes) >= SHARED_MIN_NODES:
             diff = codec.diff(remote)
             problem = verify_summaries(members.version_summary(codec), diff.versions)
         else:

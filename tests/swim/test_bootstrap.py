@@ -21,7 +21,7 @@ from swim import (
     formulas,
     wire,
 )
-from swim import node as node_module
+from swim import streams as streams_module
 from swim.messages import PushNodeState, PushPull, Suspect
 from swim.table import MemberState, MemberTable
 from tests.swim.node_harness import packet
@@ -357,7 +357,7 @@ def test_shared_merge_equals_plain_merge(case: str, monkeypatch: pytest.MonkeyPa
     results = []
     for shared in (True, False):
         if not shared:
-            monkeypatch.setattr(node_module, "SHARED_MIN_NODES", 10**9)
+            monkeypatch.setattr(streams_module, "SHARED_MIN_NODES", 10**9)
         node = _booted("n000", 1, snapshot)
         # a member we changed ourselves before the push-pull arrives
         node.handle_datagram(address(30), packet(Suspect(1, "n030", "n031")), 10)
