@@ -350,13 +350,14 @@ def decode_message(data: bytes) -> Message:
         if kind in MsgType._value2member_map_:
             raise WireError(DropReason.UNEXPECTED_TYPE, f"message type {kind} not valid here")
         raise WireError(DropReason.UNKNOWN_TYPE, f"unknown message type {kind}")
-    if kind in _GOSSIP_TYPES:
+    gossip = kind in _GOSSIP_TYPES
+    if gossip:
         cached = _GOSSIP_CACHE.get(data)
         if cached is not None:
             return cached
     values = _decode_fields(_FIELDS[cls], _unpack_one(body))
     msg: Message = cls(**values)
-    if kind in _GOSSIP_TYPES:
+    if gossip:
         # A broadcast arrives up to retransmit-limit times per member, as the same bytes;
         # messages are frozen, so decoding them once is safe. Bounded: cleared when full.
         if len(_GOSSIP_CACHE) >= GOSSIP_CACHE_ENTRIES:
