@@ -30,6 +30,16 @@ so this is also the stable JSON schema):
 - ``monitor`` → event frames ``{"event": {"type": joined|updated|suspect|alive|dead|left|
   reaped|log, "node": str, "status": str, "incarnation": int, "at_ms": int,
   "message": str}}``.
+- ``view`` args ``{job: str}`` → a job view (rules in ``agent.jobs``): ``{"job": str,
+  "generation": int, "fingerprint": str, "members": [{"name", "addr", "port",
+  "store_port": int, "registered_ms": int, "group": str, "status": alive|suspect}]}``,
+  members oldest registration first.
+- ``watch`` args ``{job: str, register?: {store_port?: int, heartbeat_pause_ms?: int,
+  heartbeat_threshold?: float, first_heartbeat_estimate_ms?: int}}`` → an ``ok`` frame
+  ``{"node": <this agent's name>, "job": str}``, then a ``{"view": <view>}`` frame now and at
+  every change. The client may send ``{"heartbeat": {"step": int}}`` and
+  ``{"group": str}`` frames on the same connection; with ``register`` the connection is
+  the job registration and closing it unregisters.
 """
 
 from __future__ import annotations
@@ -46,8 +56,19 @@ import msgpack
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 HEADER = struct.Struct(">I")
-OPS = ("members", "info", "join", "leave", "force_leave", "tags", "keys", "monitor")
-STREAMING_OPS = ("monitor",)
+OPS = (
+    "members",
+    "info",
+    "join",
+    "leave",
+    "force_leave",
+    "tags",
+    "keys",
+    "monitor",
+    "view",
+    "watch",
+)
+STREAMING_OPS = ("monitor", "watch")
 
 
 class ControlError(Exception):

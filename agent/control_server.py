@@ -29,6 +29,7 @@ from agent.control import (
     ok,
     parse_request,
 )
+from agent.watch import job_view, serve_watch
 from swim import Member, NodeStateType
 
 if TYPE_CHECKING:
@@ -88,13 +89,16 @@ class ControlServer:
     async def _answer(self, stream: trio.SocketStream, frame: dict[str, Any]) -> bool:
         try:
             op, args = parse_request(frame)
+            if op == "watch":
+                await serve_watch(self.agent, stream, args)
+                return False
             if op in STREAMING_OPS:
                 await self._monitor(stream)
                 return False
             result = await getattr(self, f"_op_{op}")(**args)
         except TypeError as exc:
             return await _send(stream, error(f"bad arguments: {exc}"))
-        except (ControlError, ValueError) as exc:
+        except (ControlError, ValueError) as exc:  # JobError is a ValueError
             return await _send(stream, error(str(exc)))
         except Exception as exc:  # a bug in one request must not take the agent down
             log.exception("control request %r failed", frame.get("op"))
@@ -165,16 +169,15 @@ class ControlServer:
     async def _op_tags(
         self, set: dict[str, str] | None = None, delete: list[str] | None = None
     ) -> dict[str, Any]:
-        tags = dict(self.agent.tags)
         for key, value in (set or {}).items():
             if not isinstance(key, str) or not key or not isinstance(value, str):
                 raise ControlError(f"tag {key!r}: keys and values must be strings")
-            tags[key] = value
-        for key in delete or []:
-            tags.pop(key, None)
-        if len(serf.encode_tags(tags)) > 512:
-            raise ControlError("tags would take more than 512 bytes once encoded")
-        return {"tags": await self.agent.set_tags(tags)}
+        if not isinstance(delete or [], list) or not all(isinstance(k, str) for k in delete or []):
+            raise ControlError("delete must be a list of tag names")
+        return {"tags": await self.agent.update_tags(set or {}, delete or [])}
+
+    async def _op_view(self, job: str) -> dict[str, Any]:
+        return job_view(self.agent, job)
 
     async def _op_keys(self, action: str = "list", key: str | None = None) -> dict[str, Any]:
         agent = self.agent

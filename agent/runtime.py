@@ -23,7 +23,7 @@ import math
 import random
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ from agent.config import AgentConfig, AgentConfigError, parse_host_port
 from agent.config import load as load_config
 from agent.control_server import ControlServer
 from agent.departed import Departed
+from agent.jobs import TAG_PREFIX, Generations
 from phi import PhiConfig, PhiRegistry, RegistryFullError
 from swim import Address, MemberEvent, Node, NodeStateType, Output, StreamRequest, Timer
 from swim.effects import EventKind, JoinResult, Member
@@ -56,6 +57,8 @@ MAX_INTENT_NAMES = 65_536
 """Serf intent clocks remembered (one per member name)."""
 MAX_LEFT_MEMBERS = 65_536
 """LeftMembers names honoured from one push-pull state."""
+MAX_META_BYTES = 512
+"""memberlist MetaMaxSize."""
 PHI_WINDOW = 200
 """Samples per peer: enough for a stable estimate, bounded memory (capacity × window × 8 B)."""
 
@@ -129,6 +132,9 @@ class Agent:
         self._leaving = False
         self._status_ltimes: dict[str, int] = {}
         self.departed = Departed(config.reconnect_timeout_ms, config.tombstone_timeout_ms)
+        self.generations = Generations()
+        self.local_jobs: set[str] = set()
+        self._changed = trio.Event()
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -249,16 +255,47 @@ class Agent:
             log.error("SIGHUP: keeping the running configuration: %s", exc)
             return
         logging.getLogger("swim").setLevel(fresh.log_level.upper())
-        if dict(fresh.tags) != self.tags:
-            await self.set_tags(dict(fresh.tags))
+        # job registrations are runtime state, not configuration: a reload keeps them
+        wanted = dict(fresh.tags) | {k: v for k, v in self.tags.items() if k.startswith(TAG_PREFIX)}
+        if wanted != self.tags:
+            await self.set_tags(wanted)
         log.info("SIGHUP: reloaded tags and log level (%s)", fresh.log_level)
 
     async def set_tags(self, tags: dict[str, str]) -> dict[str, str]:
-        meta = serf.encode_tags(tags)
+        return await self.update_tags(tags, (), replace=True)
+
+    async def update_tags(
+        self, set_: Mapping[str, str], delete: Iterable[str], *, replace: bool = False
+    ) -> dict[str, str]:
+        """Change tags atomically in the node task (concurrent callers cannot lose updates)."""
         node = self._node()
-        await self.command(lambda t: self._apply(node.set_meta(meta, t)))
-        self.tags = tags
-        return tags
+        gone = list(delete)
+
+        def run(now: int) -> dict[str, str]:
+            tags = dict(set_) if replace else {**self.tags, **set_}
+            for key in gone:
+                tags.pop(key, None)
+            meta = serf.encode_tags(tags)
+            if len(meta) > MAX_META_BYTES:
+                raise ValueError(f"tags would take {len(meta)} bytes; the limit is 512")
+            if tags != self.tags:
+                self._apply(node.set_meta(meta, now))
+                self.tags = tags
+                self.notify_changed()
+            return tags
+
+        result: dict[str, str] = await self.command(run)
+        return result
+
+    def notify_changed(self) -> None:
+        """Wake everyone in ``wait_changed``: membership or local tags changed."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    @property
+    def changed(self) -> trio.Event:
+        """Set at the next change; take it *before* reading state, then wait on it."""
+        return self._changed
 
     # --- the node task --------------------------------------------------------------------
 
@@ -378,6 +415,7 @@ class Agent:
             m.incarnation,
             m.address,
         )
+        self.notify_changed()
         if event.kind in (EventKind.REAPED, EventKind.LEFT) and m.name in self.phi:
             self.phi.remove(m.name)
         if event.kind == EventKind.REAPED:
