@@ -68,23 +68,24 @@ class ControlServer:
         async with self._limiter, stream:
             decoder = FrameDecoder()
             while True:
+                # only the wait for a request is bounded: a stream (monitor, watch) that
+                # the request opens lasts as long as the client wants it
+                data = b""
                 with trio.move_on_after(IDLE_TIMEOUT_S):
                     try:
                         data = await stream.receive_some(65536)
                     except (trio.BrokenResourceError, OSError):
                         return
-                    if not data:
+                if not data:
+                    return  # closed, or idle for too long
+                try:
+                    frames = decoder.feed(data)
+                except ControlError as exc:
+                    await _send(stream, error(str(exc)))
+                    return
+                for frame in frames:
+                    if not await self._answer(stream, frame):
                         return
-                    try:
-                        frames = decoder.feed(data)
-                    except ControlError as exc:
-                        await _send(stream, error(str(exc)))
-                        return
-                    for frame in frames:
-                        if not await self._answer(stream, frame):
-                            return
-                    continue
-                return  # idle for too long
 
     async def _answer(self, stream: trio.SocketStream, frame: dict[str, Any]) -> bool:
         try:

@@ -73,7 +73,7 @@ def reference(steps: int, global_batch: int, seed: int) -> list[float]:
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
@@ -81,9 +81,13 @@ def node_seed(name: str) -> int:
     return zlib.crc32(name.encode())
 
 
-def fault(kind: str) -> None:
+def fault(kind: str, log: Any) -> None:
     sig = signal.SIGKILL if kind.startswith("kill") else signal.SIGSTOP
-    print(f"fault: {kind}", flush=True)
+    record = json.dumps({"fault": kind, "t": time.time(), "pid": os.getpid()})
+    if log is not None:
+        log.write(record + "\n")
+        log.flush()
+    print(record, flush=True)
     os.killpg(os.getpgid(0), sig)
 
 
@@ -156,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         opt.zero_grad()
         loss = nn.functional.mse_loss(ddp(x[lo:hi]), y[lo:hi])
         if el.step == args.fault_step and args.fault.endswith("in-backward"):
-            loss.register_hook(lambda grad: fault(args.fault))
+            loss.register_hook(lambda grad: fault(args.fault, log))
         loss.backward()
         opt.step()
         # the mean of the ranks' means is the whole batch's mean (equal slices)
@@ -170,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.fault_file is not None and args.fault_file.exists() and args.fault_step > el.step:
             args.fault_step = el.step + 1  # the next step, so the fault lands mid-training
         if el.step == args.fault_step and args.fault in ("kill", "stop"):
-            fault(args.fault)
+            fault(args.fault, log)
         step = el.step
         loss = el.run_step(train_step)
         emit(
@@ -182,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                 "leader": el.order[0],
                 "formations": el.reconfigurations,
                 "formation_s": round(el.last_formation_s, 4),
+                "verdict_t": el.verdict_time,
             }
         )
         if args.step_sleep:

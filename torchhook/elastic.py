@@ -136,6 +136,8 @@ class ElasticDDP:
         self._last_beat = 0.0
         self.reconfigurations = 0
         self.last_formation_s = 0.0
+        self.verdict_time: float | None = None
+        """Wall clock when the view last dropped a member of our group (for measurements)."""
         self._directory = TCPStore(
             store_host, 0, is_master=True, wait_for_workers=False, timeout=self.pg_timeout
         )
@@ -224,6 +226,7 @@ class ElasticDDP:
             if (m.name, m.registered_ms) in self._group_ids and m.name != self.node
         )
         if lost or moved:
+            self.verdict_time = time.time()
             self._fail_pending(
                 f"view {view.generation} dropped {sorted(n for n, _ in lost)}"
                 if lost

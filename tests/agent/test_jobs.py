@@ -201,3 +201,27 @@ async def test_bad_watch_requests_leave_the_agent_serving(tmp_path: Path) -> Non
         await until(lambda: "swim.job/j" not in agents[0].agent.tags, 5)
         with pytest.raises(MembershipClosed):
             keep.heartbeat(1)
+
+
+@pytest.mark.trio
+async def test_streams_outlive_the_idle_timeout(tmp_path: Path, monkeypatch) -> None:
+    """The idle timeout bounds the wait for a request, not a watch it opened (a bug once
+    cut every watch and monitor after 30 s)."""
+    import agent.control_server
+
+    monkeypatch.setattr(agent.control_server, "IDLE_TIMEOUT_S", 0.2)
+    async with cluster(tmp_path, 2) as agents:
+        await until(lambda: all(len(a.node.members()) == 2 for a in agents), 20, agents)
+        watch = await trio.to_thread.run_sync(
+            lambda: Membership("j", control=tmp_path / "n0.sock", register=False)
+        )
+        try:
+            await trio.sleep(1.0)
+            assert watch.closed is None
+            reg = await trio.to_thread.run_sync(
+                lambda: Membership("j", control=tmp_path / "n1.sock")
+            )
+            await trio.to_thread.run_sync(lambda: watch.wait(lambda v: v.names == ("n1",), 10))
+            reg.close()
+        finally:
+            watch.close()
