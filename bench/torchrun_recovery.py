@@ -1,0 +1,338 @@
+"""torchrun recovery after a node fault: the ``swim`` rendezvous backend vs stock ``c10d``.
+
+Three "nodes" on loopback, each one torchrun (``--nnodes=2:3 --nproc-per-node=1``) running
+examples/torchrun_train.py, plus, for swim, one agent. A node's processes share one marker
+in their environment, so the whole node (agent, torchrun, and the workers torchrun starts in
+sessions of their own) is signalled at once: SIGKILL = crashed host, SIGSTOP = hung host.
+The measure is the time from the fault to the first training step completed in a new group
+without the victim, read from the workers' step logs (one JSON line per step).
+
+Research/torch-elastic.md §B6 found stock c10d recovering from a SIGKILL in ~38 s and not at
+all from a SIGSTOP within 40 s (gloo's 30 min timeout, pytorch#111646); the observation
+window here is bounded the same way.
+
+    python -m bench.torchrun_recovery [--window-s 40]     # prints a markdown table
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from agent.demo import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "examples" / "torchrun_train.py"
+MARK = "SWIM_BENCH_NODE"
+POLL_S = 0.1
+Backend = Literal["swim", "c10d"]
+Scenario = Literal["kill", "stop"]
+
+
+class Node:
+    """One node: an agent (swim only) and a torchrun, each in a session of its own (a
+    process cannot join a process group of another session), tied together by a marker."""
+
+    def __init__(
+        self,
+        name: str,
+        workdir: Path,
+        *,
+        backend: Backend,
+        job: str,
+        endpoint: str,
+        profile: str = "local",
+        nnodes: str = "2:3",
+        max_restarts: int = 50,
+        agent_port: int | None = None,
+        rdzv_conf: str = "",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.mark = f"{uuid.uuid4().hex}-{name}"
+        self.steps = workdir / f"steps-{name}.jsonl"
+        self.control = workdir / f"{name}.sock"
+        self.port = agent_port if agent_port is not None else free_port()
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._log = (workdir / f"{name}.log").open("ab")
+        self._env = {
+            **os.environ,
+            **(env or {}),
+            MARK: self.mark,
+            "SWIM_CONTROL": str(self.control),
+        }
+        try:
+            if backend == "swim":
+                self._start_agent(profile)
+            self._start_torchrun(backend, job, endpoint, nnodes, max_restarts, rdzv_conf)
+        except BaseException:
+            self.close()
+            raise
+
+    def _spawn(self, args: list[str]) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=self._env,
+            start_new_session=True,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def _start_agent(self, profile: str) -> None:
+        self._spawn(
+            [
+                sys.executable,
+                "-m",
+                "agent.cli",
+                "--control",
+                str(self.control),
+                "agent",
+                "--node",
+                self.name,
+                "--bind",
+                f"127.0.0.1:{self.port}",
+                "--profile",
+                profile,
+                "--log-level",
+                "info",
+            ]
+        )
+        _until(self.control.exists, 20, f"{self.name}'s control socket")
+
+    def _start_torchrun(
+        self, backend: str, job: str, endpoint: str, nnodes: str, restarts: int, conf: str
+    ) -> None:
+        args = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--rdzv-backend={backend}",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={job}",
+            f"--nnodes={nnodes}",
+            "--nproc-per-node=1",
+            f"--max-restarts={restarts}",
+            "--monitor-interval=0.1",
+            "--local-addr=127.0.0.1",
+        ]
+        if conf:
+            args.append(f"--rdzv-conf={conf}")
+        self._spawn(
+            [*args, str(TRAIN), "--trainer-node", self.name, "--steps-file", str(self.steps)]
+        )
+
+    def pids(self) -> list[int]:
+        """Every live process of this node, found by its environment marker."""
+        return list(_marked(self.mark))
+
+    def signal(self, sig: int) -> None:
+        """Signal the whole node. Stopping our sessions first means torchrun cannot start a
+        worker between the scan and the signal."""
+        for proc in self.procs:
+            _quiet(os.killpg, proc.pid, signal.SIGSTOP)
+        for pid in self.pids():
+            _quiet(os.kill, pid, sig)
+        for proc in self.procs:
+            _quiet(os.killpg, proc.pid, sig)
+
+    def close(self) -> None:
+        """SIGCONT then SIGKILL every process of the node (stopped ones included), reap."""
+        for sig in (signal.SIGSTOP, signal.SIGCONT, signal.SIGKILL):
+            self.signal(sig)
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                _quiet(os.kill, proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while self.pids() and time.monotonic() < deadline:  # workers are not our children
+            self.signal(signal.SIGKILL)
+            time.sleep(POLL_S)
+        self._log.close()
+
+
+def _quiet(fn: Callable[[int, int], None], pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
+        fn(pid, sig)
+
+
+def _marked(mark: str) -> Iterable[int]:
+    needle = f"{MARK}={mark}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                yield int(entry.name)
+        except OSError:
+            continue
+
+
+def _until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(POLL_S)
+    raise TimeoutError(f"{what}: not within {timeout_s} s")
+
+
+def read_steps(nodes: Iterable[Node]) -> list[dict[str, Any]]:
+    """Every step logged by ``nodes``' workers, in time order (a torn last line is skipped)."""
+    records: list[dict[str, Any]] = []
+    for node in nodes:
+        if not node.steps.exists():
+            continue
+        for line in node.steps.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return sorted(records, key=lambda r: float(r["t"]))
+
+
+def group_of(record: dict[str, Any]) -> tuple[str, int, int]:
+    return (str(record["group"]), int(record["restart"]), int(record["world"]))
+
+
+def wait_group(
+    nodes: list[Node], names: set[str], timeout_s: float, after: float = 0.0, steps: int = 3
+) -> list[dict[str, Any]]:
+    """Wait until exactly ``names`` train together (``steps`` steps each, in one group of
+    that size, logged after ``after``); returns that group's records."""
+
+    def found() -> list[dict[str, Any]] | None:
+        by_group: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+        for r in read_steps(nodes):
+            if float(r["t"]) > after and int(r["world"]) == len(names):
+                by_group.setdefault(group_of(r), []).append(r)
+        for records in by_group.values():
+            counts = {n: sum(1 for r in records if r["node"] == n) for n in names}
+            if {r["node"] for r in records} == names and min(counts.values()) >= steps:
+                return records
+        return None
+
+    result: list[dict[str, Any]] = _until(found, timeout_s, f"group {sorted(names)}")
+    return result
+
+
+def start_nodes(
+    workdir: Path, backend: Backend, profile: str, count: int, job: str = "bench"
+) -> list[Node]:
+    """``count`` nodes; swim's endpoint is node 0's agent, c10d's a store node 0 hosts."""
+    nodes: list[Node] = []
+    seed = free_port()
+    try:
+        for i in range(count):
+            conf = "" if backend == "swim" else f"is_host={int(i == 0)}"
+            nodes.append(
+                Node(
+                    f"node{i}",
+                    workdir,
+                    backend=backend,
+                    job=job,
+                    endpoint=f"127.0.0.1:{seed}",
+                    profile=profile,
+                    agent_port=seed if i == 0 else None,
+                    rdzv_conf=conf,
+                    env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if backend == "c10d" else None,
+                )
+            )
+    except BaseException:
+        for n in nodes:
+            n.close()
+        raise
+    return nodes
+
+
+def measure(
+    profile: str,
+    scenario: Scenario,
+    backend: Backend,
+    *,
+    victim: int = 2,
+    start_timeout_s: float = 120.0,
+    window_s: float = 40.0,
+    workdir: Path | None = None,
+) -> dict[str, Any]:
+    """Start 3 nodes, wait until they train at world 3, SIGKILL/SIGSTOP node ``victim`` and
+    time the first step of a new 2-node group (None if none within ``window_s``)."""
+    with tempfile.TemporaryDirectory(prefix="swim-trbench-") as tmp:
+        work = workdir or Path(tmp)
+        nodes = start_nodes(work, backend, profile, 3)
+        try:
+            started = time.monotonic()
+            before = wait_group(nodes, {n.name for n in nodes}, start_timeout_s)
+            startup_s = time.monotonic() - started
+            fault_t = time.time()
+            nodes[victim].signal(signal.SIGKILL if scenario == "kill" else signal.SIGSTOP)
+            survivors = {n.name for i, n in enumerate(nodes) if i != victim}
+            seen = {group_of(r) for r in before}
+            try:
+                after = wait_group(nodes, survivors, window_s, after=fault_t, steps=1)
+                first = min(float(r["t"]) for r in after if group_of(r) not in seen)
+                recovery_s: float | None = first - fault_t
+            except TimeoutError:
+                recovery_s = None
+            return {
+                "profile": profile if backend == "swim" else "-",
+                "scenario": scenario,
+                "backend": backend,
+                "startup_s": startup_s,
+                "recovery_s": recovery_s,
+                "window_s": window_s,
+            }
+        finally:
+            for n in nodes:
+                n.close()
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| backend | profile | fault | recovery (fault → first step at world 2) | startup |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rec = r["recovery_s"]
+        shown = f"{rec:.1f} s" if rec is not None else f"none within {r['window_s']:.0f} s"
+        lines.append(
+            f"| {r['backend']} | {r['profile']} | {r['scenario']} | {shown} "
+            f"| {r['startup_s']:.1f} s |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--window-s", type=float, default=40.0)
+    parser.add_argument("--repeats", type=int, default=1)
+    args = parser.parse_args(argv)
+    runs: list[tuple[Backend, str]] = [("swim", "local"), ("swim", "lan"), ("c10d", "local")]
+    rows = []
+    for backend, profile in runs:
+        for scenario in ("kill", "stop"):
+            for _ in range(args.repeats):
+                row = measure(profile, scenario, backend, window_s=args.window_s)
+                print(row, file=sys.stderr, flush=True)
+                rows.append(row)
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
