@@ -68,6 +68,7 @@ class Node:
         self._log = (workdir / f"{name}.log").open("ab")
         self._env = {
             **os.environ,
+            "LOGLEVEL": "INFO",  # torchrun's and the rendezvous's progress, in the node log
             **(env or {}),
             MARK: self.mark,
             "SWIM_CONTROL": str(self.control),
@@ -206,8 +207,10 @@ def read_steps(nodes: Iterable[Node]) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: float(r["t"]))
 
 
-def group_of(record: dict[str, Any]) -> tuple[str, int, int]:
-    return (str(record["group"]), int(record["restart"]), int(record["world"]))
+def group_of(record: dict[str, Any]) -> tuple[str, int]:
+    """A worker group: its store address (new every round) and size. Not the restart
+    count: it differs between the nodes of one group (a newcomer starts at 0)."""
+    return (str(record["group"]), int(record["world"]))
 
 
 def wait_group(
@@ -217,7 +220,7 @@ def wait_group(
     that size, logged after ``after``); returns that group's records."""
 
     def found() -> list[dict[str, Any]] | None:
-        by_group: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+        by_group: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for r in read_steps(nodes):
             if float(r["t"]) > after and int(r["world"]) == len(names):
                 by_group.setdefault(group_of(r), []).append(r)

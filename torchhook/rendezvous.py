@@ -66,7 +66,6 @@ handler that sees it in a view latches closed, and ``next_rendezvous`` then rais
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -98,6 +97,7 @@ from torch.distributed.elastic.rendezvous import (  # noqa: E402
     RendezvousStoreInfo,
     RendezvousTimeoutError,
 )
+from torch.distributed.elastic.utils.logging import get_logger  # noqa: E402
 
 from agent.control import ControlClient, ControlError  # noqa: E402
 from torchhook.client import JobMember, Membership, MembershipClosed, View  # noqa: E402
@@ -114,7 +114,8 @@ POLL_S = 0.05
 RETRY_S = 0.5
 DEFAULT_SEED_PORT = 7946
 
-log = logging.getLogger("torchhook.rendezvous")
+# torch's helper: the level follows LOGLEVEL, like torchrun's own messages
+log = get_logger("torchhook.rendezvous")
 
 
 @dataclass(frozen=True, slots=True)
