@@ -34,8 +34,9 @@ Round protocol, on the leader's store (keys ``current``, ``r<N>/arrived``, ``r<N
    arrived and there are at least ``min_nodes``. When there is still room (fewer than
    ``max_nodes``), or nodes arrived that the sealer's view does not show yet (gossip lag),
    the condition must hold for a short last call first (``last_call_timeout``, 1 s, not
-   c10d's 30 s; Pitfall 13). The seal is ``compare_set(r<N>/sealed, "", members)``: one
-   writer wins and everyone reads the winner's list.
+   c10d's 30 s; Pitfall 13), except in a round that only drops members of the previous
+   one (the survivors of a failure have nobody new to wait for). The seal is
+   ``compare_set(r<N>/sealed, "", members)``: one writer wins, everyone reads its list.
    Requiring *every view member* (not a count) is what stops a late joiner from forming a
    parallel job (split brain, §B6's first bug): a running member is in the late joiner's
    view, so the late joiner cannot seal without it, and the running member comes because
@@ -114,8 +115,9 @@ POLL_S = 0.05
 RETRY_S = 0.5
 DEFAULT_SEED_PORT = 7946
 
-# torch's helper: the level follows LOGLEVEL, like torchrun's own messages
-log = get_logger("torchhook.rendezvous")
+# Under torch's logger tree (as c10d's dynamic_rendezvous), so torchrun prints these with
+# its own messages; the level follows LOGLEVEL.
+log = get_logger("torch.distributed.elastic.rendezvous.swim")
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,13 +162,21 @@ def seal_target(view: View, max_nodes: int) -> tuple[str, ...]:
 
 
 def ready_to_seal(
-    target: tuple[str, ...], arrived: set[str], min_nodes: int, max_nodes: int
+    target: tuple[str, ...],
+    arrived: set[str],
+    min_nodes: int,
+    max_nodes: int,
+    previous: tuple[str, ...] = (),
 ) -> tuple[bool, bool]:
-    """(sealable, needs a last call first)."""
+    """(sealable, needs a last call first). A round that only loses members of this node's
+    ``previous`` round needs no last call: nobody new was seen, and the survivors of a
+    failure are the ones waiting."""
     if len(target) < min_nodes or not arrived.issuperset(target):
         return False, False
-    unseen = bool(arrived - set(target)) and len(target) < max_nodes
-    return True, len(target) < max_nodes or unseen
+    if len(target) >= max_nodes:
+        return True, False
+    shrink_only = bool(previous) and set(target) <= set(previous) and arrived <= set(previous)
+    return True, not shrink_only
 
 
 def nodes_waiting(view: View, current: Round | None, max_nodes: int) -> int:
@@ -303,7 +313,8 @@ class SwimRendezvousHandler(RendezvousHandler):
         for and since when (the last call restarts whenever the target changes)."""
         arrived = set(store.get(f"r{number}/arrived").decode().split())
         target = seal_target(view, self._max)
-        ok, last_call = ready_to_seal(target, arrived, self._min, self._max)
+        previous = self._round.members if self._round else ()
+        ok, last_call = ready_to_seal(target, arrived, self._min, self._max, previous)
         if not ok:
             return None
         if ready is None or ready[0] != target:

@@ -72,6 +72,10 @@ def test_a_round_seals_only_when_every_view_member_arrived() -> None:
     assert ready_to_seal(("a", "b"), {"a", "b"}, 2, 3) == (True, True)  # room: last call
     assert ready_to_seal(("a", "b", "c"), {"a", "b", "c"}, 2, 3) == (True, False)
     assert ready_to_seal(("a", "b"), {"a", "b"}, 2, 2) == (True, False)
+    # survivors of a failure seal at once; a newcomer among them brings the last call back
+    assert ready_to_seal(("a", "b"), {"a", "b"}, 2, 3, ("a", "b", "c")) == (True, False)
+    assert ready_to_seal(("a", "d"), {"a", "d"}, 2, 3, ("a", "b", "c")) == (True, True)
+    assert ready_to_seal(("a", "b"), {"a", "b", "d"}, 2, 3, ("a", "b", "c")) == (True, True)
 
 
 # --- in-process handlers on real agents ---------------------------------------------------
