@@ -11,7 +11,7 @@ Research/torch-elastic.md §B6 found stock c10d recovering from a SIGKILL in ~38
 all from a SIGSTOP within 40 s (gloo's 30 min timeout, pytorch#111646); the observation
 window here is bounded the same way.
 
-    python -m bench.torchrun_recovery [--window-s 40]     # prints a markdown table
+    python -m bench.torchrun_recovery [--window-s 40] [--c10d-kill-window-s 90]
 """
 
 from __future__ import annotations
@@ -323,6 +323,12 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--window-s", type=float, default=40.0)
+    parser.add_argument(
+        "--c10d-kill-window-s",
+        type=float,
+        default=90.0,
+        help="c10d needs keep-alive expiry (15 s) + last call (30 s) after a crash (§A1)",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args(argv)
     runs: list[tuple[Backend, str]] = [("swim", "local"), ("swim", "lan"), ("c10d", "local")]
@@ -330,7 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     for backend, profile in runs:
         for scenario in ("kill", "stop"):
             for _ in range(args.repeats):
-                row = measure(profile, scenario, backend, window_s=args.window_s)
+                window = args.window_s
+                if (backend, scenario) == ("c10d", "kill"):
+                    window = args.c10d_kill_window_s
+                row = measure(profile, scenario, backend, window_s=window)
                 print(row, file=sys.stderr, flush=True)
                 rows.append(row)
     print(table(rows))
