@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reference", action="store_true", help="print the failure-free curve")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.reference:
         print(json.dumps(reference(args.steps, args.global_batch, args.seed)))
         return 0
@@ -175,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             args.fault_step = el.step + 1  # the next step, so the fault lands mid-training
         if el.step == args.fault_step and args.fault in ("kill", "stop"):
             fault(args.fault, log)
-        step = el.step
         loss = el.run_step(train_step)
+        step = el.step - 1  # the step that ran (a new member learns the count on joining)
         emit(
             {
                 "step": step,

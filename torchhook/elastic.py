@@ -38,7 +38,6 @@ job per node).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -65,7 +64,9 @@ T = TypeVar("T")
 WAIT_SLICE = timedelta(milliseconds=20)
 POLL_S = 0.01
 DIRECTORY_CONNECT_S = 5.0
-MAX_OLD_TOKENS = 8
+GLOO_FAILURES = ("gloo", "Connection closed by peer", "Connection reset by peer", "Timed out")
+STORE_CONNECT = timedelta(seconds=3)
+"""Connecting to a formation store: short, a leader that gave up is retried via the view."""
 HEARTBEAT_EVERY_S = 0.1
 """Heartbeats from wait loops are spaced out; one per step is always sent."""
 
@@ -132,7 +133,7 @@ class ElasticDDP:
         self.order: tuple[str, ...] = ()
         self._group_ids: frozenset[tuple[str, int]] = frozenset()
         self.group_token = ""
-        self._old_tokens: list[str] = []
+        self._confirmed: set[str] = set()
         self._last_beat = 0.0
         self.reconfigurations = 0
         self.last_formation_s = 0.0
@@ -179,9 +180,10 @@ class ElasticDDP:
                     continue
                 assert self.ddp is not None
                 result = fn(self.ddp)
-            except Exception:
-                if not self._group_failed():
+            except Exception as exc:
+                if not self._group_failed(exc):
                     raise
+                del exc
                 # do not keep the exception: its frames pin the dead group (Pitfall 3)
                 self._teardown(stuck=True)
                 continue
@@ -218,13 +220,16 @@ class ElasticDDP:
             return
         ids = {(m.name, m.registered_ms) for m in view.members}
         lost = self._group_ids - ids
-        # a peer showing a group that is neither ours nor one we left has moved on without
-        # us (we were stopped, or cut off); peers still showing our previous group are late
-        moved = any(
-            m.group not in ("", self.group_token, *self._old_tokens)
-            for m in view.members
-            if (m.name, m.registered_ms) in self._group_ids and m.name != self.node
-        )
+        # a peer that showed our group's token and now shows another has moved on without
+        # us (we were stopped, or cut off); one that never showed ours is only late gossip
+        moved = False
+        for m in view.members:
+            if (m.name, m.registered_ms) not in self._group_ids or m.name == self.node:
+                continue
+            if m.group == self.group_token:
+                self._confirmed.add(m.name)
+            elif m.name in self._confirmed:
+                moved = True
         if lost or moved:
             self.verdict_time = time.time()
             self._fail_pending(
@@ -242,18 +247,17 @@ class ElasticDDP:
                     fut.set_exception(MembershipChanged(why))  # type: ignore[arg-type]
         log.warning("abandoning group %s: %s", self.group_token, why)
 
-    def _group_failed(self) -> bool:
-        """After an exception in a step: was it the group (verdict or peer gone)?"""
-        if self._broken:
+    def _group_failed(self, exc: BaseException) -> bool:
+        """After an exception in a step: did the group fail (verdict, or a peer gone)?
+
+        A peer's crash reaches the ranks wired to it as a gloo error before any verdict
+        (B3); re-forming at once is right, because formation waits for a consistent view.
+        Anything else is the caller's bug and propagates. The gloo errors have no type of
+        their own (Pitfall 11), hence the message test."""
+        if self._broken or isinstance(exc, dist.DistError):
             return True
-        # a peer's crash surfaces as a gloo error before the verdict (B3); wait for the
-        # verdict briefly rather than guess from the message (Pitfall 11)
-        deadline = time.monotonic() + self.formation_timeout_s
-        while time.monotonic() < deadline and not self._broken:
-            if self.membership.closed is not None:
-                return False
-            time.sleep(POLL_S)
-        return self._broken
+        text = str(exc)
+        return any(mark in text for mark in GLOO_FAILURES)
 
     # --- collectives ------------------------------------------------------------------
 
@@ -352,6 +356,7 @@ class ElasticDDP:
         else:
             store = self._join_formation(view, key, deadline)
         try:
+            token = store.get("token").decode()
             order = self._exchange_steps(store, view, deadline)
             rank = order.index(self.node)
             dist.init_process_group(
@@ -364,7 +369,7 @@ class ElasticDDP:
         finally:
             if leader.name == self.node:
                 self._directory.delete_key(key)
-        self._start_group(view, order, rank)
+        self._start_group(view, order, rank, token)
 
     def _host_formation(self, key: str) -> TCPStore:
         self._formation_store = TCPStore(
@@ -374,6 +379,8 @@ class ElasticDDP:
             wait_for_workers=False,
             timeout=timedelta(seconds=self.formation_timeout_s),
         )
+        # a fresh token per formation, even for the same members (Pitfall 6)
+        self._formation_store.set("token", os.urandom(8).hex())
         self._directory.set(key, str(self._formation_store.port))
         return self._formation_store
 
@@ -383,14 +390,11 @@ class ElasticDDP:
         self._poll(lambda: directory.check([key]), view, deadline, f"leader {leader.name}")
         port = int(directory.get(key))
         try:
-            return TCPStore(
-                leader.addr,
-                port,
-                is_master=False,
-                timeout=timedelta(seconds=self.formation_timeout_s),
-            )
+            store = TCPStore(leader.addr, port, is_master=False, timeout=STORE_CONNECT)
         except (RuntimeError, OSError) as exc:
             raise _Retry(f"formation store at {leader.addr}:{port}: {exc}") from None
+        store.set_timeout(timedelta(seconds=self.formation_timeout_s))
+        return store
 
     def _directory_of(self, addr: str, port: int) -> TCPStore:
         client = self._dir_clients.get((addr, port))
@@ -427,7 +431,7 @@ class ElasticDDP:
             self._beat()
             time.sleep(POLL_S)
 
-    def _start_group(self, view: View, order: list[str], rank: int) -> None:
+    def _start_group(self, view: View, order: list[str], rank: int, token: str) -> None:
         self.rank, self.world_size = rank, len(order)
         self.order = tuple(order)
         for p in self.model.parameters():
@@ -438,9 +442,8 @@ class ElasticDDP:
         self._sync_state()
         self.group_names = tuple(view.names)
         self._group_ids = frozenset((m.name, m.registered_ms) for m in view.members)
-        if self.group_token:
-            self._old_tokens = [*self._old_tokens[-(MAX_OLD_TOKENS - 1) :], self.group_token]
-        self.group_token = _token(view.fingerprint, order)
+        self.group_token = token
+        self._confirmed = set()
         with self._lock:
             self._broken = False
         self._running = True
@@ -482,8 +485,3 @@ class ElasticDDP:
             dist.destroy_process_group()
         self._formation_store = None
         self.rank, self.world_size = -1, 0
-
-
-def _token(fingerprint: str, order: list[str]) -> str:
-    digest = hashlib.sha256(("|".join(order) + fingerprint).encode()).hexdigest()
-    return digest[:16]

@@ -51,7 +51,8 @@ class Node:
         until(lambda: _answers(self.control), timeout_s, f"agent {self.name} ready")
 
     def start_trainer(self, script: str, *args: str, timeout_s: float = 240) -> None:
-        cmd = ["timeout", "-s", "KILL", str(timeout_s), sys.executable, script]
+        # --foreground: stay in the node's process group (timeout makes its own otherwise)
+        cmd = ["timeout", "--foreground", "-s", "KILL", str(timeout_s), sys.executable, script]
         cmd += ["--control", str(self.control), "--log", str(self.steps_path), *args]
         with self.trainer_log.open("ab") as out:
             self.trainer = subprocess.Popen(

@@ -41,7 +41,7 @@ def _training_at(node: Node, world: int) -> bool:
 
 
 def _finish(nodes: list[Node], tmp_path: Path, extra_steps: int = 20) -> int:
-    last = max(r["step"] for n in nodes for r in n.steps())
+    last = max(int(r["step"]) for n in nodes for r in n.steps())
     stop_at = last + extra_steps
     (tmp_path / "stop").write_text(str(stop_at))
     until(lambda: all(n.final() is not None for n in nodes), 60, "every trainer finishes")
@@ -93,7 +93,7 @@ def test_node_failure_shrinks_then_a_new_node_regrows(tmp_path: Path, fault: str
     try:
         for n in nodes:
             extra = ["--fault", fault, "--fault-file", str(fault_file)] if n.name == "n3" else []
-            n.start_trainer(SCRIPT, *_common(tmp_path), "--min-nodes", "4", *extra)
+            n.start_trainer(SCRIPT, *_common(tmp_path), "--min-nodes", "3", *extra)
         survivors, victim = nodes[:3], nodes[3]
         until(lambda: all(_training_at(n, 4) for n in nodes), 120, "4-node group trains")
         fault_file.touch()
@@ -122,7 +122,7 @@ def test_hung_trainer_on_a_live_host_is_excluded_then_rejoins(tmp_path: Path) ->
     try:
         for n in nodes:
             n.start_trainer(
-                SCRIPT, *_common(tmp_path), "--min-nodes", "4", "--heartbeat-pause-ms", "1500"
+                SCRIPT, *_common(tmp_path), "--min-nodes", "3", "--heartbeat-pause-ms", "3000"
             )
         until(lambda: all(_training_at(n, 4) for n in nodes), 120, "4-node group trains")
         hung = nodes[3]
@@ -147,4 +147,6 @@ def test_hung_trainer_on_a_live_host_is_excluded_then_rejoins(tmp_path: Path) ->
 
 
 def _first_at(nodes: list[Node], world: int, after: float) -> float:
-    return min(r["t"] for n in nodes for r in n.steps() if r["world"] == world and r["t"] > after)
+    return min(
+        float(r["t"]) for n in nodes for r in n.steps() if r["world"] == world and r["t"] > after
+    )
