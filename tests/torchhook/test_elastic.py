@@ -10,6 +10,7 @@ against a failure-free single-process run of the same global batches.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -126,12 +127,12 @@ def test_hung_trainer_on_a_live_host_is_excluded_then_rejoins(tmp_path: Path) ->
             )
         until(lambda: all(_training_at(n, 4) for n in nodes), 120, "4-node group trains")
         hung = nodes[3]
-        assert hung.trainer is not None
-        hung.trainer.send_signal(signal.SIGSTOP)
+        pid = int(hung.steps()[-1]["pid"])  # the trainer itself, not its `timeout` wrapper
+        os.kill(pid, signal.SIGSTOP)
         stopped_at = time.time()
         until(lambda: all(_training_at(n, 3) for n in nodes[:3]), 60, "others train at 3")
         went_on = max(r["step"] for r in nodes[0].steps())
-        hung.trainer.send_signal(signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
         until(lambda: all(_training_at(n, 4) for n in nodes), 90, "the woken trainer rejoins")
         stop_at = _finish(nodes, tmp_path)
         assert stop_at > went_on
