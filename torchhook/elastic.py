@@ -128,7 +128,8 @@ class ElasticDDP:
         self.step = 0
         self.rank = -1
         self.world_size = 0
-        self.ddp: DDP | None = None
+        self.ddp: Any = None
+        """The wrapped model the step function gets (a DDP module; None between groups)."""
         self.group_names: tuple[str, ...] = ()
         self.order: tuple[str, ...] = ()
         self._group_ids: frozenset[tuple[str, int]] = frozenset()
@@ -167,7 +168,7 @@ class ElasticDDP:
         lo = self.rank * base + min(self.rank, extra)
         return lo, lo + base + (1 if self.rank < extra else 0)
 
-    def run_step(self, fn: Callable[[DDP], T]) -> T:
+    def run_step(self, fn: Callable[[Any], T]) -> T:
         """Run one training step (forward, backward, optimizer step) on the DDP model.
 
         A membership change re-forms the group and runs the step again, in the new group;
@@ -434,12 +435,7 @@ class ElasticDDP:
     def _start_group(self, view: View, order: list[str], rank: int, token: str) -> None:
         self.rank, self.world_size = rank, len(order)
         self.order = tuple(order)
-        for p in self.model.parameters():
-            p.grad = None
-        self.ddp = DDP(self.model)  # broadcasts parameters and buffers from rank 0
-        # a lambda: DDP inspects annotations, which __future__ annotations turn into strings
-        self.ddp.register_comm_hook(None, lambda state, bucket: self._comm_hook(state, bucket))
-        self._sync_state()
+        self.ddp = self._setup_model()
         self.group_names = tuple(view.names)
         self._group_ids = frozenset((m.name, m.registered_ms) for m in view.members)
         self.group_token = token
@@ -456,6 +452,17 @@ class ElasticDDP:
             order,
             self.step,
         )
+
+    def _setup_model(self) -> Any:
+        """Make model and optimizer consistent in the new group; returns what ``run_step``
+        hands to the step function. Subclasses (FSDP) override this."""
+        for p in self.model.parameters():
+            p.grad = None
+        ddp = DDP(self.model)  # broadcasts parameters and buffers from rank 0
+        # a lambda: DDP inspects annotations, which __future__ annotations turn into strings
+        ddp.register_comm_hook(None, lambda state, bucket: self._comm_hook(state, bucket))
+        self._sync_state()
+        return ddp
 
     def _sync_state(self) -> None:
         payload: list[Any] = [None]
