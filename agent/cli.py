@@ -5,7 +5,7 @@
     swimctl join ADDR...        swimctl leave        swimctl force-leave NODE
     swimctl info [--json]       swimctl monitor      swimctl tags --set k=v --delete k
     swimctl keys --list | --install KEY | --use KEY | --remove KEY
-    swimctl demo                (a local cluster of real agents; see agent/demo.py)
+    swimctl demo [--torch]      (a local cluster of real agents; agent/demo.py, torch_demo.py)
 
 Client commands reach the agent's control socket: ``--control PATH`` or ``$SWIM_CONTROL``,
 else ``$XDG_RUNTIME_DIR/swim/agent.sock``, else ``/run/swim/agent.sock``. ``--json`` prints
@@ -279,8 +279,18 @@ def keys(
 @click.option(
     "--profile", default="local", show_default=True, type=click.Choice(["lan", "wan", "local"])
 )
-def demo(agents: int, profile: str) -> None:
+@click.option(
+    "--torch",
+    "torch_job",
+    is_flag=True,
+    help="Instead: a 4-node elastic DDP job (needs torch); kill a node, watch it go on at 3.",
+)
+def demo(agents: int, profile: str, torch_job: bool) -> None:
     """Start a local cluster of real agents, kill one, watch the others notice."""
+    if torch_job:
+        from agent.torch_demo import run_torch_demo
+
+        sys.exit(run_torch_demo(profile))
     from agent.demo import run_demo
 
     sys.exit(run_demo(agents, profile))
