@@ -1,0 +1,125 @@
+"""In-process elastic FSDP2 with real agents, real trainer processes, gloo and DCP.
+
+Four nodes (agent + trainer each) train a sharded model with checkpoints every 2 steps
+into a shared directory. One node dies as a whole (SIGKILL of its process group, from
+inside its trainer, at a step that is not a checkpoint step). The three survivors form a
+group of 3 in the same processes, reload the newest complete checkpoint resharded to 3
+(rolling back the steps after it) and train on. Checked from the step logs: world sizes,
+the resumed step is a checkpoint step before the fault, every step of the new group is run
+in order from it, and every logged loss equals the unsharded single-process reference.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.torchhook.nodes import ROOT, Node, start_nodes, until
+
+pytest.importorskip("torch", reason="the torch hook needs torch (pip install '.[torch]')")
+
+from torchhook.fsdp import complete_checkpoints
+
+pytestmark = pytest.mark.slow
+SCRIPT = "examples/elastic_fsdp.py"
+EVERY = 2
+SEED = 7
+LOSS_RTOL = 1e-4
+
+
+def _args(tmp_path: Path) -> list[str]:
+    return [
+        "--job", "j", "--steps", "100000", "--stop-file", str(tmp_path / "stop"),
+        "--step-sleep", "0.02", "--pg-timeout", "15", "--min-nodes", "3",
+        "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", str(EVERY),
+        "--seed", str(SEED),
+    ]  # fmt: skip
+
+
+def _training_at(node: Node, world: int) -> bool:
+    steps = node.steps()
+    return len(steps) >= 3 and all(r["world"] == world for r in steps[-3:])
+
+
+def _reference(steps: int) -> list[float]:
+    out = subprocess.run(
+        [sys.executable, SCRIPT, "--reference", "--steps", str(steps), "--seed", str(SEED)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=True,
+    )  # fmt: skip
+    losses: list[float] = json.loads(out.stdout)
+    return losses
+
+
+def _check(survivors: list[Node], victim: Node, stop_at: int) -> dict[str, Any]:
+    fault = next(r for r in victim.records() if "fault" in r)
+    fault_step = max(r["step"] for r in victim.steps()) + 1  # steps completed at the kill
+    assert fault_step % EVERY != 0, "the fault must land between checkpoints"
+    assert all(r["world"] == 4 for r in victim.steps())
+    ref = _reference(stop_at)
+    worst = 0.0
+    first_new: list[dict[str, Any]] = []
+    for n in survivors:
+        steps = n.steps()
+        assert steps[0]["world"] in (3, 4) and steps[-1]["world"] == 3, steps
+        at3 = [r for r in steps if r["world"] == 3 and r["t"] > fault["t"]]
+        resumed = {r["resumed"] for r in at3}
+        assert len(resumed) == 1, f"{n.name}: one formation at world 3, got {resumed}"
+        (start,) = resumed
+        # rollback: a checkpoint step of the old group, before the fault, then every step
+        # in order from it
+        assert start is not None and start % EVERY == 0 and 0 < start < fault_step, (
+            start,
+            fault_step,
+        )
+        assert [r["step"] for r in at3] == list(range(start, stop_at)), n.name
+        first_new.append(at3[0])
+        for r in steps:
+            rel = abs(r["loss"] - ref[r["step"]]) / abs(ref[r["step"]])
+            assert rel < LOSS_RTOL, (n.name, r, ref[r["step"]])
+            worst = max(worst, rel)
+    assert len({r["resumed"] for r in first_new}) == 1, "all survivors resumed the same step"
+    saved = complete_checkpoints(survivors[0].steps_path.parent / "ckpt")
+    assert saved and saved[-1].world_size == 3 and saved[-1].step <= stop_at, saved
+    first = min(r["t"] for r in first_new)
+    return {
+        "fault_step": fault_step,
+        "resumed_step": first_new[0]["resumed"],
+        "rollback_steps": fault_step - first_new[0]["resumed"],
+        "fault_to_world3_step_s": round(first - fault["t"], 3),
+        "load_s": max(r["load_s"] for r in first_new),
+        "formation_s": max(r["formation_s"] for r in first_new),
+        "worst_rel_loss_diff": worst,
+    }
+
+
+@pytest.mark.parametrize("fault", ["kill"])
+def test_node_killed_survivors_reshard_roll_back_and_match_reference(
+    tmp_path: Path, fault: str
+) -> None:
+    nodes = start_nodes(["n0", "n1", "n2", "n3"], tmp_path)
+    fault_file = tmp_path / "fault"
+    try:
+        for n in nodes:
+            extra = ["--fault", fault, "--fault-file", str(fault_file)] if n.name == "n3" else []
+            n.start_trainer(SCRIPT, *_args(tmp_path), *extra, timeout_s=150)
+        survivors, victim = nodes[:3], nodes[3]
+        until(lambda: all(_training_at(n, 4) for n in nodes), 60, "4-node group trains")
+        fault_file.touch()
+        until(lambda: any("fault" in r for r in victim.records()), 20, "the fault happens")
+        until(lambda: all(_training_at(n, 3) for n in survivors), 45, "survivors train at 3")
+        stop_at = max(r["step"] for n in survivors for r in n.steps()) + 4
+        (tmp_path / "stop").write_text(str(stop_at))
+        until(lambda: all(n.final() is not None for n in survivors), 30, "survivors finish")
+        for n in survivors:
+            assert n.trainer is not None and n.trainer.wait(20) == 0, n.trainer_log.read_text()[
+                -3000:
+            ]
+        print(json.dumps({"fault": fault, **_check(survivors, victim, stop_at)}))
+    finally:
+        for n in nodes:
+            n.stop()
