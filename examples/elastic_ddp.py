@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if os.environ.get("SWIM_DEBUG"):
+        logging.getLogger("torchhook").setLevel(logging.DEBUG)
     if args.reference:
         print(json.dumps(reference(args.steps, args.global_batch, args.seed)))
         return 0

@@ -63,7 +63,9 @@ log = logging.getLogger("torchhook.elastic")
 T = TypeVar("T")
 WAIT_SLICE = timedelta(milliseconds=20)
 POLL_S = 0.01
-DIRECTORY_CONNECT_S = 5.0
+DIRECTORY_CONNECT_S = 2.0
+DIRECTORY_OP = timedelta(seconds=1)
+"""A directory request to a stopped host blocks for this long before the view is rechecked."""
 GLOO_FAILURES = ("gloo", "Connection closed by peer", "Connection reset by peer", "Timed out")
 STORE_CONNECT = timedelta(seconds=3)
 """Connecting to a formation store: short, a leader that gave up is retried via the view."""
@@ -315,6 +317,7 @@ class ElasticDDP:
         deadline = started + self.join_timeout_s
         while True:
             view = self._wait_for_usable_view(deadline)
+            log.debug("forming on view %d %s %s", view.generation, view.fingerprint, view.names)
             try:
                 self._form(view)
                 break
@@ -356,10 +359,12 @@ class ElasticDDP:
             store = self._host_formation(key)
         else:
             store = self._join_formation(view, key, deadline)
+        log.debug("formation %s: store ready", view.fingerprint)
         try:
             token = store.get("token").decode()
             order = self._exchange_steps(store, view, deadline)
             rank = order.index(self.node)
+            log.debug("formation %s: steps exchanged", view.fingerprint)
             dist.init_process_group(
                 "gloo",
                 store=PrefixStore("pg", store),
@@ -370,6 +375,7 @@ class ElasticDDP:
         finally:
             if leader.name == self.node:
                 self._directory.delete_key(key)
+        log.debug("formation %s: process group up", view.fingerprint)
         self._start_group(view, order, rank, token)
 
     def _host_formation(self, key: str) -> TCPStore:
@@ -406,6 +412,7 @@ class ElasticDDP:
                 )
             except (RuntimeError, OSError) as exc:
                 raise _Retry(f"directory at {addr}:{port}: {exc}") from None
+            client.set_timeout(DIRECTORY_OP)
             self._dir_clients[(addr, port)] = client
         return client
 
@@ -435,6 +442,7 @@ class ElasticDDP:
     def _start_group(self, view: View, order: list[str], rank: int, token: str) -> None:
         self.rank, self.world_size = rank, len(order)
         self.order = tuple(order)
+        log.debug("group %s: setting up the model", token)
         self.ddp = self._setup_model()
         self.group_names = tuple(view.names)
         self._group_ids = frozenset((m.name, m.registered_ms) for m in view.members)
