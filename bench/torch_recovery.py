@@ -49,6 +49,10 @@ def _training_at(node: Node, world: int, steps: int = 3) -> bool:
     return len(recent) == steps and all(r["world"] == world for r in recent)
 
 
+def _verdicts(records: list[dict[str, Any]], after: float) -> list[float]:
+    return [float(v) for r in records if (v := r.get("verdict_t")) and v > after]
+
+
 def measure_ddp(
     profile: str,
     fault: str,
@@ -99,11 +103,15 @@ def measure_ddp(
                 return row
             after = [r for n in survivors for r in at3(n)]
             first = min(float(r["t"]) for r in after)
-            verdicts = [float(v) for r in after if (v := r.get("verdict_t")) and v > fault_t]
+            verdicts = _verdicts(after, fault_t)
             row["total_s"] = first - fault_t
             if verdicts:
                 row["verdict_s"] = min(verdicts) - fault_t
                 row["resume_s"] = first - min(verdicts)
+            # the survivors' agents need not agree at once: the last one to drop the victim
+            last = [min(vs) for n in survivors if (vs := _verdicts(at3(n), fault_t))]
+            if len(last) == len(survivors):
+                row["last_verdict_s"] = max(last) - fault_t
             return row
         finally:
             for n in nodes:
@@ -167,6 +175,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         total = _spread([r["total_s"] for r in runs], window)
         if mode == "in-process DDP":
             verdict = _spread([r["verdict_s"] for r in runs], window)
+            last = _median(r.get("last_verdict_s") for r in runs)
+            if last is not None:
+                verdict += f" (last survivor: {last:.2f} s)"
             resume = _spread([r["resume_s"] for r in runs], window)
         else:
             verdict = resume = "n/o"
@@ -261,7 +272,8 @@ brackets when repeated). All rows ran in the same invocation.
 In-process DDP: 4 nodes (agent + `examples/elastic_ddp.py` trainer in one process group),
 node n3 SIGKILLs/SIGSTOPs its whole process group at a step boundary (`kill`, `stop`) or
 inside backward (`kill-in-backward`); world 4 → 3. *Fault → verdict*: the fault's logged wall
-time to the earliest `verdict_t` (when a survivor's trainer saw the agent drop the member);
+time to the earliest `verdict_t` (when a survivor's trainer saw its agent drop the member;
+in parentheses, when the last survivor's did);
 *verdict → first step*: to the first step completed at world 3. torchrun: 3 nodes, world
 3 → 2 (`bench/torchrun_recovery.py`), where only the total is observable (n/o); stock c10d
 is watched for 40 s (90 s after a SIGKILL: keep-alive expiry + last call).
@@ -295,16 +307,25 @@ def main(argv: list[str] | None = None) -> int:
             plan += [("swim", profile, f) for f in TORCHRUN_FAULTS]
         plan += [("c10d", "local", f) for f in TORCHRUN_FAULTS]
     rows: list[dict[str, Any]] = []
+    failures: list[str] = []
     began = time.monotonic()
     for mode, profile, fault in plan:
         for _ in range(args.repeats):
             print(f"-- {mode} {profile} {fault} ...", file=sys.stderr, flush=True)
-            if mode == "ddp":
-                row = measure_ddp(profile, fault)
+            scenario: torchrun_recovery.Scenario = "kill" if fault == "kill" else "stop"
+            backend: torchrun_recovery.Backend = "swim" if mode == "swim" else "c10d"
+            for attempt in (1, 2):  # a start that never forms its first group is retried once
+                try:
+                    if mode == "ddp":
+                        row = measure_ddp(profile, fault)
+                    else:
+                        row = measure_torchrun(profile, scenario, backend)
+                    break
+                except (TimeoutError, AssertionError) as exc:
+                    print(f"   attempt {attempt}: {exc}", file=sys.stderr, flush=True)
+                    failures.append(f"{mode} {profile} {fault} (attempt {attempt}): {exc}")
             else:
-                scenario: torchrun_recovery.Scenario = "kill" if fault == "kill" else "stop"
-                backend: torchrun_recovery.Backend = "swim" if mode == "swim" else "c10d"
-                row = measure_torchrun(profile, scenario, backend)
+                continue
             print(f"   {row}", file=sys.stderr, flush=True)
             rows.append(row)
     print(f"-- done in {time.monotonic() - began:.0f} s", file=sys.stderr, flush=True)
@@ -312,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
         argv if argv is not None else sys.argv[1:]
     )
     text = report(rows, profiles, args.repeats, command.strip())
+    if failures:
+        text += "\nStarts that never trained at full size (retried once):\n\n"
+        text += "".join(f"- {f}\n" for f in failures)
     print(text)
     if not args.no_write:
         with args.out.open("a") as fh:
