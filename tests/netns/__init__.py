@@ -1,0 +1,1 @@
+"""Agents on separate hosts: one network namespace each, faults injected with iptables."""

@@ -1,0 +1,586 @@
+"""Agents on separate network hosts: one Linux network namespace per agent, faults by iptables.
+
+Topology of one ``Testbed`` (``uid``: 6 random hex digits, ``x``: a random third octet)::
+
+    namespace swimtest-<uid>-br      bridge br0, one port v<i> per host
+    namespace swimtest-<uid>-<i>     lo up, eth0 = 10.77.<x>.<i>/24 (the peer of v<i>),
+                                     one agent bound to 10.77.<x>.<i>:7946, named n<i>
+
+The bridge lives in its own namespace, so nothing touches the root namespace's links or
+firewall (a bridge there would meet the host's FORWARD policy through br_netfilter). Agents
+run as ``ip netns exec NS <python> -m agent.cli agent ...`` (``ip netns exec`` execs, so the
+pid we hold is the agent's); their control sockets are files in a short temp dir, reachable
+from the root namespace (Unix sockets are filesystem objects, not network ones).
+
+Faults are iptables rules in the receiving host's namespace (filter table, INPUT; OUTPUT too
+for UDP blocking), so a fault never outlives its namespace:
+
+- ``host_loss(p)``: every packet arriving at a host is dropped with probability p
+  (``-m statistic --mode random``), so each one-way datagram is lost with p and a
+  ping+ack round trip with 1-(1-p)².
+- ``link_loss(a, b, p)``: the same on one link (both directions unless ``both=False``).
+- ``block(src, dst)``: everything from src to dst dropped (one direction: asymmetric).
+- ``partition(side_a, side_b, asymmetric=False)``: block between every pair across.
+- ``block_udp(i)``: UDP in and out of host i dropped, TCP untouched.
+- ``heal()``: flush the rules.
+
+``close()`` (also the context manager's exit, an atexit hook, and the fixture's finalizer)
+SIGKILLs every agent by pid, then any other pid still in one of its namespaces
+(``ip netns pids``), deletes the namespaces (which removes the veths, the bridge and every
+rule) and the socket dir, and raises if a namespace is still listed.
+
+Command line, to bring up agents by hand for debugging (root)::
+
+    python -m tests.netns.harness up -k 4 [--profile local] [--config FILE.toml]
+        starts 4 namespaced agents, waits until they see each other, prints the
+        membership and copy-paste commands (swimctl, iptables) for each host, and keeps
+        them running until Ctrl-C / SIGTERM, then removes everything.
+    python -m tests.netns.harness check
+        says whether this machine can run the namespace tests, and if not, why.
+    python -m tests.netns.harness cleanup
+        removes leftover swimtest-* namespaces of a run that was SIGKILLed (kills the
+        processes inside them by pid first). Do not run it while tests are running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import datetime
+import functools
+import os
+import random
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.control import ControlClient, ControlError
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFIX = "swimtest-"
+PORT = 7946
+POLL_S = 0.1
+
+_LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"
+_MEMBER_RE = re.compile(r"^(\S+ \S+) \[\w+\] \S+: member (\S+) (\w+) \(incarnation (\d+), ")
+
+
+class HarnessError(RuntimeError):
+    """A namespace, link, rule or agent could not be set up or removed."""
+
+
+def _run(*args: str, check: bool = True, timeout_s: float = 20) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout_s, check=False)
+    if check and out.returncode != 0:
+        raise HarnessError(f"{' '.join(args)}: exit {out.returncode}: {out.stderr.strip()}")
+    return out
+
+
+@functools.cache
+def unavailable_reason() -> str | None:
+    """None if namespaces, veths and ``iptables -m statistic`` work here; else why not."""
+    if not sys.platform.startswith("linux"):
+        return f"network namespaces need Linux (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return f"network namespace tests need root (euid is {os.geteuid()})"
+    for tool in ("ip", "iptables"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (apt: iproute2 iptables)"
+    probe = f"{PREFIX}probe-{os.getpid()}-{secrets.token_hex(2)}"
+    try:
+        out = _run("ip", "netns", "add", probe, check=False)
+        if out.returncode != 0:
+            return f"'ip netns add' is not permitted here: {out.stderr.strip()}"
+        steps = [
+            ("ip", "-n", probe, "link", "add", "a0", "type", "veth", "peer", "name", "b0"),
+            ("ip", "-n", probe, "link", "add", "br0", "type", "bridge"),
+            (
+                "ip", "netns", "exec", probe, "iptables", "-A", "INPUT", "-m", "statistic",
+                "--mode", "random", "--probability", "0.5", "-j", "DROP",
+            ),
+        ]  # fmt: skip
+        for step in steps:
+            out = _run(*step, check=False)
+            if out.returncode != 0:
+                return f"'{' '.join(step)}' failed: {out.stderr.strip()}"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot set up a network namespace: {exc}"
+    finally:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            _run("ip", "netns", "del", probe, check=False)
+    return None
+
+
+def list_namespaces(prefix: str = PREFIX) -> list[str]:
+    out = _run("ip", "netns", "list", check=False)
+    return [line.split()[0] for line in out.stdout.splitlines() if line.startswith(prefix)]
+
+
+def namespace_pids(ns: str) -> list[int]:
+    out = _run("ip", "netns", "pids", ns, check=False)
+    return [int(p) for p in out.stdout.split() if p.isdigit()]
+
+
+@dataclass(frozen=True, slots=True)
+class MemberEvent:
+    """One ``member X <kind>`` line of an agent's log."""
+
+    at: float  # time.time() of the log line
+    observer: str
+    member: str
+    kind: str  # joined | updated | suspect | alive | dead | left | reaped
+    incarnation: int
+
+
+class NsAgent:
+    """One agent process inside a host's namespace."""
+
+    def __init__(self, host: Host, args: list[str], sock_dir: Path, workdir: Path) -> None:
+        self.host = host
+        self.name = host.node
+        self.control = sock_dir / f"{host.node}.sock"
+        with contextlib.suppress(FileNotFoundError):
+            self.control.unlink()  # a SIGKILLed predecessor leaves its socket file behind
+        self.log_path = workdir / f"{host.node}.log"
+        self._log = self.log_path.open("ab")  # a restart appends: one history per host
+        cmd = [
+            "ip", "netns", "exec", host.ns, sys.executable, "-m", "agent.cli",
+            "--control", str(self.control), "agent", *args,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.client = ControlClient(self.control, timeout_s=5)
+        self.started_at = time.time()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def members(self) -> dict[str, dict[str, Any]]:
+        return {m["name"]: m for m in self.client.request("members")}
+
+    def info(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.client.request("info")
+        return result
+
+    def wait_ready(self, timeout_s: float = 20) -> None:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if not self.running():
+                raise HarnessError(f"{self.name} exited: {self.log_tail()}")
+            try:
+                self.client.request("info")
+                return
+            except ControlError:
+                time.sleep(0.05)
+        raise HarnessError(f"{self.name} not ready within {timeout_s}s: {self.log_tail()}")
+
+    def stop(self, sig: int = signal.SIGKILL, timeout_s: float = 10) -> None:
+        if self.running():
+            os.kill(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        if not self._log.closed:
+            self._log.close()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, chars: int = 2000) -> str:
+        return self.log_text()[-chars:]
+
+
+@dataclass(slots=True)
+class Host:
+    index: int  # 1..K
+    ns: str
+    ip: str
+    node: str  # the agent's node name, n<index>
+    agent: NsAgent | None = None
+
+
+class Testbed:
+    """K hosts (namespaces) on one bridge, at most one agent each. Always ``close()`` it."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, k: int, workdir: Path, uid: str | None = None) -> None:
+        if not 1 <= k <= 200:
+            raise ValueError("k must be 1..200")
+        self.uid = uid or secrets.token_hex(3)
+        self.workdir = workdir
+        self.subnet = random.Random().randrange(1, 255)
+        self.bridge_ns = f"{PREFIX}{self.uid}-br"
+        self.hosts = [
+            Host(i, f"{PREFIX}{self.uid}-{i}", f"10.77.{self.subnet}.{i}", f"n{i}")
+            for i in range(1, k + 1)
+        ]
+        self.faults: list[str] = []  # human-readable log of what was injected
+        self._sock_dir = Path(tempfile.mkdtemp(prefix="swimns-"))  # short: sun_path limit
+        self._created: list[str] = []
+        self._closed = False
+        atexit.register(self.close)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def up(self) -> Testbed:
+        """Create the namespaces, the bridge and one veth pair per host."""
+        try:
+            self._netns_add(self.bridge_ns)
+            br = ("ip", "-n", self.bridge_ns)
+            _run(*br, "link", "add", "br0", "type", "bridge")
+            _run(*br, "link", "set", "br0", "up")
+            for h in self.hosts:
+                self._netns_add(h.ns)
+                _run("ip", "-n", h.ns, "link", "set", "lo", "up")
+                port = f"v{h.index}"
+                _run(
+                    *br, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", h.ns
+                )
+                _run(*br, "link", "set", port, "master", "br0")
+                _run(*br, "link", "set", port, "up")
+                _run("ip", "-n", h.ns, "addr", "add", f"{h.ip}/24", "dev", "eth0")
+                _run("ip", "-n", h.ns, "link", "set", "eth0", "up")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _netns_add(self, ns: str) -> None:
+        _run("ip", "netns", "add", ns)
+        self._created.append(ns)
+
+    def close(self) -> None:
+        """Kill every agent by pid, delete every namespace; raise if any is left."""
+        if self._closed:
+            return
+        self._closed = True
+        errors: list[str] = []
+        for h in self.hosts:
+            if h.agent is not None:
+                try:
+                    h.agent.stop(signal.SIGKILL)
+                except (OSError, subprocess.SubprocessError) as exc:
+                    errors.append(f"stopping {h.node} (pid {h.agent.pid}): {exc}")
+        for ns in reversed(self._created):
+            for pid in namespace_pids(ns):  # only processes started inside our namespace
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            out = _run("ip", "netns", "del", ns, check=False)
+            if out.returncode != 0:
+                errors.append(f"ip netns del {ns}: {out.stderr.strip()}")
+        shutil.rmtree(self._sock_dir, ignore_errors=True)
+        left = [ns for ns in list_namespaces(f"{PREFIX}{self.uid}-")]
+        if left:
+            errors.append(f"namespaces still listed: {left}")
+        atexit.unregister(self.close)
+        if errors:
+            raise HarnessError("; ".join(errors))
+
+    def __enter__(self) -> Testbed:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- agents ---------------------------------------------------------------------------
+
+    def host(self, i: int) -> Host:
+        return self.hosts[i - 1]
+
+    def agent(self, i: int) -> NsAgent:
+        a = self.host(i).agent
+        if a is None:
+            raise HarnessError(f"host {i} runs no agent")
+        return a
+
+    def running(self) -> list[NsAgent]:
+        return [h.agent for h in self.hosts if h.agent is not None and h.agent.running()]
+
+    def start_agent(
+        self,
+        i: int,
+        profile: str = "local",
+        join: int | None = None,
+        extra: Iterable[str] = (),
+        config_toml: str | None = None,
+    ) -> NsAgent:
+        """Start (or restart) host i's agent; it retry-joins host ``join`` (default host 1,
+        or host 2 for host 1) every 500 ms until that works."""
+        h = self.host(i)
+        if h.agent is not None and h.agent.running():
+            raise HarnessError(f"{h.node} is already running (pid {h.agent.pid})")
+        if join is None:
+            join = 1 if i != 1 or len(self.hosts) == 1 else 2
+        args = [
+            "--node", h.node, "--bind", f"{h.ip}:{PORT}", "--profile", profile,
+            "--log-level", "info",
+        ]  # fmt: skip
+        if join != i:
+            args += ["--retry-join", f"{self.host(join).ip}:{PORT}", "--retry-interval-ms", "500"]
+        if config_toml is not None:
+            path = self.workdir / f"{h.node}.toml"
+            path.write_text(config_toml)
+            args += ["--config", str(path)]
+        args += list(extra)
+        h.agent = NsAgent(h, args, self._sock_dir, self.workdir)
+        return h.agent
+
+    def start_agents(self, profile: str = "local", **kwargs: Any) -> list[NsAgent]:
+        agents = [self.start_agent(h.index, profile, **kwargs) for h in self.hosts]
+        for a in agents:
+            a.wait_ready()
+        return agents
+
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> float:
+        """Signal host i's agent by pid, wait for it to exit; returns time.time() of the kill."""
+        a = self.agent(i)
+        at = time.time()
+        a.stop(sig)
+        return at
+
+    def status(self, observer: int, member: int | str) -> str | None:
+        name = member if isinstance(member, str) else self.host(member).node
+        m = self.agent(observer).members().get(name)
+        return None if m is None else str(m["status"])
+
+    def statuses(self) -> dict[str, dict[str, str]]:
+        """observer -> member -> status, for every running agent."""
+        return {a.name: {n: m["status"] for n, m in a.members().items()} for a in self.running()}
+
+    def wait_converged(self, timeout_s: float = 30) -> float:
+        """Until every running agent sees exactly the running agents alive; seconds taken."""
+        return until(self.converged, timeout_s, "the running agents to see each other alive")
+
+    def converged(self) -> bool:
+        agents = self.running()
+        names = {a.name for a in agents}
+        try:
+            return all(
+                {n for n, m in a.members().items() if m["status"] == "alive"} == names
+                for a in agents
+            )
+        except ControlError:
+            return False
+
+    def events(self, since: float = 0.0, kinds: Iterable[str] | None = None) -> list[MemberEvent]:
+        """Membership events from every agent's log (restarts included), oldest first."""
+        wanted = set(kinds) if kinds is not None else None
+        found: list[MemberEvent] = []
+        for h in self.hosts:
+            path = self.workdir / f"{h.node}.log"
+            if not path.exists():
+                continue
+            for line in path.read_text(errors="replace").splitlines():
+                m = _MEMBER_RE.match(line)
+                if m is None:
+                    continue
+                at = datetime.datetime.strptime(m[1], _LOG_TIME).timestamp()
+                if at >= since and (wanted is None or m[3] in wanted):
+                    found.append(MemberEvent(at, h.node, m[2], m[3], int(m[4])))
+        return sorted(found, key=lambda e: e.at)
+
+    def log_count(self, i: int, text: str) -> int:
+        path = self.workdir / f"{self.host(i).node}.log"
+        return path.read_text(errors="replace").count(text) if path.exists() else 0
+
+    # --- faults ---------------------------------------------------------------------------
+
+    def iptables(self, i: int, *rule: str) -> None:
+        _run("ip", "netns", "exec", self.host(i).ns, "iptables", "-w", "5", *rule)
+
+    def rules(self, i: int) -> list[str]:
+        out = _run("ip", "netns", "exec", self.host(i).ns, "iptables", "-S")
+        return [r for r in out.stdout.splitlines() if not r.startswith("-P")]
+
+    def _indices(self, hosts: Iterable[int] | None) -> list[int]:
+        return [h.index for h in self.hosts] if hosts is None else list(hosts)
+
+    def host_loss(self, p: float, hosts: Iterable[int] | None = None) -> None:
+        """Drop each packet arriving at each of ``hosts`` (default all) with probability p."""
+        for i in self._indices(hosts):
+            self.iptables(i, "-A", "INPUT", "-i", "eth0", *_statistic(p), "-j", "DROP")
+            self.faults.append(f"loss {p:g} into {self.host(i).node}")
+
+    def link_loss(self, a: int, b: int, p: float, both: bool = True) -> None:
+        """Drop packets from a to b (and b to a if ``both``) with probability p."""
+        for src, dst in [(a, b), (b, a)] if both else [(a, b)]:
+            self.iptables(dst, "-A", "INPUT", "-s", self.host(src).ip, *_statistic(p), "-j", "DROP")
+            self.faults.append(f"loss {p:g} {self.host(src).node}->{self.host(dst).node}")
+
+    def block(self, src: int, dst: int) -> None:
+        """Drop everything from src to dst (one direction)."""
+        self.iptables(dst, "-A", "INPUT", "-s", self.host(src).ip, "-j", "DROP")
+        self.faults.append(f"block {self.host(src).node}->{self.host(dst).node}")
+
+    def cut(self, a: int, b: int) -> None:
+        """No traffic between a and b, either way."""
+        self.block(a, b)
+        self.block(b, a)
+
+    def partition(
+        self, side_a: Iterable[int], side_b: Iterable[int], asymmetric: bool = False
+    ) -> None:
+        """Block every pair across; with ``asymmetric`` only side_a -> side_b is dropped."""
+        side_b = list(side_b)
+        for a in side_a:
+            for b in side_b:
+                self.block(a, b)
+                if not asymmetric:
+                    self.block(b, a)
+
+    def block_udp(self, i: int) -> None:
+        """UDP in and out of host i is dropped; TCP still works."""
+        self.iptables(i, "-A", "INPUT", "-i", "eth0", "-p", "udp", "-j", "DROP")
+        self.iptables(i, "-A", "OUTPUT", "-o", "eth0", "-p", "udp", "-j", "DROP")
+        self.faults.append(f"udp blocked at {self.host(i).node}")
+
+    def heal(self, hosts: Iterable[int] | None = None) -> None:
+        for i in self._indices(hosts):
+            self.iptables(i, "-F", "INPUT")
+            self.iptables(i, "-F", "OUTPUT")
+        self.faults.append("heal")
+
+
+def _statistic(p: float) -> list[str]:
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"loss probability must be in (0, 1], got {p}")
+    return ["-m", "statistic", "--mode", "random", "--probability", f"{p:.4f}"]
+
+
+def until(
+    predicate: Callable[[], bool], timeout_s: float, what: str, poll_s: float = POLL_S
+) -> float:
+    """Poll until predicate() holds; the seconds it took, or AssertionError naming ``what``."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+class Testbeds:
+    """Creates testbeds and closes every one of them at exit, errors included."""
+
+    __test__ = False
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self._beds: list[Testbed] = []
+
+    def __call__(self, k: int) -> Testbed:
+        bed = Testbed(k, self.workdir)
+        self._beds.append(bed)
+        return bed.up()
+
+    def __enter__(self) -> Testbeds:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        errors = []
+        for bed in self._beds:
+            try:
+                bed.close()
+            except HarnessError as err:
+                errors.append(str(err))
+        if errors:
+            raise HarnessError("; ".join(errors))
+
+
+@contextlib.contextmanager
+def testbeds(workdir: Path) -> Iterator[Testbeds]:
+    with Testbeds(workdir) as make:
+        yield make
+
+
+# --- command line -------------------------------------------------------------------------
+
+
+def _cleanup() -> int:
+    leftover = list_namespaces()
+    for ns in leftover:
+        for pid in namespace_pids(ns):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _run("ip", "netns", "del", ns, check=False)
+    print(f"removed {len(leftover)} namespace(s): {' '.join(leftover) or '-'}")
+    return 1 if list_namespaces() else 0
+
+
+def _up(k: int, profile: str, config: Path | None) -> int:
+    reason = unavailable_reason()
+    if reason:
+        print(f"cannot run: {reason}", file=sys.stderr)
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix="swim-netns-"))
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    with Testbed(k, workdir) as bed:
+        toml = config.read_text() if config else None
+        for h in bed.hosts:
+            bed.start_agent(h.index, profile, config_toml=toml)
+        for a in bed.running():
+            a.wait_ready()
+        took = bed.wait_converged(60)
+        print(f"{k} agents converged after {took:.1f}s (profile {profile}); logs in {workdir}")
+        for h in bed.hosts:
+            a = bed.agent(h.index)
+            print(f"\n{h.node}  ns {h.ns}  {h.ip}:{PORT}  pid {a.pid}  log {a.log_path}")
+            print(f"  {sys.executable} -m agent.cli --control {a.control} members")
+            print(f"  ip netns exec {h.ns} iptables -A INPUT -i eth0 -m statistic "
+                  "--mode random --probability 0.1 -j DROP")  # fmt: skip
+            print(f"  ip netns exec {h.ns} iptables -F INPUT")
+        print("\nCtrl-C removes everything.")
+        try:
+            while all(a.running() for a in bed.running()):
+                time.sleep(1)
+            print("an agent exited; tearing down", file=sys.stderr)
+        except KeyboardInterrupt:
+            pass
+    print("removed all namespaces and agents")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.netns.harness",
+        description="Namespaced swim agents for debugging (see the module docstring).",
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start K namespaced agents until Ctrl-C")
+    up.add_argument("-k", type=int, default=4)
+    up.add_argument("--profile", default="local", choices=["lan", "wan", "local"])
+    up.add_argument("--config", type=Path, help="agent TOML given to every agent")
+    sub.add_parser("check", help="can this machine run the namespace tests?")
+    sub.add_parser("cleanup", help="remove leftover swimtest-* namespaces")
+    args = parser.parse_args(argv)
+    if args.cmd == "check":
+        reason = unavailable_reason()
+        print(reason or "ok: namespaces, veths, bridges and iptables -m statistic work")
+        return 1 if reason else 0
+    if args.cmd == "cleanup":
+        return _cleanup()
+    return _up(args.k, args.profile, args.config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""Real agents on separate hosts (network namespaces) under injected network faults.
+
+Each scenario asserts what an operator cares about (no live member declared dead, a crash
+still detected, a healed partition merges, a restarted node rejoins) and prints its
+measured figures as one ``NETNS-RESULT`` line (run with ``-s`` to see them; RELIABILITY.md
+has the table). Profile ``local``: 1 s probes, 200 ms probe timeout, 1 indirect helper,
+suspicion α=3 (β=6), 15 s push-pull. ``SWIM_NETNS_WINDOW_S`` lengthens the observation
+windows (default 30 s for loss, 25 s for reachability faults).
+
+Skipped, with the reason, where namespaces cannot be created (not root, no ``ip netns``).
+Every namespace, rule and agent is removed by the fixture, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.netns import harness
+from tests.netns.harness import Testbed, Testbeds, until
+
+pytestmark = pytest.mark.slow
+
+WINDOW_S = float(os.environ.get("SWIM_NETNS_WINDOW_S", "30"))
+REACH_WINDOW_S = float(os.environ.get("SWIM_NETNS_WINDOW_S", "25"))
+PUSH_PULL_S = 15.0  # Config.local push_pull_interval_ms
+SUSPICION_MAX_S = 18.0  # local, n <= 10: α·probe = 3 s minimum, β·min = 18 s maximum
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _netns_guard() -> None:
+    reason = harness.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def testbed(tmp_path: Path) -> Iterator[Testbeds]:
+    with harness.testbeds(tmp_path) as make:
+        yield make
+
+
+def report(scenario: str, **figures: object) -> None:
+    text = " ".join(
+        f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()
+    )
+    print(f"\nNETNS-RESULT {scenario} {text}", flush=True)
+
+
+def _sleep_watching(bed: Testbed, seconds: float) -> None:
+    """Sleep, failing early if an agent process dies on its own."""
+    end = time.monotonic() + seconds
+    expected = len(bed.running())
+    while time.monotonic() < end:
+        if len(bed.running()) != expected:
+            dead = [h.node for h in bed.hosts if h.agent is not None and not h.agent.running()]
+            raise AssertionError(f"agent process(es) exited: {dead}")
+        time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+
+
+def _sees_dead(bed: Testbed, observers: list[int], member: int) -> bool:
+    return all(bed.status(o, member) == "dead" for o in observers)
+
+
+def _stat_sum(bed: Testbed, key: str) -> int:
+    return sum(int(a.info()["stats"][key]) for a in bed.running())
+
+
+@pytest.mark.parametrize("loss", [0.05, 0.10, 0.20])
+def test_loss_no_false_dead_and_crash_detected(testbed: Testbeds, loss: float) -> None:
+    k = 5
+    bed = testbed(k)
+    bed.start_agents("local")
+    bed.wait_converged(30)
+    bed.host_loss(loss)
+    start = time.time()
+    suspicions_before = _stat_sum(bed, "suspicions_raised")
+    _sleep_watching(bed, WINDOW_S)
+    events = bed.events(since=start)
+    false_dead = [e for e in events if e.kind == "dead"]
+    suspects = [e for e in events if e.kind == "suspect"]
+    suspicions = _stat_sum(bed, "suspicions_raised") - suspicions_before
+    refutations = _stat_sum(bed, "refutations")
+    alive_at_end = bed.converged()
+    # A crash under the same loss is still detected by every survivor.
+    victim, survivors = k, list(range(1, k))
+    killed_at = bed.kill(victim)
+    until(lambda: _sees_dead(bed, survivors, victim), 60, f"n{victim} dead everywhere")
+    deaths = [e.at - killed_at for e in bed.events(killed_at, ["dead"]) if e.member == "n5"]
+    other_dead = [e for e in bed.events(killed_at, ["dead"]) if e.member != "n5"]
+    report(
+        f"loss-{loss:g}",
+        hosts=k,
+        window_s=WINDOW_S,
+        suspect_events=len(suspects),
+        suspicions_raised=suspicions,
+        refutations=refutations,
+        false_dead=len(false_dead) + len(other_dead),
+        crash_dead_first_s=min(deaths),
+        crash_dead_last_s=max(deaths),
+    )
+    assert not false_dead, f"live members declared dead under {loss:.0%} loss: {false_dead}"
+    assert not other_dead, f"live members declared dead after the crash: {other_dead}"
+    assert alive_at_end, f"not all alive at the end of the window: {bed.statuses()}"
+
+
+def test_partition_then_heal_merges(testbed: Testbeds) -> None:
+    k = 6
+    left, right = [1, 2, 3], [4, 5, 6]
+    bed = testbed(k)
+    bed.start_agents("local")
+    bed.wait_converged(30)
+    cut_at = time.time()
+    bed.partition(left, right)
+
+    def split() -> bool:
+        views = bed.statuses()
+        return all(
+            views[f"n{o}"].get(f"n{m}") == "dead"
+            for side, other in ((left, right), (right, left))
+            for o in side
+            for m in other
+        )
+
+    split_s = until(split, 60, "each half to see the other dead", 0.25)
+    # Hold past the longest suspicion timeout and past gossip-to-the-dead (15 s after the
+    # deaths), so the merge must come from serf-style reconnects / push-pull.
+    hold_s = max(SUSPICION_MAX_S + 2, split_s + 16)
+    _sleep_watching(bed, cut_at + hold_s - time.time())
+    wrong_side = [
+        e
+        for e in bed.events(cut_at, ["dead"])
+        if (int(e.observer[1:]) in left) == (int(e.member[1:]) in left)
+    ]
+    healed_at = time.time()
+    bed.heal()
+    merge_s = until(bed.converged, 3 * PUSH_PULL_S, "the halves to merge", 0.25)
+    time.sleep(3)  # still one membership a moment later: nobody stuck dead or flapping
+    stable = bed.converged()
+    counts = {a.name: len(a.members()) for a in bed.running()}
+    late_dead = bed.events(healed_at + merge_s, ["dead"])
+    report(
+        "partition-50/50",
+        hosts=k,
+        held_s=healed_at - cut_at,
+        all_dead_across_s=split_s,
+        merge_after_heal_s=merge_s,
+        bound_s=2 * PUSH_PULL_S,
+        same_side_dead=len(wrong_side),
+        dead_after_merge=len(late_dead),
+    )
+    assert not wrong_side, f"members declared dead within their own half: {wrong_side}"
+    assert merge_s <= 2 * PUSH_PULL_S, f"merge took {merge_s:.1f}s > two push-pull intervals"
+    assert stable, f"membership diverged again after the merge: {bed.statuses()}"
+    assert set(counts.values()) == {k}, f"members lost: {counts}"
+    assert not late_dead, f"dead after the merge: {late_dead}"
+
+
+def test_partial_reachability_indirect_probes_keep_alive(testbed: Testbeds) -> None:
+    """Serf #185: A cannot reach C directly (any protocol), B can; B's indirect probes keep
+    C alive at A (and A alive at C)."""
+    bed = testbed(3)
+    a, c = 1, 3  # n2 is the helper that reaches both
+    bed.start_agents("local")
+    bed.wait_converged(30)
+    failed_before = {i: bed.agent(i).info()["stats"]["probes_failed"] for i in (a, c)}
+    start = time.time()
+    bed.cut(a, c)
+    _sleep_watching(bed, REACH_WINDOW_S)
+    events = bed.events(start)
+    dead = [e for e in events if e.kind == "dead"]
+    suspects = [e for e in events if e.kind == "suspect"]
+    failed = {i: bed.agent(i).info()["stats"]["probes_failed"] - failed_before[i] for i in (a, c)}
+    report(
+        "partial-reachability",
+        hosts=3,
+        window_s=REACH_WINDOW_S,
+        cut="n1<->n3",
+        suspect_events=len(suspects),
+        probes_failed_n1=failed[a],
+        probes_failed_n3=failed[c],
+        false_dead=len(dead),
+    )
+    assert not dead, f"declared dead although reachable through n2: {dead}"
+    assert bed.converged(), f"not all alive: {bed.statuses()}"
+
+
+def test_udp_blocked_node_kept_alive_by_tcp_fallback(testbed: Testbeds) -> None:
+    k, blocked = 4, 4
+    bed = testbed(k)
+    bed.start_agents("local")
+    bed.wait_converged(30)
+    start = time.time()
+    bed.block_udp(blocked)
+    _sleep_watching(bed, REACH_WINDOW_S)
+    events = bed.events(start)
+    dead = [e for e in events if e.kind == "dead"]
+    suspects = [e for e in events if e.kind == "suspect"]
+    # What the agent says when only the TCP fallback ping got through (memberlist's words).
+    why = "over TCP but UDP probes failed, network may be misconfigured"
+    warnings = {h.node: bed.log_count(h.index, why) for h in bed.hosts}
+    health = {a.name: a.info()["health_score"] for a in bed.running()}
+    report(
+        "udp-blocked-tcp-open",
+        hosts=k,
+        window_s=REACH_WINDOW_S,
+        suspect_events=len(suspects),
+        false_dead=len(dead),
+        tcp_fallback_warnings=sum(warnings.values()),
+        warnings_by_prober=",".join(f"{n}:{c}" for n, c in warnings.items()),
+        health=",".join(f"{n}:{s}" for n, s in health.items()),
+    )
+    assert not dead, f"declared dead although TCP works: {dead}"
+    assert bed.converged(), f"not all alive: {bed.statuses()}"
+    others = [h.node for h in bed.hosts if h.index != blocked]
+    assert all(warnings[n] > 0 for n in others), f"no TCP-fallback warning logged: {warnings}"
+
+
+def test_restart_after_dead_rejoins_with_higher_incarnation(testbed: Testbeds) -> None:
+    k, victim = 4, 4
+    survivors = [1, 2, 3]
+    bed = testbed(k)
+    bed.start_agents("local")
+    bed.wait_converged(30)
+    before = bed.agent(1).members()[f"n{victim}"]["incarnation"]
+    killed_at = bed.kill(victim, signal.SIGKILL)
+    dead_s = until(lambda: _sees_dead(bed, survivors, victim), 60, "the victim dead everywhere")
+    dead_inc = {o: bed.agent(o).members()[f"n{victim}"]["incarnation"] for o in survivors}
+    restarted_at = time.time()
+    bed.start_agent(victim).wait_ready()
+    rejoin_s = until(bed.converged, 30, "the restarted node alive everywhere", 0.1)
+    time.sleep(3)
+    incarnations = {o: bed.agent(o).members()[f"n{victim}"]["incarnation"] for o in survivors}
+    own = bed.agent(victim).info()["incarnation"]
+    flaps = bed.events(restarted_at + rejoin_s, ["dead", "suspect"])
+    report(
+        "restart-same-name",
+        hosts=k,
+        dead_everywhere_s=dead_s,
+        rejoin_alive_everywhere_s=rejoin_s,
+        incarnation_before=before,
+        incarnation_dead=max(dead_inc.values()),
+        incarnation_after=min(incarnations.values()),
+        own_incarnation=own,
+        flaps_after_rejoin=len(flaps),
+    )
+    assert killed_at < restarted_at
+    assert bed.converged(), f"not alive everywhere 3 s after rejoining: {bed.statuses()}"
+    assert all(i > dead_inc[o] for o, i in incarnations.items()), (dead_inc, incarnations)
+    assert not flaps, f"suspect/dead again after the rejoin: {flaps}"
