@@ -49,14 +49,17 @@ Requirements on the caller:
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchhook.elastic import ElasticDDP
 from torchhook.fsdp import Checkpointer, shard
@@ -173,7 +176,8 @@ class ElasticFSDP(ElasticDDP):
             timeout_s=self.pg_timeout.total_seconds(),
         )
         self.checkpointer = ckpt
-        module = shard(self._build_model())
+        module = self._build_model()
+        module = shard(module, self._fresh_mesh(_device_type(module)))
         optimizer = self._build_optimizer(module)
         try:
             loaded = ckpt.load_latest(module, optimizer)
@@ -240,6 +244,24 @@ class ElasticFSDP(ElasticDDP):
             del exc
             self._graveyard.append(ckpt)
 
+    def _fresh_mesh(self, device_type: str) -> DeviceMesh:
+        """A 1-D mesh over the new group, named uniquely (the same name on every rank).
+
+        DeviceMesh equality ignores the rank, so DTensor's caches, keyed by an equal mesh
+        of an earlier group of the same size, hand back that group's rank-dependent
+        results. Seen here: 3 -> 4 -> 3 members with new ranks loaded the wrong shards
+        (losses off the reference) and DCP's next save plan missed a shard. A name of
+        its own makes every group's mesh unequal to all earlier ones."""
+        value = torch.tensor([secrets.randbits(62) if self.rank == 0 else 0])
+        dist.broadcast(value, src=0)
+        name = f"elastic{int(value.item()):016x}"
+        return init_device_mesh(device_type, (self.world_size,), mesh_dim_names=(name,))
+
     def _drop_model(self) -> None:
         # drop our references to the old group's FSDP objects (they pin it, §B5)
         self.model, self.optimizer = self._no_model, self._no_optimizer
+
+
+def _device_type(module: nn.Module) -> str:
+    first = next(module.parameters(), None)
+    return "cpu" if first is None else first.device.type

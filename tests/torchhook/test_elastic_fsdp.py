@@ -32,10 +32,10 @@ SEED = 7
 LOSS_RTOL = 1e-4
 
 
-def _args(tmp_path: Path) -> list[str]:
+def _args(tmp_path: Path, pg_timeout_s: float) -> list[str]:
     return [
         "--job", "j", "--steps", "100000", "--stop-file", str(tmp_path / "stop"),
-        "--step-sleep", "0.02", "--pg-timeout", "15", "--min-nodes", "3",
+        "--step-sleep", "0.02", "--pg-timeout", str(pg_timeout_s), "--min-nodes", "3",
         "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", str(EVERY),
         "--seed", str(SEED),
     ]  # fmt: skip
@@ -59,7 +59,7 @@ def _check(survivors: list[Node], victim: Node, stop_at: int) -> dict[str, Any]:
     fault = next(r for r in victim.records() if "fault" in r)
     fault_step = max(r["step"] for r in victim.steps()) + 1  # steps completed at the kill
     assert fault_step % EVERY != 0, "the fault must land between checkpoints"
-    assert all(r["world"] == 4 for r in victim.steps())
+    assert victim.steps()[-1]["world"] == 4  # earlier steps may be at 3 (before n3 joined)
     ref = _reference(stop_at)
     worst = 0.0
     first_new: list[dict[str, Any]] = []
@@ -97,16 +97,20 @@ def _check(survivors: list[Node], victim: Node, stop_at: int) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("fault", ["kill"])
+# "kill": the node dies at a step boundary; the survivors wait in our interruptible
+# all-reduces and leave on the verdict (or a gloo error). "kill-in-backward": it dies inside
+# an FSDP reduce-scatter, which nothing can interrupt; whoever is not wired to it leaves
+# only at the PG timeout (research §B5), so that case runs with a short one.
+@pytest.mark.parametrize(("fault", "pg_timeout_s"), [("kill", 15.0), ("kill-in-backward", 8.0)])
 def test_node_killed_survivors_reshard_roll_back_and_match_reference(
-    tmp_path: Path, fault: str
+    tmp_path: Path, fault: str, pg_timeout_s: float
 ) -> None:
     nodes = start_nodes(["n0", "n1", "n2", "n3"], tmp_path)
     fault_file = tmp_path / "fault"
     try:
         for n in nodes:
             extra = ["--fault", fault, "--fault-file", str(fault_file)] if n.name == "n3" else []
-            n.start_trainer(SCRIPT, *_args(tmp_path), *extra, timeout_s=150)
+            n.start_trainer(SCRIPT, *_args(tmp_path, pg_timeout_s), *extra, timeout_s=150)
         survivors, victim = nodes[:3], nodes[3]
         until(lambda: all(_training_at(n, 4) for n in nodes), 60, "4-node group trains")
         fault_file.touch()
@@ -119,7 +123,8 @@ def test_node_killed_survivors_reshard_roll_back_and_match_reference(
             assert n.trainer is not None and n.trainer.wait(20) == 0, n.trainer_log.read_text()[
                 -3000:
             ]
-        print(json.dumps({"fault": fault, **_check(survivors, victim, stop_at)}))
+        result = _check(survivors, victim, stop_at)
+        print(json.dumps({"fault": fault, "pg_timeout_s": pg_timeout_s, **result}))
     finally:
         for n in nodes:
             n.stop()
