@@ -67,6 +67,7 @@ DIRECTORY_CONNECT_S = 2.0
 DIRECTORY_OP = timedelta(seconds=1)
 """A directory request to a stopped host blocks for this long before the view is rechecked."""
 GLOO_FAILURES = ("gloo", "Connection closed by peer", "Connection reset by peer", "Timed out")
+RETRY_BACKOFF_S = 0.2
 STORE_CONNECT = timedelta(seconds=3)
 """Connecting to a formation store: short, a leader that gave up is retried via the view."""
 HEARTBEAT_EVERY_S = 0.1
@@ -322,10 +323,14 @@ class ElasticDDP:
                 self._form(view)
                 break
             except (_Retry, RuntimeError) as exc:
-                # a peer that died during formation surfaces as a store or gloo error
-                log.info("formation of %s retried: %s", view.fingerprint, exc)
+                # a peer that died during formation surfaces as a store or gloo error; the
+                # first line says which (torch appends a C++ stack trace)
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                log.info("formation of %s retried: %s", view.fingerprint, first)
                 del exc
                 self._teardown(stuck=True)
+                if self.membership.view.fingerprint == view.fingerprint:
+                    time.sleep(RETRY_BACKOFF_S)  # same view: do not spin on a dead leader
         self.reconfigurations += 1
         self.last_formation_s = time.monotonic() - started
 
@@ -394,7 +399,12 @@ class ElasticDDP:
     def _join_formation(self, view: View, key: str, deadline: float) -> TCPStore:
         leader = view.members[0]
         directory = self._directory_of(leader.addr, leader.store_port)
-        self._poll(lambda: directory.check([key]), view, deadline, f"leader {leader.name}")
+        try:
+            self._poll(lambda: directory.check([key]), view, deadline, f"leader {leader.name}")
+        except _Retry:
+            # a broken connection stays broken: connect afresh next time
+            self._dir_clients.pop((leader.addr, leader.store_port), None)
+            raise
         port = int(directory.get(key))
         try:
             store = TCPStore(leader.addr, port, is_master=False, timeout=STORE_CONNECT)
