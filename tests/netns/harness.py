@@ -414,8 +414,29 @@ class Testbed:
     def host_loss(self, p: float, hosts: Iterable[int] | None = None) -> None:
         """Drop each packet arriving at each of ``hosts`` (default all) with probability p."""
         for i in self._indices(hosts):
+            self.iptables(i, "-A", "INPUT", "-i", "eth0")  # no target: counts arrivals
             self.iptables(i, "-A", "INPUT", "-i", "eth0", *_statistic(p), "-j", "DROP")
             self.faults.append(f"loss {p:g} into {self.host(i).node}")
+
+    def packet_counts(self, i: int) -> tuple[int, int]:
+        """(packets counted by target-less rules, packets dropped by DROP rules) at host i
+        since its rules were added; ``host_loss`` adds a counting rule before its DROP."""
+        counted = dropped = 0
+        for chain in ("INPUT", "OUTPUT"):
+            out = _run(
+                "ip", "netns", "exec", self.host(i).ns, "iptables", "-w", "5",
+                "-L", chain, "-v", "-x", "-n",
+            )  # fmt: skip
+            for line in out.stdout.splitlines()[2:]:
+                fields = line.split()
+                if not fields or not fields[0].isdigit():
+                    continue
+                # pkts bytes [target] prot opt in out source destination ...
+                if fields[2] == "DROP":
+                    dropped += int(fields[0])
+                elif fields[2] in ("all", "udp", "tcp", "0"):
+                    counted += int(fields[0])
+        return counted, dropped
 
     def link_loss(self, a: int, b: int, p: float, both: bool = True) -> None:
         """Drop packets from a to b (and b to a if ``both``) with probability p."""
