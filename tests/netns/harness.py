@@ -285,7 +285,7 @@ class Testbed:
             if out.returncode != 0:
                 errors.append(f"ip netns del {ns}: {out.stderr.strip()}")
         shutil.rmtree(self._sock_dir, ignore_errors=True)
-        left = [ns for ns in list_namespaces(f"{PREFIX}{self.uid}-")]
+        left = list_namespaces(f"{PREFIX}{self.uid}-")
         if left:
             errors.append(f"namespaces still listed: {left}")
         atexit.unregister(self.close)
