@@ -262,7 +262,10 @@ def test_restart_after_dead_rejoins_with_higher_incarnation(testbed: Testbeds) -
     time.sleep(3)
     incarnations = {o: bed.agent(o).members()[f"n{victim}"]["incarnation"] for o in survivors}
     own = bed.agent(victim).info()["incarnation"]
-    flaps = bed.events(restarted_at + rejoin_s, ["dead", "suspect"])
+    # a suspicion that the member refutes is SWIM working (CI saw one on a loaded 2-core
+    # box right after the restart); being declared dead again is what must not happen
+    flaps = bed.events(restarted_at + rejoin_s, ["dead"])
+    suspicions = bed.events(restarted_at + rejoin_s, ["suspect"])
     report(
         "restart-same-name",
         hosts=k,
@@ -272,9 +275,10 @@ def test_restart_after_dead_rejoins_with_higher_incarnation(testbed: Testbeds) -
         incarnation_dead=max(dead_inc.values()),
         incarnation_after=min(incarnations.values()),
         own_incarnation=own,
-        flaps_after_rejoin=len(flaps),
+        dead_after_rejoin=len(flaps),
+        suspicions_after_rejoin=len(suspicions),
     )
     assert killed_at < restarted_at
     assert bed.converged(), f"not alive everywhere 3 s after rejoining: {bed.statuses()}"
     assert all(i > dead_inc[o] for o, i in incarnations.items()), (dead_inc, incarnations)
-    assert not flaps, f"suspect/dead again after the rejoin: {flaps}"
+    assert not flaps, f"dead again after the rejoin: {flaps}"
