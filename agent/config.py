@@ -15,6 +15,8 @@ File format (see packaging/agent.toml for a commented example)::
     retry_max = 0                   # 0: forever
     profile = "lan"                 # lan | wan | local
     encrypt = "base64 key"          # or keyring_file = "/etc/swim/keyring.json"
+    encrypt_verify_incoming = true  # false: also accept plaintext (rollout only; Serf's name)
+    encrypt_verify_outgoing = true  # false: send plaintext (rollout only; Serf's name)
     control = "/run/swim/agent.sock"
     metrics_addr = "127.0.0.1:9946" # off unless set
     log_level = "info"
@@ -107,6 +109,8 @@ class AgentConfig:
     tags: Mapping[str, str] = field(default_factory=dict)
     encrypt: str | None = None
     keyring_file: Path | None = None
+    encrypt_verify_incoming: bool = True
+    encrypt_verify_outgoing: bool = True
     control: Path | None = None
     metrics_addr: HostPort | None = None
     log_level: str = "info"
@@ -121,8 +125,12 @@ class AgentConfig:
     def swim_config(self) -> Config:
         """The protocol configuration: the profile's preset with ``[protocol]`` overrides."""
         preset = {"lan": Config.lan, "wan": Config.wan, "local": Config.local}[self.profile]
+        verify = {
+            "gossip_verify_incoming": self.encrypt_verify_incoming,
+            "gossip_verify_outgoing": self.encrypt_verify_outgoing,
+        }
         try:
-            return preset(**self.protocol)
+            return preset(**{**verify, **self.protocol})
         except ConfigError as exc:
             raise AgentConfigError(f"[protocol]: {exc}") from exc
 
@@ -224,6 +232,11 @@ def build(values: Mapping[str, Any], config_file: Path | None = None) -> AgentCo
         kwargs["tags"] = _tags(v["tags"])
     if "encrypt" in v:
         kwargs["encrypt"] = _key(v["encrypt"])
+    for key in ("encrypt_verify_incoming", "encrypt_verify_outgoing"):
+        if key in v:
+            if not isinstance(v[key], bool):
+                raise AgentConfigError(f"{key} must be true or false, got {v[key]!r}")
+            kwargs[key] = v[key]
     for key in ("keyring_file", "control"):
         if key in v:
             kwargs[key] = Path(_text(v[key], key))

@@ -1,5 +1,11 @@
 """The agent side of the control API (schema in ``agent.control``): a Unix socket, mode 0600.
 
+Access: the socket file is mode 0600 (owner only). Where the kernel reports the peer's
+credentials (Linux ``SO_PEERCRED``), a connection from any uid other than the agent's own
+and root is also refused (an error reply, then closed, logged with the peer's uid and pid),
+so a socket whose mode was widened, or one reached through a descriptor passed along,
+still serves only its owner. Elsewhere the file mode is the only check.
+
 Rules: a connection carries requests one after another; each is answered in order. Every
 request is bounded in size (``MAX_FRAME_BYTES``) and time (a client that sends nothing is
 dropped after ``IDLE_TIMEOUT_S``); a bad request gets an error reply and never affects the
@@ -13,6 +19,7 @@ import logging
 import os
 import socket
 import stat
+import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +73,11 @@ class ControlServer:
             await stream.aclose()
             return
         async with self._limiter, stream:
+            refusal = _refuse_peer(stream.socket)
+            if refusal is not None:
+                log.warning("control API: %s", refusal)
+                await _send(stream, error(refusal))
+                return
             decoder = FrameDecoder()
             while True:
                 # only the wait for a request is bounded: a stream (monitor, watch) that
@@ -250,6 +262,30 @@ def _version() -> str:
         return version("swim")
     except Exception:
         return "unknown"
+
+
+def peer_credentials(sock: Any) -> tuple[int, int, int] | None:
+    """``(pid, uid, gid)`` of a Unix socket's peer, or None where the platform cannot tell."""
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i"))
+    except OSError:
+        return None
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+def _refuse_peer(sock: Any) -> str | None:
+    """Why a connection is refused: its peer is neither the agent's user nor root."""
+    creds = peer_credentials(sock)
+    if creds is None:
+        return None  # no SO_PEERCRED here: the socket's file mode is the check
+    pid, uid, _ = creds
+    if uid in (0, os.geteuid()):
+        return None
+    return f"refused: peer uid {uid} (pid {pid}) is neither the agent's user nor root"
 
 
 def _bind_unix(path: Path) -> socket.socket:

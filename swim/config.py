@@ -103,6 +103,16 @@ class Config:
     lifeguard_buddy: bool = True
     """Buddy system: a ping to a suspect carries the suspicion so it can refute at once."""
 
+    # Encryption (only with a keyring). memberlist GossipVerifyIncoming/Outgoing.
+    gossip_verify_incoming: bool = True
+    """With a keyring: drop input that fails authentication (packets: ``decrypt_failed``,
+    plain streams: ``not_encrypted``). False accepts plaintext and packets no key opens
+    (read as plaintext), as memberlist does while encryption is being rolled out; never
+    leave it off once every member has the key."""
+    gossip_verify_outgoing: bool = True
+    """With a keyring: encrypt what we send. False sends plaintext (first step of a
+    rollout, together with ``gossip_verify_incoming=False`` on every member)."""
+
     # Limits (TigerBeetle-style: everything is bounded).
     max_members: int = 65_536
     """Member table bound; alive messages for new members beyond it are dropped, counted."""

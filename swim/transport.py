@@ -47,7 +47,13 @@ class Sender:
     def crypto(self) -> wire.Crypto | None:
         if self.keyring is None:
             return None
-        return wire.Crypto(self.keyring, self._nonce_source)
+        config = self._ctx.config
+        return wire.Crypto(
+            self.keyring,
+            self._nonce_source,
+            verify_incoming=config.gossip_verify_incoming,
+            verify_outgoing=config.gossip_verify_outgoing,
+        )
 
     def gossip_round(self) -> None:
         """state.go ``gossip``: pending broadcasts to a few random members."""

@@ -477,12 +477,19 @@ class DecodedPacket:
 
 @dataclass(frozen=True, slots=True)
 class Crypto:
-    """Encryption settings for a codec call: keys (primary first), label, nonce source."""
+    """Encryption settings for a codec call: keys (primary first), label, nonce source.
+
+    ``verify_incoming``/``verify_outgoing`` are memberlist's ``GossipVerifyIncoming`` and
+    ``GossipVerifyOutgoing``: with ``verify_incoming`` off, plain streams are accepted and a
+    packet no key authenticates is read as plaintext; with ``verify_outgoing`` off,
+    nothing is encrypted."""
 
     keyring: security.Keyring
     nonce: Callable[[int], bytes]
     version: int = 1
     label: bytes = b""
+    verify_incoming: bool = True
+    verify_outgoing: bool = True
 
 
 def decode_packet(data: bytes, crypto: Crypto | None) -> DecodedPacket:
@@ -493,7 +500,9 @@ def decode_packet(data: bytes, crypto: Crypto | None) -> DecodedPacket:
         try:
             data = security.decrypt_payload(crypto.keyring.keys, data, crypto.label)
         except security.DecryptError as exc:
-            raise WireError(DropReason.DECRYPT_FAILED, str(exc)) from exc
+            if crypto.verify_incoming:
+                raise WireError(DropReason.DECRYPT_FAILED, str(exc)) from exc
+            # net.go ingestPacket: without GossipVerifyIncoming, treat it as plaintext
     if len(data) >= 5 and data[0] == MsgType.HAS_CRC:
         (expected,) = struct.unpack_from(">I", data, 1)
         data = data[5:]
@@ -540,7 +549,7 @@ def encode_packet(
             data = compressed
     if crc:
         data = add_crc(data)
-    if crypto is not None:
+    if crypto is not None and crypto.verify_outgoing:
         data = security.encrypt_payload(
             crypto.version,
             crypto.keyring.primary_key,
@@ -554,7 +563,7 @@ def encode_packet(
 def packet_overhead(crypto: Crypto | None) -> int:
     """Bytes a packet loses to framing before piggybacking (net.go ``sendMsg``)."""
     overhead = COMPOUND_HEADER_OVERHEAD
-    if crypto is not None:
+    if crypto is not None and crypto.verify_outgoing:
         overhead += security.encrypt_overhead(crypto.version)
     return overhead
 
@@ -594,7 +603,7 @@ def encode_stream(message: bytes, *, compress: bool, crypto: Crypto | None) -> b
     """net.go ``rawSendMsgStream``: compress whenever enabled, then encrypt with a frame."""
     if compress:
         message = compress_message(message)
-    if crypto is not None:
+    if crypto is not None and crypto.verify_outgoing:
         message = security.encrypt_stream(
             crypto.version,
             crypto.keyring.primary_key,
@@ -630,7 +639,7 @@ def parse_stream(
         return None
     if data[0] == MsgType.ENCRYPT:
         return _parse_encrypted_stream(data, crypto, limits)
-    if crypto is not None:
+    if crypto is not None and crypto.verify_incoming:
         raise WireError(DropReason.NOT_ENCRYPTED, "encryption is on but the stream is plain")
     return _parse_plain_stream(data, limits, allow_compress=True)
 
@@ -653,6 +662,8 @@ def _parse_encrypted_stream(
         )
     except security.DecryptError as exc:
         raise WireError(DropReason.DECRYPT_FAILED, str(exc)) from exc
+    if not plain:  # an authentic but empty payload (it raised IndexError, found by fuzzing)
+        raise WireError(DropReason.EMPTY, "encrypted stream holds no message")
     parsed = _parse_plain_stream(plain, limits, allow_compress=True)
     if parsed is None:
         raise WireError(DropReason.MALFORMED, "encrypted stream holds a partial message")
