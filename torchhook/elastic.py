@@ -63,13 +63,15 @@ log = logging.getLogger("torchhook.elastic")
 T = TypeVar("T")
 WAIT_SLICE = timedelta(milliseconds=20)
 POLL_S = 0.01
-DIRECTORY_CONNECT_S = 2.0
 DIRECTORY_OP = timedelta(seconds=1)
 """A directory request to a stopped host blocks for this long before the view is rechecked."""
 GLOO_FAILURES = ("gloo", "Connection closed by peer", "Connection reset by peer", "Timed out")
 RETRY_BACKOFF_S = 0.2
-STORE_CONNECT = timedelta(seconds=3)
-"""Connecting to a formation store: short, a leader that gave up is retried via the view."""
+STORE_CONNECT = timedelta(seconds=0.5)
+"""Connecting to a formation store or a directory: TCPStore retries a refused connection
+until this runs out, and a gloo error can start a formation on a view that still lists a
+dead leader; a short attempt, retried through the view, costs at most this after the
+verdict (BENCHMARKS.md saw 3 s with 3 s)."""
 HEARTBEAT_EVERY_S = 0.1
 """Heartbeats from wait loops are spaced out; one per step is always sent."""
 
@@ -417,9 +419,7 @@ class ElasticDDP:
         client = self._dir_clients.get((addr, port))
         if client is None:
             try:
-                client = TCPStore(
-                    addr, port, is_master=False, timeout=timedelta(seconds=DIRECTORY_CONNECT_S)
-                )
+                client = TCPStore(addr, port, is_master=False, timeout=STORE_CONNECT)
             except (RuntimeError, OSError) as exc:
                 raise _Retry(f"directory at {addr}:{port}: {exc}") from None
             client.set_timeout(DIRECTORY_OP)
