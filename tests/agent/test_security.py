@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -468,19 +469,21 @@ def test_key_rotation_across_a_mixed_cluster(tmp_path: Path) -> None:
                         seen_bad.append(f"{x.name} sees {n} {m['status']}")
 
         start = time.monotonic()
-        results: dict[str, str] = {}
-        serf_attempts: dict[str, int] = {}
+        results: list[tuple[str, str, int]] = []  # serf agent, action, members that answered
         for action, key in (("install", NEW), ("use", NEW), ("remove", KEY)):
             # serf: a `serf keys` query is gossiped to every member; ours consume it but
-            # neither answer nor relay it, so with 3 of 5 members not relaying, the other
-            # serf member can miss it (seen ~1 in 10): repeat, as an operator would (key
-            # operations are idempotent), until both serf members report success
-            for attempt in range(1, 6):
-                out = _serf_keys(serfs[0], f"-{action}={key}")
-                results[action] = out.stdout + out.stderr
-                serf_attempts[action] = attempt
-                if f"{len(serfs)}/{len(names)} nodes reported success" in results[action]:
-                    break
+            # neither answer nor relay it. A serf node sends a broadcast only
+            # retransmit_mult * ceil(log10(n + 1)) = 2 times in all (local profile, n = 5),
+            # each to one random peer, so the other serf member gets it directly with
+            # p = 1/2 and nobody relays it: measured, 4 of 11 single queries reached it.
+            # Deterministic workaround: run the command against every serf agent (each
+            # applies it locally first; key operations are idempotent).
+            for s in serfs:
+                out = _serf_keys(s, f"-{action}={key}")
+                text = out.stdout + out.stderr
+                served = re.search(r"(\d+)/5 nodes reported success", text)
+                assert served is not None and int(served[1]) >= 1, (s.name, action, text)
+                results.append((s.name, action, int(served[1])))
             for w in swims:
                 got = _swimctl(w, "keys", f"--{action}", key)
                 assert got.returncode == 0, got.stderr
@@ -488,9 +491,8 @@ def test_key_rotation_across_a_mixed_cluster(tmp_path: Path) -> None:
             time.sleep(1.5)  # probes and gossip with the new keyring state, both sides
             check_views()
         rotation_s = time.monotonic() - start
-        # our agents do not answer serf's _serf_*-key queries: serf counts them as failures
-        for action, text in results.items():
-            assert "2/5 nodes reported success" in text, (action, text)
+        # our agents never answer serf's _serf_*-key queries: at most the 2 serf members
+        assert all(1 <= n <= 2 for _, _, n in results), results
         for w in swims:
             got = w.client.request("keys", action="list")
             assert got["keys"] == [NEW] and got["primary"] == NEW, got
@@ -527,7 +529,7 @@ def test_key_rotation_across_a_mixed_cluster(tmp_path: Path) -> None:
             _assert_no_key(w.log_path.read_text(), [KEY_RAW, NEW_RAW], f"{w.name} log")
         print(
             f"rotation (install, use, remove on 2 serf + 3 swim): {rotation_s:.1f}s, "
-            f"serf keys attempts {serf_attempts}"
+            f"serf keys answers {results}"
         )
     finally:
         for s in serfs:
