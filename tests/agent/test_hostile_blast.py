@@ -46,7 +46,7 @@ CONTROL_BOUND_S = 2.0
 TCP_TIMEOUT_S = 10.0  # the lan profile's tcp_timeout_ms
 MAX_UDP = 65_507
 SLOW_LORIS = 8
-BLAST_DEADLINE_S = 60.0
+BLAST_DEADLINE_S = 90.0  # a loaded CI box sends slower; the stop flag ends the flood early
 UDP_BATCH = 100
 UDP_PAUSE_S = 0.025
 OVER_LIMIT = 160  # silent connections; the agent serves 128 at once
@@ -291,7 +291,7 @@ def test_hostile_blast_leaves_the_agent_responsive_bounded_and_its_peer_alive(
                 if time.monotonic() - start > BLAST_DEADLINE_S:
                     blast.stop.set()
                 alive = [t.name for t in threads if t.is_alive()]
-                assert time.monotonic() - start < BLAST_DEADLINE_S + 20, (alive, blast.results)
+                assert time.monotonic() - start < BLAST_DEADLINE_S + 40, (alive, blast.results)
             for t in threads:
                 t.join(5)
 
