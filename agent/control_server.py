@@ -209,6 +209,7 @@ class ControlServer:
             if action not in ops:
                 raise ControlError(f"unknown keys action {action!r}")
             await agent.command(lambda t: ops[action](raw))
+            agent.persist_keyring()
         return {
             "keys": [base64.b64encode(k).decode() for k in keyring.keys],
             "primary": base64.b64encode(keyring.primary_key).decode(),

@@ -16,10 +16,13 @@ Rules (DESIGN.md "The agent"):
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import heapq
+import json
 import logging
 import math
+import os
 import random
 import signal
 import socket
@@ -30,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 import agent.systemd as systemd
-from agent import serf
+from agent import serf, serf_queries
 from agent.config import AgentConfig, AgentConfigError, parse_host_port
 from agent.config import load as load_config
 from agent.control_server import ControlServer
@@ -40,6 +43,7 @@ from phi import PhiConfig, PhiRegistry, RegistryFullError
 from swim import Address, MemberEvent, Node, NodeStateType, Output, StreamRequest, Timer
 from swim.effects import EventKind, JoinResult, Member
 from swim.node import LEAVE_FANOUT
+from swim.security import KeyringError
 from swim.wire import DropReason, StreamMessage, WireError
 
 if TYPE_CHECKING:
@@ -107,6 +111,8 @@ class Agent:
         self.node: Node | None = None
         self.tags: dict[str, str] = dict(config.tags)
         self.clock = serf.LamportClock()
+        self.query_clock = serf.LamportClock()
+        self._queries_seen = serf_queries.QuerySeen()
         self.phi = PhiRegistry(
             PhiConfig(
                 max_sample_size=PHI_WINDOW,
@@ -450,7 +456,10 @@ class Agent:
         except ValueError:
             return
         ltime = getattr(message, "ltime", None)
-        if isinstance(ltime, int):
+        if isinstance(message, serf.Query):
+            self._on_query(message, payload)
+            return
+        if isinstance(ltime, int) and not isinstance(message, serf.QueryResponse):
             self.clock.witness(ltime)
         if isinstance(message, serf.JoinIntent | serf.LeaveIntent):
             if self._intent_is_news(message.node, message.ltime):
@@ -470,6 +479,63 @@ class Agent:
                     "message": "",
                 }
             )
+
+    def _on_query(self, query: serf.Query, payload: bytes) -> None:
+        """A Serf query (rules in agent/serf_queries.py): pass news on, ack when asked,
+        answer the key-management queries so ``serf keys`` rotates our keyring too."""
+        self.query_clock.witness(query.ltime)
+        if not self._queries_seen.is_news(query.ltime, query.id):
+            return
+        if not query.no_broadcast:
+            self._broadcast_serf(payload)
+        node = self._node()
+        if not serf_queries.for_us(query.filters, node.name, self.tags):
+            return
+        try:
+            dest = Address(*serf_queries.response_address(query))
+        except ValueError:
+            return
+        now = now_ms()
+        if query.ack:
+            ack = serf_queries.response(query, node.name, b"", ack=True)
+            self._apply(node.send_user(dest, ack, now))
+        name = query.name.removeprefix(serf.INTERNAL_QUERY_PREFIX)
+        if query.name.startswith(serf.INTERNAL_QUERY_PREFIX) and name in serf_queries.KEY_QUERIES:
+            answer = serf_queries.response(query, node.name, self._key_query(name, query.payload))
+            self._apply(node.send_user(dest, answer, now))
+
+    def _key_query(self, name: str, payload: bytes) -> bytes:
+        """internal_query.go ``handleInstallKey`` and friends, on our keyring."""
+        node = self._node()
+        keyring = node.keyring
+        if keyring is None:
+            empty = "Keyring is empty" if name == "list-keys" else "No keyring to modify"
+            return serf_queries.key_response(False, f"{empty} (encryption not enabled)", [], None)
+        if name == "list-keys":
+            return serf_queries.key_response(True, "", list(keyring.keys), keyring.primary_key)
+        change = {"install-key": node.install_key, "use-key": node.use_key}
+        try:
+            key = serf_queries.key_request(payload)
+            change.get(name, node.remove_key)(key)
+            self.persist_keyring()
+        except (ValueError, KeyringError, OSError) as exc:
+            log.warning("serf %s query failed: %s", name, exc)
+            return serf_queries.key_response(False, str(exc), [], None)
+        log.info("serf %s query: done", name)
+        return serf_queries.key_response(True, "", [], None)
+
+    def persist_keyring(self) -> None:
+        """Write the keyring back to ``keyring_file`` (primary first), as serf does after a
+        key change, atomically; without a keyring file there is nothing to keep."""
+        path = self.config.keyring_file
+        keyring = self._node().keyring
+        if path is None or keyring is None:
+            return
+        keys = [keyring.primary_key, *(k for k in keyring.keys if k != keyring.primary_key)]
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps([base64.b64encode(k).decode() for k in keys]) + "\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
 
     def _on_leave_intent(self, name: str) -> None:
         """A leave intent that is news (serf.go ``handleNodeLeaveIntent``)."""
