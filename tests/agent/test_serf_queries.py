@@ -77,3 +77,26 @@ def test_response_address_from_a_go_ip() -> None:
     assert response_address(q) == ("127.0.0.1", 7946)
     mapped = bytes(10) + b"\xff\xff" + bytes([10, 0, 0, 2])
     assert response_address(serf.Query(1, 1, mapped, 1, "s", (), 0, 0, 0, "x")) == ("10.0.0.2", 1)
+
+
+@pytest.mark.trio
+async def test_key_changes_are_written_back_to_the_keyring_file(tmp_path) -> None:
+    import functools
+    import json
+
+    import trio
+
+    from agent.control import ControlClient
+    from tests.agent.test_agent import cluster
+
+    old, new = bytes(range(16)), bytes(range(16, 32))
+    path = tmp_path / "keyring.json"
+    path.write_text(json.dumps([base64.b64encode(old).decode()]))
+    async with cluster(tmp_path, 1, keyring_file=str(path)):
+        client = ControlClient(tmp_path / "n0.sock")
+        b64 = base64.b64encode(new).decode()
+        for action in ("install", "use"):
+            change = functools.partial(client.request, "keys", action=action, key=b64)
+            await trio.to_thread.run_sync(change)
+    assert json.loads(path.read_text()) == [b64, base64.b64encode(old).decode()], "primary first"
+    assert path.stat().st_mode & 0o777 == 0o600
