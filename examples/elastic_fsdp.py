@@ -24,69 +24,20 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+# the same model (64 rows shard unevenly over 3 ranks, 22/22/20: resharding must get that
+# right), data, failure-free reference and fault helpers as the DDP example, so both modes
+# train the same job; run as a script, this directory is on sys.path
+from elastic_ddp import batch, build_model, fault, optimizer_for, reference, stop_step
 from torch import nn
 
 from torchhook.elastic_fsdp import ElasticFSDP
-
-IN_DIM = 16
-
-
-def build_model(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    # 64 rows shard unevenly over 3 ranks (22/22/20): resharding must get that right
-    return nn.Sequential(
-        nn.Linear(IN_DIM, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)
-    )
-
-
-def optimizer_for(model: nn.Module) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=1e-2)
-
-
-def batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 + step)
-    x = torch.randn(size, IN_DIM, generator=g)
-    y = torch.sin(x[:, :4].sum(dim=1, keepdim=True)) + 0.1 * x[:, 4:5]
-    return x, y
-
-
-def reference(steps: int, global_batch: int, seed: int) -> list[float]:
-    """The same training in one process, unsharded, on the whole batch: no failures."""
-    model = build_model(seed)
-    opt = optimizer_for(model)
-    losses = []
-    for step in range(steps):
-        x, y = batch(step, global_batch)
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        torch.autograd.backward(loss)
-        opt.step()
-        losses.append(float(loss.detach()))
-    return losses
-
-
-def fault(kind: str, log: Any) -> None:
-    sig = signal.SIGKILL if kind.startswith("kill") else signal.SIGSTOP
-    record = json.dumps({"fault": kind, "t": time.time(), "pid": os.getpid()})
-    if log is not None:
-        log.write(record + "\n")
-        log.flush()
-    print(record, flush=True)
-    os.killpg(os.getpgid(0), sig)
-
-
-def stop_step(path: Path | None) -> int | None:
-    if path is None or not path.exists():
-        return None
-    text = path.read_text().strip()
-    return int(text) if text.isdigit() else None
 
 
 def main(argv: list[str] | None = None) -> int:
