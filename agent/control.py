@@ -48,6 +48,7 @@ import os
 import socket
 import struct
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,43 @@ OPS = (
     "watch",
 )
 STREAMING_OPS = ("monitor", "watch")
+
+
+@dataclass(frozen=True, slots=True)
+class JobMember:
+    """One member of a job view (the ``view``/``watch`` schema above); the agent builds
+    them (agent/jobs.py), torchhook reads them (torchhook/client.py)."""
+
+    name: str
+    addr: str
+    port: int
+    store_port: int
+    registered_ms: int
+    group: str
+    status: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "addr": self.addr,
+            "port": self.port,
+            "store_port": self.store_port,
+            "registered_ms": self.registered_ms,
+            "group": self.group,
+            "status": self.status,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> JobMember:
+        return cls(
+            str(d["name"]),
+            str(d["addr"]),
+            int(d["port"]),
+            int(d["store_port"]),
+            int(d["registered_ms"]),
+            str(d["group"]),
+            str(d["status"]),
+        )
 
 
 class ControlError(Exception):

@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent.control import JobMember
 from phi import PhiAccrualDetector, PhiConfig
 from swim import Member, NodeStateType
 
@@ -96,28 +97,6 @@ class JobTag:
         if int(port) > 65_535 or len(group) > MAX_GROUP_CHARS or not GROUP_CHARS.match(group):
             return None
         return cls(int(registered), int(port), health, group)
-
-
-@dataclass(frozen=True, slots=True)
-class JobMember:
-    name: str
-    addr: str
-    port: int
-    store_port: int
-    registered_ms: int
-    group: str
-    status: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "addr": self.addr,
-            "port": self.port,
-            "store_port": self.store_port,
-            "registered_ms": self.registered_ms,
-            "group": self.group,
-            "status": self.status,
-        }
 
 
 def job_members(job: str, members: Iterable[Member], tags_of: Any) -> list[JobMember]:

@@ -25,35 +25,14 @@ from typing import Any
 from agent.control import (
     ControlError,
     FrameDecoder,
+    JobMember,
     default_control_path,
     encode_frame,
     make_request,
 )
 
+__all__ = ["JobMember", "Listener", "Membership", "MembershipClosed", "View", "fetch_view"]
 Listener = Callable[["View"], None]
-
-
-@dataclass(frozen=True, slots=True)
-class JobMember:
-    name: str
-    addr: str
-    port: int
-    store_port: int
-    registered_ms: int
-    group: str
-    status: str
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> JobMember:
-        return cls(
-            str(d["name"]),
-            str(d["addr"]),
-            int(d["port"]),
-            int(d["store_port"]),
-            int(d["registered_ms"]),
-            str(d["group"]),
-            str(d["status"]),
-        )
 
 
 @dataclass(frozen=True, slots=True)
