@@ -18,12 +18,9 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.netns import harness
 from tests.netns.harness import Testbed, Testbeds, until
 
 pytestmark = pytest.mark.slow
@@ -33,19 +30,6 @@ REACH_WINDOW_S = float(os.environ.get("SWIM_NETNS_WINDOW_S", "25"))
 PUSH_PULL_S = 15.0  # Config.local push_pull_interval_ms
 LOSS_PROFILE = os.environ.get("SWIM_NETNS_LOSS_PROFILE", "lan")
 SUSPICION_MAX_S = 18.0  # local, n <= 10: α·probe = 3 s minimum, β·min = 18 s maximum
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _netns_guard() -> None:
-    reason = harness.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-
-
-@pytest.fixture
-def testbed(tmp_path: Path) -> Iterator[Testbeds]:
-    with harness.testbeds(tmp_path) as make:
-        yield make
 
 
 def report(scenario: str, **figures: object) -> None:

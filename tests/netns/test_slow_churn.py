@@ -53,19 +53,6 @@ SOAK_S = float(os.environ.get("SWIM_NETNS_SOAK_S", "60"))
 QUOTA_US, PERIOD_US = 2_000, 1_000_000
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _netns_guard() -> None:
-    reason = harness.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-
-
-@pytest.fixture
-def testbed(tmp_path: Path) -> Iterator[Testbeds]:
-    with harness.testbeds(tmp_path) as make:
-        yield make
-
-
 # --- CPU cgroup ---------------------------------------------------------------------------
 
 
