@@ -17,10 +17,8 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +35,7 @@ from swim.messages import Alive, Ping, PushNodeState, PushPull
 from swim.messages import NodeStateType as State
 from swim.security import Keyring
 from tests.agent.test_agent import KEY, _free_port, all_alive, cluster, until
+from tests.agent.test_serf_interop import until as wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY_RAW = base64.b64decode(KEY)
@@ -392,29 +391,6 @@ async def test_no_secret_in_logs_metrics_info_or_events(
 # --- (c) key rotation across a running mixed cluster ---------------------------------------
 
 
-def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        try:
-            if predicate():
-                return time.monotonic() - start
-        except RuntimeError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout_s}s")
-
-
-def _swimctl(agent: LocalAgent, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agent.cli", "--control", str(agent.control), *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=ROOT,
-        check=False,
-    )
-
-
 def _serf_keys(serf: LocalSerf, *args: str) -> subprocess.CompletedProcess[str]:
     assert SERF is not None
     return subprocess.run(
@@ -459,7 +435,7 @@ def test_key_rotation_across_a_mixed_cluster(tmp_path: Path) -> None:
             ]
             return all(v == names for v in views)
 
-        _wait(everyone_alive, 40, "everyone alive before the rotation")
+        wait_until(everyone_alive, 40, "everyone alive before the rotation")
         before = {w.name: w.client.request("info")["stats"] for w in swims}
         seen_bad: list[str] = []
 
