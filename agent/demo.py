@@ -60,6 +60,26 @@ def free_port() -> int:
     raise RuntimeError("no free port found")
 
 
+def agent_command(
+    name: str,
+    port: int,
+    control: Path,
+    profile: str,
+    join_port: int | None = None,
+    *,
+    retry_ms: int = 300,
+) -> list[str]:
+    """``swimctl agent`` on 127.0.0.1:``port`` with its own control socket, retrying to join
+    ``join_port`` every ``retry_ms`` (the command line every local cluster here starts)."""
+    args = [
+        *(sys.executable, "-m", "agent.cli", "--control", str(control), "agent"),
+        *("--node", name, "--bind", f"127.0.0.1:{port}", "--profile", profile),
+    ]
+    if join_port is not None:
+        args += ["--retry-join", f"127.0.0.1:{join_port}", "--retry-interval-ms", str(retry_ms)]
+    return args
+
+
 class LocalAgent:
     """One agent process with its own port and control socket."""
 
@@ -76,24 +96,8 @@ class LocalAgent:
         self.port = free_port()
         self.control = workdir / f"{name}.sock"
         self.log_path = workdir / f"{name}.log"
-        args = [
-            sys.executable,
-            "-m",
-            "agent.cli",
-            "--control",
-            str(self.control),
-            "agent",
-            "--node",
-            name,
-            "--bind",
-            f"127.0.0.1:{self.port}",
-            "--profile",
-            profile,
-            "--log-level",
-            "info",
-        ]
-        if join is not None:
-            args += ["--retry-join", f"127.0.0.1:{join}", "--retry-interval-ms", "500"]
+        args = agent_command(name, self.port, self.control, profile, join, retry_ms=500)
+        args += ["--log-level", "info"]
         args += extra or []
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(

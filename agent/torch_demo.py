@@ -27,7 +27,7 @@ from types import FrameType
 from typing import Any
 
 from agent.control import ControlClient, ControlError
-from agent.demo import free_port
+from agent.demo import agent_command, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "elastic_ddp.py"
@@ -49,12 +49,7 @@ class DemoNode:
         self.steps_path = workdir / f"{name}.steps.jsonl"
         self.trainer_log = workdir / f"{name}.trainer.log"
         agent_log = workdir / f"{name}.agent.log"
-        args = [
-            *(sys.executable, "-m", "agent.cli", "--control", str(self.control), "agent"),
-            *("--node", name, "--bind", f"127.0.0.1:{self.port}", "--profile", profile),
-        ]
-        if join_port is not None:
-            args += ["--retry-join", f"127.0.0.1:{join_port}", "--retry-interval-ms", "300"]
+        args = agent_command(name, self.port, self.control, profile, join_port)
         with agent_log.open("wb") as out:
             self.agent = subprocess.Popen(
                 args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, process_group=0

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from agent.demo import free_port
+from agent.demo import agent_command, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "examples" / "torchrun_train.py"
@@ -95,22 +95,7 @@ class Node:
 
     def _start_agent(self, profile: str) -> None:
         self._spawn(
-            [
-                sys.executable,
-                "-m",
-                "agent.cli",
-                "--control",
-                str(self.control),
-                "agent",
-                "--node",
-                self.name,
-                "--bind",
-                f"127.0.0.1:{self.port}",
-                "--profile",
-                profile,
-                "--log-level",
-                "info",
-            ]
+            [*agent_command(self.name, self.port, self.control, profile), "--log-level", "info"]
         )
         _until(self.control.exists, 20, f"{self.name}'s control socket")
 

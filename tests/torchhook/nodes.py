@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.control import ControlClient, ControlError
-from agent.demo import free_port
+from agent.demo import agent_command, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.05
@@ -34,12 +34,7 @@ class Node:
         self.agent_log = workdir / f"{name}.agent.log"
         self.trainer_log = workdir / f"{name}.trainer.log"
         self.steps_path = workdir / f"{name}.steps.jsonl"
-        args = [
-            sys.executable, "-m", "agent.cli", "--control", str(self.control), "agent",
-            "--node", name, "--bind", f"127.0.0.1:{self.port}", "--profile", profile,
-        ]  # fmt: skip
-        if join_port is not None:
-            args += ["--retry-join", f"127.0.0.1:{join_port}", "--retry-interval-ms", "300"]
+        args = agent_command(name, self.port, self.control, profile, join_port)
         with self.agent_log.open("wb") as out:
             self.agent = subprocess.Popen(
                 args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, process_group=0
