@@ -26,6 +26,7 @@ import click
 
 from agent.config import AgentConfigError, load, parse_tag_args
 from agent.control import ControlClient, ControlError
+from swim.config import PROFILES
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -73,7 +74,7 @@ def _agent_options(f: Any) -> Any:
         click.option("--retry-join", "retry_join", multiple=True, help="Retry joining this."),
         click.option("--retry-interval-ms", type=int, help="Between retry-join attempts."),
         click.option("--retry-max", type=int, help="Retry-join attempts; 0 = forever."),
-        click.option("--profile", type=click.Choice(["lan", "wan", "local"])),
+        click.option("--profile", type=click.Choice(PROFILES)),
         click.option("--tag", "tag", multiple=True, help="KEY=VALUE tag (repeatable)."),
         click.option("--encrypt", help="Base64 AES key (16, 24 or 32 bytes)."),
         click.option("--keyring-file", type=click.Path(path_type=Path)),
@@ -276,9 +277,7 @@ def keys(
 
 @main.command(context_settings=CONTEXT)
 @click.option("--agents", default=5, show_default=True, help="How many agents to start.")
-@click.option(
-    "--profile", default="local", show_default=True, type=click.Choice(["lan", "wan", "local"])
-)
+@click.option("--profile", default="local", show_default=True, type=click.Choice(PROFILES))
 @click.option(
     "--torch",
     "torch_job",

@@ -13,7 +13,7 @@ File format (see packaging/agent.toml for a commented example)::
     retry_join = ["10.0.0.1"]       # retried every retry_interval_ms until one works
     retry_interval_ms = 30000
     retry_max = 0                   # 0: forever
-    profile = "lan"                 # lan | wan | local
+    profile = "lan"                 # lan | wan | local | fast
     encrypt = "base64 key"          # or keyring_file = "/etc/swim/keyring.json"
     encrypt_verify_incoming = true  # false: also accept plaintext (rollout only; Serf's name)
     encrypt_verify_outgoing = true  # false: send plaintext (rollout only; Serf's name)
@@ -46,11 +46,10 @@ from typing import Any
 
 from agent.departed import DEFAULT_RECONNECT_TIMEOUT_MS, DEFAULT_TOMBSTONE_TIMEOUT_MS
 from swim import Config, ConfigError
-from swim.config import META_MAX_BYTES
+from swim.config import META_MAX_BYTES, PROFILES
 from swim.security import Keyring
 
 DEFAULT_PORT = 7946
-PROFILES = ("lan", "wan", "local")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -124,13 +123,12 @@ class AgentConfig:
 
     def swim_config(self) -> Config:
         """The protocol configuration: the profile's preset with ``[protocol]`` overrides."""
-        preset = {"lan": Config.lan, "wan": Config.wan, "local": Config.local}[self.profile]
         verify = {
             "gossip_verify_incoming": self.encrypt_verify_incoming,
             "gossip_verify_outgoing": self.encrypt_verify_outgoing,
         }
         try:
-            return preset(**{**verify, **self.protocol})
+            return Config.profile(self.profile, **{**verify, **self.protocol})
         except ConfigError as exc:
             raise AgentConfigError(f"[protocol]: {exc}") from exc
 

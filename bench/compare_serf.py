@@ -1,10 +1,12 @@
-"""Side-by-side benchmark: N swim agents vs N serf agents, same profile, same machine, same run.
+"""Side-by-side benchmark: N swim agents vs N serf agents, same machine, same run.
 
 For each N it starts a cluster of each implementation on loopback and measures:
 - join convergence: from the start of the last process until every agent has seen every
   other join (each agent's own log, timestamped as lines arrive);
 - detection after SIGKILL of one agent: first suspicion anywhere, first and last survivor
-  to declare it dead/failed;
+  to declare it dead/failed (median and nearest-rank p99 over the kills);
+- false positives: dead/failed (and suspect) events about a member that was not killed,
+  or before it was;
 - steady-state CPU per agent per second (/proc/PID/stat utime+stime over a window);
 - RSS per agent (/proc/PID/status VmRSS);
 - UDP packets and bytes sent per agent per second (iptables byte/packet counters on each
@@ -14,6 +16,11 @@ Log lines are timestamped by reader threads as they arrive (serf's own log times
 have one-second resolution), so both sides are timed the same way.
 
     python -m bench.compare_serf [--sizes 8,32,64] [--profile lan] [--out BENCHMARKS.md]
+    python -m bench.compare_serf --sizes 64 --runs serf:local,swim:fast,swim:lan --kills 20
+
+``--runs`` lists implementation:profile pairs, run one after another for each N (serf knows
+lan, wan and local; ``fast`` is ours); the first is the baseline of the ratio table.
+``--profile P`` is short for ``--runs serf:P,swim:P``.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.procs import SERF, free_port
+from swim.config import PROFILES
+
+SERF_PROFILES = ("lan", "wan", "local")
 
 ROOT = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -205,6 +215,7 @@ class Kill:
 @dataclass
 class Result:
     impl: str
+    profile: str
     n: int
     converge_s: float | None
     converge_ready_s: float | None
@@ -214,6 +225,15 @@ class Result:
     pkts_per_s: float | None
     bytes_per_s: float | None
     kills: list[Kill]
+    false_dead: int = 0
+    false_suspect: int = 0
+
+    def p99(self, attr: str) -> float | None:
+        """Nearest-rank 99th percentile (the maximum below 100 kills)."""
+        values = sorted(v for k in self.kills if (v := getattr(k, attr)) is not None)
+        if not values or len(values) != len(self.kills):
+            return None
+        return values[max(0, -(-99 * len(values) // 100) - 1)]
 
     def median(self, attr: str) -> float | None:
         values = [v for k in self.kills if (v := getattr(k, attr)) is not None]
@@ -250,10 +270,22 @@ def _explain(procs: list[Proc], names: set[str], workdir: Path) -> None:
             )
 
 
-def _kill_one(alive: list[Proc]) -> Kill:
+def _false_events(procs: list[Proc], killed_at: dict[str, float]) -> tuple[int, int]:
+    """(dead, suspect) events about members that were not killed, or not yet."""
+    counts = {"dead": 0, "suspect": 0}
+    for p in procs:
+        with p.lock:
+            for t, kind, name in p.events:
+                if kind in counts and t < killed_at.get(name, float("inf")):
+                    counts[kind] += 1
+    return counts["dead"], counts["suspect"]
+
+
+def _kill_one(alive: list[Proc], killed_at: dict[str, float]) -> Kill:
     """SIGKILL the newest live agent and time how the others notice."""
     victim = alive.pop()
     killed = time.monotonic()
+    killed_at[victim.name] = killed
     os.kill(victim.popen.pid, signal.SIGKILL)
     _wait(lambda: all(p.seen("dead", victim.name) for p in alive), 120)
     suspects = [t for p in alive if (t := p.seen("suspect", victim.name))]
@@ -323,11 +355,14 @@ def run_one(
                 )
             results = []
             alive = list(procs)
+            killed_at: dict[str, float] = {}
             for _ in range(min(kills, n - 2)):
-                results.append(_kill_one(alive))
+                results.append(_kill_one(alive, killed_at))
                 time.sleep(pause_s)
+            false_dead, false_suspect = _false_events(procs, killed_at)
             return Result(
                 impl,
+                profile,
                 n,
                 converge,
                 converge_ready,
@@ -337,6 +372,8 @@ def run_one(
                 pkts,
                 bytes_,
                 results,
+                false_dead,
+                false_suspect,
             )
         finally:
             if counters is not None:
@@ -355,75 +392,113 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
 
 
-def report(results: list[Result], profile: str, command: str) -> str:
+def report(results: list[Result], runs: list[tuple[str, str]], command: str) -> str:
+    spelled = ", ".join(f"{impl} `{profile}`" for impl, profile in runs)
     lines = [
-        f"## swim vs serf, profile `{profile}` ({time.strftime('%Y-%m-%d')})",
+        f"## swim vs serf: {spelled} ({time.strftime('%Y-%m-%d')})",
         "",
         f"Command: `{command}`. Machine: {os.cpu_count()} CPUs; serf is Debian's 0.9.4. "
-        "Both sides run in the same invocation, one implementation at a time. Detection: "
-        "median over the SIGKILLs (range in brackets), from the kill to the first suspicion, "
-        "the first observer and the last observer declaring the member dead (failed).",
+        "All runs in the same invocation, one cluster at a time. Detection: median over the "
+        "SIGKILLs (range in brackets) from the kill to the first suspicion, the first observer "
+        "and the last observer declaring the member dead (failed); p99 is nearest-rank (the "
+        "maximum below 100 kills). False dead (suspect): events about members not (yet) killed.",
         "",
-        "| impl | N | join converge s (from last ready) | first suspect s | first dead s | "
-        "last dead s | kills | CPU ms/agent/s | RSS MiB mean (max) | UDP pkts/agent/s | "
-        "UDP bytes/agent/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| impl | profile | N | join converge s (from last ready) | first suspect s | "
+        "first dead s | last dead s | last dead p99 s | kills | false dead (suspect) | "
+        "CPU ms/agent/s | RSS MiB mean (max) | UDP pkts/agent/s | UDP bytes/agent/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r.impl} | {r.n} | {_f(r.converge_s)} ({_f(r.converge_ready_s)}) | "
+            f"| {r.impl} | {r.profile} | {r.n} | {_f(r.converge_s)} ({_f(r.converge_ready_s)}) | "
             f"{_f(r.median('first_suspect_s'))} [{r.spread('first_suspect_s')}] | "
             f"{_f(r.median('first_dead_s'))} [{r.spread('first_dead_s')}] | "
-            f"{_f(r.median('last_dead_s'))} [{r.spread('last_dead_s')}] | {len(r.kills)} | "
-            f"{_f(r.cpu_ms_per_s)} | "
+            f"{_f(r.median('last_dead_s'))} [{r.spread('last_dead_s')}] | "
+            f"{_f(r.p99('last_dead_s'))} | {len(r.kills)} | "
+            f"{r.false_dead} ({r.false_suspect}) | {_f(r.cpu_ms_per_s)} | "
             f"{_f(r.rss_mib_mean, '{:.1f}')} ({_f(r.rss_mib_max, '{:.1f}')}) | "
             f"{_f(r.pkts_per_s, '{:.1f}')} | {_f(r.bytes_per_s, '{:.0f}')} |"
         )
+    base_impl, base_profile = runs[0]
     lines += [
         "",
-        "Ratios swim/serf (targets: detection within 10%, idle CPU at most 2x, "
-        "RSS at most 40 MiB absolute):",
+        f"Ratios to {base_impl} `{base_profile}` at the same N (below 1: faster or cheaper):",
         "",
-        "| N | last dead (median) | first dead (median) | CPU | RSS (swim MiB) | packets | bytes |",
-        "|---|---|---|---|---|---|---|",
+        "| run | N | last dead (median) | last dead (p99) | first dead (median) | CPU | "
+        "packets | bytes |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    by = {(r.impl, r.n): r for r in results}
+    by = {(r.impl, r.profile, r.n): r for r in results}
     for n in sorted({r.n for r in results}):
-        s, g = by.get(("swim", n)), by.get(("serf", n))
-        if s is None or g is None:
-            continue
-        lines.append(
-            f"| {n} | {_ratio(s.median('last_dead_s'), g.median('last_dead_s'))} | "
-            f"{_ratio(s.median('first_dead_s'), g.median('first_dead_s'))} | "
-            f"{_ratio(s.cpu_ms_per_s, g.cpu_ms_per_s)} | {s.rss_mib_mean:.1f} | "
-            f"{_ratio(s.pkts_per_s, g.pkts_per_s)} | {_ratio(s.bytes_per_s, g.bytes_per_s)} |"
-        )
+        g = by.get((base_impl, base_profile, n))
+        for impl, profile in runs[1:]:
+            s = by.get((impl, profile, n))
+            if s is None or g is None:
+                continue
+            lines.append(
+                f"| {impl} `{profile}` | {n} | "
+                f"{_ratio(s.median('last_dead_s'), g.median('last_dead_s'))} | "
+                f"{_ratio(s.p99('last_dead_s'), g.p99('last_dead_s'))} | "
+                f"{_ratio(s.median('first_dead_s'), g.median('first_dead_s'))} | "
+                f"{_ratio(s.cpu_ms_per_s, g.cpu_ms_per_s)} | "
+                f"{_ratio(s.pkts_per_s, g.pkts_per_s)} | {_ratio(s.bytes_per_s, g.bytes_per_s)} |"
+            )
+        lan, fast = by.get(("swim", "lan", n)), by.get(("swim", "fast", n))
+        if lan is not None and fast is not None:
+            lines.append(
+                f"\nN={n}: swim `fast` / swim `lan`: UDP packets "
+                f"{_ratio(fast.pkts_per_s, lan.pkts_per_s)}, bytes "
+                f"{_ratio(fast.bytes_per_s, lan.bytes_per_s)}, CPU "
+                f"{_ratio(fast.cpu_ms_per_s, lan.cpu_ms_per_s)} (target: load at most 5x lan)."
+            )
     return "\n".join(lines) + "\n"
+
+
+def parse_runs(spec: str | None, profile: str) -> list[tuple[str, str]]:
+    """``serf:local,swim:fast`` -> [("serf", "local"), ("swim", "fast")]; checked."""
+    if not spec:
+        return [("serf", profile), ("swim", profile)]
+    runs = []
+    for item in spec.split(","):
+        impl, _, prof = item.strip().partition(":")
+        if impl not in PATTERNS or prof not in PROFILES:
+            raise ValueError(f"bad run {item!r}: want IMPL:PROFILE, IMPL in serf|swim")
+        if impl == "serf" and prof not in SERF_PROFILES:
+            raise ValueError(f"serf has no profile {prof!r} (it knows {', '.join(SERF_PROFILES)})")
+        runs.append((impl, prof))
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="swim vs serf, side by side")
     parser.add_argument("--sizes", default="8,32,64")
-    parser.add_argument("--profile", default="lan", choices=["lan", "wan", "local"])
+    parser.add_argument("--profile", default="lan", choices=list(PROFILES))
     parser.add_argument("--settle-s", type=float, default=10.0)
     parser.add_argument("--window-s", type=float, default=20.0)
     parser.add_argument("--kills", type=int, default=5, help="SIGKILLs per cluster")
+    parser.add_argument("--runs", help="IMPL:PROFILE,... (default: serf:P,swim:P for --profile P)")
     parser.add_argument("--out", type=Path, help="append the report to this markdown file")
     args = parser.parse_args(argv)
     if SERF is None:
         print("serf is not installed (scripts/setup.sh installs it)", file=sys.stderr)
         return 2
+    try:
+        runs = parse_runs(args.runs, args.profile)
+    except ValueError as exc:
+        parser.error(str(exc))
     sizes = [int(x) for x in args.sizes.split(",")]
     results = []
     failures: list[str] = []
     for n in sizes:
-        for impl in ("serf", "swim"):
+        for impl, profile in runs:
             for attempt in (1, 2):
-                print(f"-- {impl} N={n} (attempt {attempt}) ...", file=sys.stderr, flush=True)
+                print(
+                    f"-- {impl} {profile} N={n} (attempt {attempt}) ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 try:
-                    result = run_one(
-                        impl, n, args.profile, args.settle_s, args.window_s, args.kills
-                    )
+                    result = run_one(impl, n, profile, args.settle_s, args.window_s, args.kills)
                 except NotConverged as exc:
                     failures.append(str(exc))
                     print(f"   {exc}", file=sys.stderr, flush=True)
@@ -432,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(result)
                 break
     command = "python -m bench.compare_serf " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = report(results, args.profile, command.strip())
+    text = report(results, runs, command.strip())
     if failures:
         text += "\nRuns that did not converge (retried once):\n\n"
         text += "".join(f"- {f}\n" for f in failures)

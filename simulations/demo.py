@@ -11,13 +11,14 @@ timeline with the time each event was seen, and the detection times the formulas
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Sequence
 
 from simulations.cluster import Cluster
-from swim import Config, EventKind, MemberEvent, NodeStateType
+from swim import Config, EventKind, MemberEvent, NodeStateType, config
 from swim import formulas as f
 
-PROFILES = {"lan": Config.lan, "local": Config.local, "wan": Config.wan}
+PROFILES = {name: functools.partial(Config.profile, name) for name in config.PROFILES}
 
 
 def _table(c: Cluster, observer: str) -> str:

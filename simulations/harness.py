@@ -17,6 +17,7 @@ suspicion timeouts with confirmations; ``buddy`` = buddy system only; ``full`` =
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,11 +29,10 @@ from simulations.network import GilbertElliott, parse_latency
 from simulations.report import Result
 from simulations.world import World
 from swim import Config
+from swim.config import PROFILES
 
 PRESETS: dict[str, Callable[..., Config]] = {
-    "lan": Config.lan,
-    "wan": Config.wan,
-    "local": Config.local,
+    name: functools.partial(Config.profile, name) for name in PROFILES
 }
 
 _OFF = {

@@ -26,6 +26,10 @@ PROTOCOL_VERSION_MAX = 5
 """net.go ``ProtocolVersionMax``: the newest protocol we understand (advertised as PMax)."""
 
 
+PROFILES = ("lan", "wan", "local", "fast")
+"""The presets: memberlist's three, and ours for low-latency clusters."""
+
+
 class ConfigError(ValueError):
     """A configuration value or combination that the protocol cannot honour."""
 
@@ -103,6 +107,37 @@ class Config:
     lifeguard_buddy: bool = True
     """Buddy system: a ping to a suspect carries the suspicion so it can refute at once."""
 
+    # The fast profile (ours, not memberlist's): Phi-adaptive probe timeouts (swim/rtt.py)
+    # and a suspicion window derived from dissemination time. All off in lan/wan/local.
+    adaptive_probe_timeout: bool = False
+    """Per-peer direct-ack timeout from the phi accrual detector over that peer's RTTs,
+    instead of the fixed ``probe_timeout_ms`` (which then applies only until
+    ``rtt_min_samples`` exist). Also scaled by local health (Lifeguard §IV-A)."""
+    probe_timeout_phi: int = 8
+    """Phi at which a missing ack counts as late: a live peer's ack is this late with
+    probability ≈ 10^−phi (8: Akka's and Cassandra's conviction threshold)."""
+    probe_timeout_min_ms: int = 20
+    """Lower bound of the adaptive timeout: keeps a few ms of scheduling noise on a fast
+    fabric from sending every probe indirect."""
+    probe_timeout_max_ms: int = 500
+    """Upper bound of the adaptive timeout; must leave the indirect phase time within the
+    probe interval."""
+    rtt_window: int = 16
+    """Samples the per-peer RTT mean and variance are averaged over (exponential window)."""
+    rtt_min_std_ms: int = 5
+    """Floor on the RTT deviation in the phi model (Akka ``min-std-deviation``): a peer
+    that always answered in exactly 1 ms still gets 1 + 5.2·5 ms at phi 8."""
+    rtt_min_samples: int = 4
+    """RTT samples a peer needs before its adaptive timeout replaces ``probe_timeout_ms``."""
+    derived_suspicion: bool = False
+    """Suspicion min = ``suspicion_safety_mult`` · 2 · dissemination time (gossip rounds
+    for n members × (gossip interval + half the measured RTT)): the time a falsely
+    suspected member needs to hear the accusation and spread its refutation
+    (``formulas.derived_suspicion_timeout_ms``), instead of α·log10(n)·probe interval.
+    Max, confirmations (k = suspicion_mult − 2) and the decay stay Lifeguard's."""
+    suspicion_safety_mult: int = 2
+    """Margin on the derived suspicion window (2: twice the time the refutation needs)."""
+
     # Encryption (only with a keyring). memberlist GossipVerifyIncoming/Outgoing.
     gossip_verify_incoming: bool = True
     """With a keyring: drop input that fails authentication (packets: ``decrypt_failed``,
@@ -169,6 +204,38 @@ class Config:
         values.update(overrides)
         return cls(**values)
 
+    @classmethod
+    def fast(cls, **overrides: Any) -> Config:
+        """Ours, for one low-latency LAN (a GPU cluster): 250 ms probes with Phi-adaptive
+        per-peer timeouts (20–125 ms), 3 indirect checks, gossip every 50 ms to 4 members,
+        a suspicion window derived from dissemination time (0.8 s at 64 members, up to
+        β = 4 times that without confirmations). Every choice and its measurement:
+        simulations/RESULTS.md §5, BENCHMARKS.md."""
+        values: dict[str, Any] = {
+            "probe_interval_ms": 250,
+            "probe_timeout_ms": 100,
+            "adaptive_probe_timeout": True,
+            "probe_timeout_min_ms": 20,
+            "probe_timeout_max_ms": 125,
+            "suspicion_max_timeout_mult": 4,
+            "derived_suspicion": True,
+            "gossip_interval_ms": 50,
+            "gossip_nodes": 4,
+            "gossip_to_the_dead_time_ms": 15_000,
+            "push_pull_interval_ms": 30_000,
+            "tcp_timeout_ms": 2000,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def profile(cls, name: str, **overrides: Any) -> Config:
+        """The preset called ``name`` (one of ``PROFILES``), with overrides."""
+        if name not in PROFILES:
+            raise ConfigError(f"unknown profile {name!r} (one of {', '.join(PROFILES)})")
+        preset: Any = getattr(cls, name)
+        return preset(**overrides)  # type: ignore[no-any-return]
+
     def replace(self, **changes: Any) -> Config:
         """A copy with some fields changed, validated like a new config."""
         return dataclasses.replace(self, **changes)
@@ -218,6 +285,19 @@ def _validate(c: Config) -> None:
     )
     need(c.delegate_protocol_max <= 255, "delegate protocol versions must fit in a byte")
     need(c.tcp_timeout_ms > 0, "tcp_timeout_ms must be > 0")
+    need(c.probe_timeout_phi >= 1, "probe_timeout_phi must be >= 1")
+    need(c.rtt_window >= 1, "rtt_window must be >= 1")
+    need(c.rtt_min_samples >= 1, "rtt_min_samples must be >= 1")
+    need(c.suspicion_safety_mult >= 1, "suspicion_safety_mult must be >= 1")
+    if c.adaptive_probe_timeout:
+        need(
+            0 < c.probe_timeout_min_ms <= c.probe_timeout_max_ms < c.probe_interval_ms,
+            "adaptive probe timeouts need 0 < probe_timeout_min_ms "
+            f"({c.probe_timeout_min_ms}) <= probe_timeout_max_ms ({c.probe_timeout_max_ms}) "
+            f"< probe_interval_ms ({c.probe_interval_ms})",
+        )
+    if c.derived_suspicion:
+        need(c.gossip_interval_ms > 0, "derived_suspicion needs gossip_interval_ms > 0")
     need(c.max_members >= 2, "max_members must be >= 2")
     need(c.max_broadcast_queue >= 1, "max_broadcast_queue must be >= 1")
     need(c.max_push_pull_nodes >= 1, "max_push_pull_nodes must be >= 1")

@@ -23,6 +23,7 @@ from swim.effects import (
     Timer,
 )
 from swim.queue import BroadcastQueue
+from swim.rtt import RttTable
 from swim.wire import DropReason
 
 
@@ -35,6 +36,7 @@ class Context:
         self.stats = NodeStats()
         self.broadcasts = BroadcastQueue(config.retransmit_mult, config.max_broadcast_queue)
         self.user_broadcasts = BroadcastQueue(config.retransmit_mult, config.max_broadcast_queue)
+        self.rtt = RttTable(config)
         self._timers: dict[int, tuple[str, Any]] = {}
         self._next_timer_id = 0
 

@@ -16,6 +16,7 @@ SWIM paper (Das, Gupta, Motivala 2002) §3.1 for the expected first-detection ti
 
 from __future__ import annotations
 
+import functools
 import math
 
 PUSH_PULL_SCALE_THRESHOLD = 32
@@ -106,3 +107,81 @@ def swim_expected_first_detection_periods(q_f: float = 1.0) -> float:
     ``1 / (1 − e^(−q_f))`` for a fraction q_f of non-faulty members; e/(e−1) ≈ 1.582 at 1.
     """
     return 1.0 / (1.0 - math.exp(-q_f))
+
+
+# --- the fast profile: adaptive probe timeouts and a derived suspicion window -------------
+#
+# Not in memberlist. The probe timeout is Hayashibara's phi accrual detector (2004) applied
+# to a peer's round-trip times, with Akka's logistic approximation of the normal CDF
+# (PhiAccrualFailureDetector.scala; phi/formulas.py ``phi_akka``): the timeout is the RTT a
+# live peer exceeds with probability ≈ 10^−phi. SWIM §4 asks for a timeout from "the
+# 99th-percentile RTT"; this is the same idea, per peer and learned online.
+
+AKKA_LOGISTIC_A = 1.5976
+AKKA_LOGISTIC_B = 0.070566
+"""Akka's coefficients: F(y) ≈ 1/(1 + exp(−y(A + B·y²))), y = (t − mean)/std."""
+
+
+@functools.cache
+def phi_sigmas(phi: float) -> float:
+    """Standard deviations past the mean at which Akka's phi reaches ``phi``.
+
+    phi = log10(1 + e^x) with x = y(A + B y²), so x = ln(10^phi − 1) and y is the one real
+    root of B y³ + A y − x = 0 (Cardano; the cubic is increasing, A, B > 0).
+    """
+    if not phi > 0.0 or math.isinf(phi):
+        raise ValueError(f"phi must be finite and > 0, got {phi!r}")
+    x = math.log(math.expm1(phi * math.log(10.0)))
+    p = AKKA_LOGISTIC_A / AKKA_LOGISTIC_B
+    q = -x / AKKA_LOGISTIC_B
+    root = math.sqrt((q / 2.0) ** 2 + (p / 3.0) ** 3)
+    return math.cbrt(-q / 2.0 + root) + math.cbrt(-q / 2.0 - root)
+
+
+def adaptive_probe_timeout_ms(
+    mean_rtt_ms: float, std_rtt_ms: float, phi: float, min_ms: int, max_ms: int
+) -> int:
+    """Probe timeout for one peer: ``ceil(mean + phi_sigmas(phi)·std)`` within [min, max].
+
+    ``std_rtt_ms`` is the effective deviation (the caller floors it, as Akka floors
+    ``min-std-deviation``), so a perfectly regular peer still gets slack.
+    """
+    if min_ms > max_ms:
+        raise ValueError(f"min_ms ({min_ms}) > max_ms ({max_ms})")
+    raw = mean_rtt_ms + phi_sigmas(phi) * std_rtt_ms
+    return min(max(math.ceil(raw), min_ms), max_ms)
+
+
+def gossip_rounds(n: int, gossip_nodes: int) -> int:
+    """Gossip rounds for news to reach all n members: ``ceil(log_{fanout+1} n) + 1``.
+
+    Push gossip to f peers per round multiplies the informed set by up to f+1 each round
+    (SWIM §4.1, infection-style dissemination); the +1 covers the phase of each member's
+    own gossip ticker. Measured in this simulator (simulations/RESULTS.md §1, fanout 3,
+    200 ms rounds): t99 at n = 30 / 1,000 / 10,000 is 2.5 / 3.8 / 4.3 rounds against
+    3 / 6 / 8 here, so the bound is conservative.
+    """
+    if n <= 1:
+        return 1
+    if gossip_nodes < 1:
+        raise ValueError(f"gossip_nodes must be >= 1, got {gossip_nodes}")
+    return math.ceil(math.log(n) / math.log(gossip_nodes + 1) - 1e-9) + 1
+
+
+def dissemination_ms(n: int, gossip_interval_ms: int, gossip_nodes: int, rtt_ms: int) -> int:
+    """Time for one message to reach every member: rounds × (interval + one-way delay)."""
+    return gossip_rounds(n, gossip_nodes) * (gossip_interval_ms + (rtt_ms + 1) // 2)
+
+
+def derived_suspicion_timeout_ms(
+    n: int, gossip_interval_ms: int, gossip_nodes: int, rtt_ms: int, safety_mult: int
+) -> int:
+    """Minimum suspicion window from what a falsely suspected member needs to survive.
+
+    The accusation must reach the suspect (one dissemination; the buddy system usually does
+    it in one probe) and its refutation must reach everyone who holds the suspicion (one
+    more dissemination): ``safety · 2 · dissemination(n)``. memberlist instead uses
+    ``α · log10(n) · probe_interval`` (util.go ``suspicionTimeout``), which ties the window
+    to the probe period rather than to how fast the refutation can travel.
+    """
+    return safety_mult * 2 * dissemination_ms(n, gossip_interval_ms, gossip_nodes, rtt_ms)

@@ -170,6 +170,7 @@ class Membership:
     def _forget(self, m: MemberState) -> None:
         self._members.remove(m.name)
         self._cancel_suspicion(m.name)
+        self._ctx.rtt.forget(m.name)
         self._ctx.event(EventKind.REAPED, m.snapshot())
 
     # --- local health (Lifeguard LHA-Probe) ---------------------------------------------
@@ -338,7 +339,18 @@ class Membership:
     def _start_suspicion(self, state: MemberState, sender: str) -> None:
         config = self._ctx.config
         n = len(self._members)
-        min_ms = formulas.suspicion_timeout_ms(config.suspicion_mult, n, config.probe_interval_ms)
+        if config.derived_suspicion:
+            min_ms = formulas.derived_suspicion_timeout_ms(
+                n,
+                config.gossip_interval_ms,
+                config.gossip_nodes,
+                self._ctx.rtt.typical_ms,
+                config.suspicion_safety_mult,
+            )
+        else:
+            min_ms = formulas.suspicion_timeout_ms(
+                config.suspicion_mult, n, config.probe_interval_ms
+            )
         if config.lifeguard_dynamic_suspicion:
             k = formulas.suspicion_confirmations(config.suspicion_mult, n)
             max_ms = config.suspicion_max_timeout_mult * min_ms

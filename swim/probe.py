@@ -7,7 +7,9 @@ Rules (SWIM §4; hashicorp/memberlist @ 1b4c746 state.go ``probe``/``probeNode``
 - One probe at a time, every probe interval, to the next member in round-robin order. A
   tick that arrives while a probe is running is remembered and runs when it ends (a Go
   ticker buffers one tick).
-- The probe waits ``probe_timeout_ms`` for a direct ack (never scaled), then asks
+- The probe waits ``probe_timeout_ms`` for a direct ack (never scaled; with
+  ``adaptive_probe_timeout``, the target's Phi-adaptive timeout from swim/rtt.py, scaled
+  by local health; direct acks, also late ones, are RTT samples), then asks
   ``indirect_checks`` random alive members to ping the target (asking for a nack from those
   that speak protocol ≥ 4) and, for targets that speak ≥ 3, opens a TCP ping; the whole
   probe ends at the health-scaled probe interval.
@@ -69,6 +71,8 @@ class _Relay:
     reply_to: Address
     want_nack: bool
     timer_id: int
+    target: str
+    sent_ms: int
 
 
 class Prober:
@@ -116,7 +120,11 @@ class Prober:
             self._transport.send(target.address, ping, target)
         ctx.stats.probes_sent += 1
         timers = [
-            ctx.set_timer(PROBE_TIMEOUT, ctx.config.probe_timeout_ms, seq_no),
+            ctx.set_timer(
+                PROBE_TIMEOUT,
+                ctx.rtt.probe_timeout_ms(target.name, self._members.health_score),
+                seq_no,
+            ),
             ctx.set_timer(PROBE_DEADLINE, interval_ms, seq_no),
         ]
         self._probe = _Probe(
@@ -259,8 +267,11 @@ class Prober:
         seq_no = self.next_seq_no()
         me = self._members.local
         ping = Ping(seq_no, req.node, me.address.ip_bytes, me.address.port, me.name)
-        timer_id = ctx.set_timer(RELAY_TIMEOUT, ctx.config.probe_timeout_ms, seq_no)
-        self._relays[seq_no] = _Relay(req.seq_no, reply_to, req.nack, timer_id)
+        timeout_ms = ctx.rtt.probe_timeout_ms(req.node, self._members.health_score)
+        timer_id = ctx.set_timer(RELAY_TIMEOUT, timeout_ms, seq_no)
+        self._relays[seq_no] = _Relay(
+            req.seq_no, reply_to, req.nack, timer_id, req.node, ctx.now_ms
+        )
         self._transport.send(target, wire.encode_message(ping), self._members.get(req.node))
 
     def on_relay_timeout(self, seq_no: int) -> None:
@@ -273,6 +284,7 @@ class Prober:
         relay = self._relays.pop(ack.seq_no, None)
         if relay is not None:
             self._ctx.cancel_timer(relay.timer_id)
+            self._ctx.rtt.sample(relay.target, self._ctx.now_ms - relay.sent_ms)
             reply = wire.encode_message(Ack(relay.requester_seq))
             self._transport.send(relay.reply_to, reply, self._members.by_address(relay.reply_to))
             return
@@ -281,6 +293,8 @@ class Prober:
             return
         via = "direct" if source == probe.target_address else "indirect"
         rtt_ms = self._ctx.now_ms - probe.sent_ms
+        if via == "direct":
+            self._ctx.rtt.sample(probe.target, rtt_ms)
         self._ctx.out.probe_results.append(ProbeResult(probe.target, rtt_ms, ack.payload, via))
         self._end(probe, -1)
 

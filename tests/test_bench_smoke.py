@@ -20,8 +20,8 @@ def test_benchmark_produces_a_report(tmp_path: Path) -> None:
         [
             "--sizes",
             "3",
-            "--profile",
-            "local",
+            "--runs",
+            "serf:local,swim:fast",
             "--settle-s",
             "1",
             "--window-s",
@@ -34,9 +34,21 @@ def test_benchmark_produces_a_report(tmp_path: Path) -> None:
     )
     assert rc == 0
     text = out.read_text()
-    assert "| serf | 3 |" in text and "| swim | 3 |" in text
-    assert "| 3 |" in text.split("Ratios swim/serf")[1]
+    assert "| serf | local | 3 |" in text and "| swim | fast | 3 |" in text
+    assert "| swim `fast` | 3 |" in text.split("Ratios to serf `local`")[1]
     for line in text.splitlines():
-        if line.startswith(("| serf | 3", "| swim | 3")):
+        if line.startswith(("| serf | local | 3", "| swim | fast | 3")):
             cells = [c.strip() for c in line.strip("|").split("|")]
-            assert not cells[5].startswith("n/a"), "every survivor saw the killed agent dead"
+            assert not cells[6].startswith("n/a"), "every survivor saw the killed agent dead"
+            assert cells[9] == "0 (0)", "no false positives on an idle loopback cluster"
+
+
+def test_runs_are_checked() -> None:
+    assert compare_serf.parse_runs(None, "lan") == [("serf", "lan"), ("swim", "lan")]
+    assert compare_serf.parse_runs("serf:local, swim:fast", "lan") == [
+        ("serf", "local"),
+        ("swim", "fast"),
+    ]
+    for bad in ("serf:fast", "swim:turbo", "etcd:lan", "swim"):
+        with pytest.raises(ValueError, match=r"serf has no profile|bad run"):
+            compare_serf.parse_runs(bad, "lan")

@@ -37,6 +37,17 @@ def test_toml_then_flags(tmp_path: Path) -> None:
     assert c.swim_config().probe_timeout_ms == 200  # the local profile underneath
 
 
+def test_fast_profile_with_protocol_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "agent.toml"
+    f.write_text('profile = "fast"\n[protocol]\nprobe_timeout_max_ms = 100\n')
+    c = load(f).swim_config()
+    assert c.adaptive_probe_timeout and c.derived_suspicion
+    assert (c.probe_interval_ms, c.probe_timeout_max_ms) == (250, 100)
+    f.write_text('profile = "fast"\n[protocol]\nprobe_timeout_max_ms = 300\n')
+    with pytest.raises(AgentConfigError, match="probe_timeout_max_ms"):
+        load(f).swim_config()
+
+
 def test_packaged_example_config_is_valid() -> None:
     example = Path(__file__).resolve().parents[2] / "packaging" / "agent.toml"
     c = load(example)

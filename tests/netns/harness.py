@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.control import ControlClient, ControlError
+from swim.config import PROFILES
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "swimtest-"
@@ -589,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start K namespaced agents until Ctrl-C")
     up.add_argument("-k", type=int, default=4)
-    up.add_argument("--profile", default="local", choices=["lan", "wan", "local"])
+    up.add_argument("--profile", default="local", choices=list(PROFILES))
     up.add_argument("--config", type=Path, help="agent TOML given to every agent")
     sub.add_parser("check", help="can this machine run the namespace tests?")
     sub.add_parser("cleanup", help="remove leftover swimtest-* namespaces")
