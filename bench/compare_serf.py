@@ -230,9 +230,7 @@ class Result:
 
     def p99(self, attr: str) -> float | None:
         """Nearest-rank 99th percentile (the maximum below 100 kills)."""
-        values: list[float] = sorted(
-            v for k in self.kills if (v := getattr(k, attr)) is not None
-        )
+        values: list[float] = sorted(v for k in self.kills if (v := getattr(k, attr)) is not None)
         if not values or len(values) != len(self.kills):
             return None
         return values[max(0, -(-99 * len(values) // 100) - 1)]
