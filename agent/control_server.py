@@ -159,6 +159,8 @@ class ControlServer:
                 "deaths_declared": st.deaths_declared,
                 "dropped": dict(st.dropped),
                 "broadcast_queue": node.broadcast_queue_depth,
+                "stalls": agent.stalls,
+                "stall_datagrams": agent.stall_datagrams,
             },
             "version": _version(),
         }

@@ -57,6 +57,13 @@ MAX_INBOUND_STREAMS = 128
 """memberlist ``maxPushPullRequests``."""
 MAX_OUTBOUND_STREAMS = 128
 RECV_BYTES = 65_536
+STALL_MS = 100
+"""Timers overdue by more than this mean the process was stalled (SIGSTOP, swapping, CPU
+starvation): before firing them, the node reads what arrived meanwhile (``_catch_up``), so
+an ack or a refutation that came in during the stall counts before the deadline it beat.
+Cassandra skips convictions after a local pause for the same reason (research notes §4)."""
+MAX_CATCH_UP = 4096
+"""Datagrams read from the socket in one catch-up (the kernel buffer holds ~2 MiB)."""
 MAX_INTENT_NAMES = 65_536
 """Serf intent clocks remembered (one per member name)."""
 MAX_LEFT_MEMBERS = 65_536
@@ -128,6 +135,10 @@ class Agent:
         self._send_in, self._inbox = trio.open_memory_channel[_Input](INBOX_DEPTH)
         self._timers: list[tuple[int, int, Timer]] = []
         self._udp: socket.socket | None = None
+        self.stalls = 0
+        """Times the node loop found its timers overdue by more than ``STALL_MS``."""
+        self.stall_datagrams = 0
+        """Datagrams read by the catch-up after a stall, before the overdue timers fired."""
         self._nursery: trio.Nursery | None = None
         self._subscribers: list[trio.MemorySendChannel[dict[str, Any]]] = []
         self._out_limiter = trio.CapacityLimiter(MAX_OUTBOUND_STREAMS)
@@ -320,7 +331,33 @@ class Agent:
             with trio.move_on_at(deadline):
                 item = await self._inbox.receive()
                 self._handle(item)
+            if self._timers and now_ms() - self._timers[0][0] > STALL_MS:
+                self._catch_up()
             self._fire_due_timers()
+
+    def _catch_up(self) -> None:
+        """After a stall: handle what is queued and what waits in the socket, then timers."""
+        self.stalls += 1
+        late_ms = now_ms() - self._timers[0][0]
+        for _ in range(INBOX_DEPTH):
+            try:
+                self._handle(self._inbox.receive_nowait())
+            except trio.WouldBlock:
+                break
+        read = 0
+        udp = self._udp
+        while udp is not None and read < MAX_CATCH_UP:
+            try:
+                data, addr = udp.recvfrom(RECV_BYTES)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # e.g. ICMP port unreachable surfacing on Linux
+                read += 1
+                continue
+            read += 1
+            self._handle(_Datagram(Address(addr[0], addr[1]), data))
+        self.stall_datagrams += read
+        log.debug("stalled: timers %d ms late; read %d datagrams before them", late_ms, read)
 
     def _fire_due_timers(self) -> None:
         node = self._node()

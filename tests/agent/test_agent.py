@@ -8,6 +8,7 @@ import base64
 import functools
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -295,3 +296,25 @@ async def test_reaped_member_stays_listed_and_a_late_leave_makes_it_left(
             await trio.to_thread.run_sync(
                 functools.partial(client.request, "force_leave", node="nobody")
             )
+
+
+async def test_a_stalled_node_reads_its_socket_before_firing_overdue_timers(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path, 1) as [a]:
+        port = a.agent.bound_port
+
+        def stall(now_ms: int) -> None:
+            # Runs inside the node task: datagrams arrive, then the whole process stalls
+            # (as under SIGSTOP) past every timer's deadline.
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                for i in range(5):
+                    udp.sendto(b"\xff stalled " + bytes([i]), ("127.0.0.1", port))
+            time.sleep(0.4)
+
+        await a.agent.command(stall)
+        assert a.agent.stalls >= 1
+        assert a.agent.stall_datagrams >= 5  # read by the catch-up, not by the reader task
+        await until(lambda: sum(a.node.stats.dropped.values()) >= 5, 5)
+        info = await trio.to_thread.run_sync(ControlClient(tmp_path / "n0.sock").request, "info")
+        assert info["stats"]["stalls"] == a.agent.stalls

@@ -42,11 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from agent.control import ControlError
+from swim import Config
+from swim.config import PROFILES
 from tests.netns import harness
 from tests.netns.harness import MemberEvent, Testbed
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-PUSH_PULL_S = {"lan": 30.0, "local": 15.0, "wan": 60.0}
+PUSH_PULL_S = {name: Config.profile(name).push_pull_interval_ms / 1000 for name in PROFILES}
 
 
 @dataclass(frozen=True, slots=True)
