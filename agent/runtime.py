@@ -58,10 +58,11 @@ MAX_INBOUND_STREAMS = 128
 MAX_OUTBOUND_STREAMS = 128
 RECV_BYTES = 65_536
 STALL_MS = 100
-"""Timers overdue by more than this mean the process was stalled (SIGSTOP, swapping, CPU
-starvation): before firing them, the node reads what arrived meanwhile (``_catch_up``), so
-an ack or a refutation that came in during the stall counts before the deadline it beat.
-Cassandra skips convictions after a local pause for the same reason (research notes §4)."""
+"""Timers overdue by more than this count as a stall (SIGSTOP, swapping, CPU starvation)
+in ``Agent.stalls``. Stalled or not, due timers fire only after what has already arrived
+is handled (``_catch_up``), so an ack or a refutation that beat its deadline counts even
+when the loop runs late; Cassandra skips convictions after a local pause for the same
+reason (research notes §4)."""
 MAX_CATCH_UP = 4096
 """Datagrams read from the socket in one catch-up (the kernel buffer holds ~2 MiB)."""
 MAX_INTENT_NAMES = 65_536
@@ -331,13 +332,12 @@ class Agent:
             with trio.move_on_at(deadline):
                 item = await self._inbox.receive()
                 self._handle(item)
-            if self._timers and now_ms() - self._timers[0][0] > STALL_MS:
+            if self._timers and self._timers[0][0] <= now_ms():
                 self._catch_up()
             self._fire_due_timers()
 
     def _catch_up(self) -> None:
-        """After a stall: handle what is queued and what waits in the socket, then timers."""
-        self.stalls += 1
+        """Before due timers: handle what is queued and what waits in the socket."""
         late_ms = now_ms() - self._timers[0][0]
         for _ in range(INBOX_DEPTH):
             try:
@@ -356,8 +356,10 @@ class Agent:
                 continue
             read += 1
             self._handle(_Datagram(Address(addr[0], addr[1]), data))
-        self.stall_datagrams += read
-        log.debug("stalled: timers %d ms late; read %d datagrams before them", late_ms, read)
+        if late_ms > STALL_MS:
+            self.stalls += 1
+            self.stall_datagrams += read
+            log.debug("stalled: timers %d ms late; read %d datagrams before them", late_ms, read)
 
     def _fire_due_timers(self) -> None:
         node = self._node()
