@@ -26,6 +26,7 @@ lan, wan and local; ``fast`` is ours); the first is the baseline of the ratio ta
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import shutil
@@ -227,6 +228,8 @@ class Result:
     kills: list[Kill]
     false_dead: int = 0
     false_suspect: int = 0
+    startup_false_dead: int = 0
+    startup_false_suspect: int = 0
 
     def p99(self, attr: str) -> float | None:
         """Nearest-rank 99th percentile (the maximum below 100 kills)."""
@@ -270,13 +273,15 @@ def _explain(procs: list[Proc], names: set[str], workdir: Path) -> None:
             )
 
 
-def _false_events(procs: list[Proc], killed_at: dict[str, float]) -> tuple[int, int]:
-    """(dead, suspect) events about members that were not killed, or not yet."""
+def _false_events(
+    procs: list[Proc], killed_at: dict[str, float], since: float, until: float = math.inf
+) -> tuple[int, int]:
+    """(dead, suspect) events in [since, until) about members not killed, or not yet."""
     counts = {"dead": 0, "suspect": 0}
     for p in procs:
         with p.lock:
             for t, kind, name in p.events:
-                if kind in counts and t < killed_at.get(name, float("inf")):
+                if kind in counts and since <= t < min(until, killed_at.get(name, math.inf)):
                     counts[kind] += 1
     return counts["dead"], counts["suspect"]
 
@@ -335,6 +340,7 @@ def run_one(
                 if all(r is not None for r in readies):
                     converge_ready = max(last - max(r for r in readies if r is not None), 0.0)
             time.sleep(settle_s)
+            steady_from = time.monotonic()
             counters = PortCounters([p.port for p in procs])
             ticks0 = {p.name: _cpu_ticks(p.popen.pid) for p in procs}
             net0 = counters.read()
@@ -359,7 +365,8 @@ def run_one(
             for _ in range(min(kills, n - 2)):
                 results.append(_kill_one(alive, killed_at))
                 time.sleep(pause_s)
-            false_dead, false_suspect = _false_events(procs, killed_at)
+            false_dead, false_suspect = _false_events(procs, killed_at, steady_from)
+            startup = _false_events(procs, killed_at, 0.0, steady_from)
             return Result(
                 impl,
                 profile,
@@ -374,6 +381,7 @@ def run_one(
                 results,
                 false_dead,
                 false_suspect,
+                *startup,
             )
         finally:
             if counters is not None:
@@ -401,12 +409,15 @@ def report(results: list[Result], runs: list[tuple[str, str]], command: str) -> 
         "All runs in the same invocation, one cluster at a time. Detection: median over the "
         "SIGKILLs (range in brackets) from the kill to the first suspicion, the first observer "
         "and the last observer declaring the member dead (failed); p99 is nearest-rank (the "
-        "maximum below 100 kills). False dead (suspect): events about members not (yet) killed.",
+        "maximum below 100 kills). False dead (suspect): events about members not (yet) killed, "
+        "from the end of the settle time (after convergence) on; start-up: from launch until "
+        "then (all N interpreters start at once on this machine's CPUs).",
         "",
         "| impl | profile | N | join converge s (from last ready) | first suspect s | "
         "first dead s | last dead s | last dead p99 s | kills | false dead (suspect) | "
+        "same, during start-up | "
         "CPU ms/agent/s | RSS MiB mean (max) | UDP pkts/agent/s | UDP bytes/agent/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
@@ -415,7 +426,8 @@ def report(results: list[Result], runs: list[tuple[str, str]], command: str) -> 
             f"{_f(r.median('first_dead_s'))} [{r.spread('first_dead_s')}] | "
             f"{_f(r.median('last_dead_s'))} [{r.spread('last_dead_s')}] | "
             f"{_f(r.p99('last_dead_s'))} | {len(r.kills)} | "
-            f"{r.false_dead} ({r.false_suspect}) | {_f(r.cpu_ms_per_s)} | "
+            f"{r.false_dead} ({r.false_suspect}) | "
+            f"{r.startup_false_dead} ({r.startup_false_suspect}) | {_f(r.cpu_ms_per_s)} | "
             f"{_f(r.rss_mib_mean, '{:.1f}')} ({_f(r.rss_mib_max, '{:.1f}')}) | "
             f"{_f(r.pkts_per_s, '{:.1f}')} | {_f(r.bytes_per_s, '{:.0f}')} |"
         )
