@@ -441,6 +441,7 @@ def report(results: list[Result], runs: list[tuple[str, str]], command: str) -> 
         "|---|---|---|---|---|---|---|---|",
     ]
     by = {(r.impl, r.profile, r.n): r for r in results}
+    loads: list[str] = []
     for n in sorted({r.n for r in results}):
         g = by.get((base_impl, base_profile, n))
         for impl, profile in runs[1:]:
@@ -457,12 +458,14 @@ def report(results: list[Result], runs: list[tuple[str, str]], command: str) -> 
             )
         lan, fast = by.get(("swim", "lan", n)), by.get(("swim", "fast", n))
         if lan is not None and fast is not None:
-            lines.append(
-                f"\nN={n}: swim `fast` / swim `lan`: UDP packets "
+            loads.append(
+                f"N={n}: swim `fast` / swim `lan`: UDP packets "
                 f"{_ratio(fast.pkts_per_s, lan.pkts_per_s)}, bytes "
                 f"{_ratio(fast.bytes_per_s, lan.bytes_per_s)}, CPU "
                 f"{_ratio(fast.cpu_ms_per_s, lan.cpu_ms_per_s)} (target: load at most 5x lan)."
             )
+    if loads:
+        lines += ["", *loads]
     return "\n".join(lines) + "\n"
 
 
