@@ -19,7 +19,7 @@ Metric names (all prefixed ``swim_``; counters end in ``_total``; base units):
   ``swim_tcp_fallback_rescues_total``, ``swim_nacks_received_total``
 - ``swim_suspicions_raised_total``, ``swim_suspicions_refuted_total``,
   ``swim_refutations_total``, ``swim_deaths_declared_total``,
-  ``swim_suspicion_timeouts_degraded_total``
+  ``swim_suspicion_timeouts_degraded_total``, ``swim_suspicion_verifications_total``
 - ``swim_health_score``, ``swim_broadcast_queue_depth``, ``swim_incarnation`` gauges
 - ``swim_packets_received_total``, ``swim_packets_sent_total``,
   ``swim_received_bytes_total``, ``swim_sent_bytes_total``
@@ -173,9 +173,17 @@ _SCALARS: tuple[_Scalar, ...] = (
     ),
     _Scalar(
         "swim_suspicion_timeouts_degraded",
-        "Suspicion timeouts shortened by independent confirmations (Lifeguard).",
+        "Suspicions that timed out with fewer independent confirmations than Lifeguard "
+        "expects (memberlist's degraded timeouts).",
         True,
         lambda n: n.stats.suspicion_timeouts_degraded,
+    ),
+    _Scalar(
+        "swim_suspicion_verifications",
+        "Last-chance pings to an unconfirmed suspect before declaring it dead "
+        "(verify_unconfirmed_suspicion, the fast profile).",
+        True,
+        lambda n: n.stats.suspicion_verifications,
     ),
     _Scalar(
         "swim_health_score",

@@ -199,6 +199,7 @@ class NodeStats:
     refutations: int = 0
     deaths_declared: int = 0
     suspicion_timeouts_degraded: int = 0
+    suspicion_verifications: int = 0
     streams_opened: int = 0
     streams_failed: int = 0
     push_pulls: int = 0

@@ -8,7 +8,9 @@ Rules (hashicorp/memberlist @ 1b4c746 state.go ``aliveNode``, ``suspectNode``, `
   ourselves that differs from what we are is refuted.
 - Suspect(i) applies to an alive member when i ≥ its incarnation; against an existing
   suspicion it counts as a confirmation from a distinct sender (Lifeguard), re-gossiped once.
-  Suspicion of ourselves is refuted: incarnation = max(own+1, accused+1), health +1.
+  Suspicion of ourselves is refuted: incarnation = max(own+1, accused+1), health +1. With
+  ``verify_unconfirmed_suspicion`` (ours), a suspicion of ourselves at an older
+  incarnation re-announces our current alive: its sender missed the refutation.
 - Dead(i) applies when i ≥ the incarnation; a dead message sent by the member itself means
   it left. Only a leaving node accepts its own death.
 - Only the node itself raises its incarnation.
@@ -314,7 +316,13 @@ class Membership:
         """state.go ``suspectNode``."""
         ctx = self._ctx
         state = self._members.get(s.node)
-        if state is None or s.incarnation < state.incarnation:
+        if state is None:
+            return
+        if s.incarnation < state.incarnation:
+            if s.node == self.local_name and ctx.config.verify_unconfirmed_suspicion:
+                # The accuser missed our refutation: say it again, without outbidding
+                # ourselves (it rides on the ack of a verification ping; probe.py).
+                self._broadcast(s.node, self.local_alive())
             return
         suspicion = self._suspicions.get(s.node)
         if suspicion is not None:
@@ -386,7 +394,7 @@ class Membership:
         if s is not None:
             self._ctx.cancel_timer(s.timer_id)
 
-    def on_suspicion_timeout(self, name: str, state_change_ms: int) -> None:
+    def _live_suspicion(self, name: str, state_change_ms: int) -> _Suspicion | None:
         state = self._members.get(name)
         suspicion = self._suspicions.get(name)
         if (
@@ -395,6 +403,18 @@ class Membership:
             or state.state != NodeStateType.SUSPECT
             or state.state_change_ms != state_change_ms
         ):
+            return None
+        return suspicion
+
+    def unconfirmed(self, name: str, state_change_ms: int) -> bool:
+        """The suspicion is still live and has fewer than k confirmations (or k is 0)."""
+        s = self._live_suspicion(name, state_change_ms)
+        return s is not None and (s.k == 0 or s.confirmations < s.k)
+
+    def on_suspicion_timeout(self, name: str, state_change_ms: int) -> None:
+        suspicion = self._live_suspicion(name, state_change_ms)
+        state = self._members.get(name)
+        if suspicion is None or state is None:
             return
         if suspicion.k > 0 and suspicion.confirmations < suspicion.k:
             # memberlist's "degraded timeout" metric: fewer confirmations than hoped for

@@ -59,6 +59,7 @@ from swim.probe import (
     PROBE_TCP_GRACE,
     PROBE_TIMEOUT,
     RELAY_TIMEOUT,
+    SUSPICION_VERIFY,
     Prober,
 )
 from swim.security import Keyring
@@ -404,6 +405,14 @@ class Node:
             self._ctx.set_timer(RECONNECT_TICK, self.config.reconnect_interval_ms)
             self._streams.reconnect()
         elif kind == SUSPICION_TIMER:
+            name, state_change_ms = cast(tuple[str, int], data)
+            if self.config.verify_unconfirmed_suspicion and self._members.unconfirmed(
+                name, state_change_ms
+            ):
+                self._prober.verify_suspect(name, state_change_ms)
+            else:
+                self._members.on_suspicion_timeout(name, state_change_ms)
+        elif kind == SUSPICION_VERIFY:
             name, state_change_ms = cast(tuple[str, int], data)
             self._members.on_suspicion_timeout(name, state_change_ms)
         elif kind == STREAM_EXPIRE:

@@ -36,6 +36,10 @@ PROBE_TIMEOUT = "probe_timeout"
 PROBE_DEADLINE = "probe_deadline"
 PROBE_TCP_GRACE = "probe_tcp_grace"
 RELAY_TIMEOUT = "relay_timeout"
+SUSPICION_VERIFY = "suspicion_verify"
+VERIFY_COPIES = 2
+"""Copies of the last-chance accusation + ping (``verify_suspect``): at 10% loss one round
+trip fails 19% of the time, two independent ones 3.6%."""
 
 
 class Transport(Protocol):
@@ -232,6 +236,26 @@ class Prober:
         self._probe = None
         if self._tick_pending:
             self._start_probe()
+
+    def verify_suspect(self, name: str, state_change_ms: int) -> None:
+        """Last chance for an unconfirmed suspect (``verify_unconfirmed_suspicion``).
+
+        The accusation goes first in the packet so that a live member queues its refutation
+        before it builds the ack, which then carries it back (acks piggyback broadcasts).
+        """
+        ctx = self._ctx
+        target = self._members.get(name)
+        if target is None:
+            return
+        me = self._members.local
+        seq_no = self.next_seq_no()
+        accusation = wire.encode_message(Suspect(target.incarnation, name, me.name))
+        ping = wire.encode_message(self._self_ping(seq_no, name))
+        for _ in range(VERIFY_COPIES):
+            self._transport.send_parts(target.address, [accusation, ping], target)
+        ctx.stats.suspicion_verifications += 1
+        grace_ms = ctx.rtt.probe_timeout_ms(name, self._members.health_score)
+        ctx.set_timer(SUSPICION_VERIFY, grace_ms, (name, state_change_ms))
 
     # --- answering ----------------------------------------------------------------------
 

@@ -14,13 +14,13 @@ import math
 import pytest
 
 from phi.formulas import phi_akka
-from swim import Config, ConfigError, formulas
+from swim import Config, ConfigError, EventKind, NodeStateType, formulas
 from swim.config import PROFILES
 from swim.membership import SUSPICION_TIMER
 from swim.messages import Ack, IndirectPing, Ping, Suspect
-from swim.probe import PROBE_TIMEOUT, RELAY_TIMEOUT
+from swim.probe import PROBE_TIMEOUT, RELAY_TIMEOUT, SUSPICION_VERIFY, VERIFY_COPIES
 from swim.rtt import RttTable
-from tests.swim.node_harness import PORT, addr, alive, decode, make_peer
+from tests.swim.node_harness import PORT, Peer, addr, alive, alive_of, decode, make_peer, to
 
 # --- formulas -------------------------------------------------------------------------------
 
@@ -272,3 +272,58 @@ def test_derived_suspicion_window_replaces_memberlists() -> None:
     for i, sender in enumerate("de"):  # k = α − 2 = 2 confirmations bring it to min
         o.receive(addr(4 + i), Suspect(1, "b", sender), now_ms=1100)
     assert o.node.suspicion_deadline_ms("b") == 1000 + min_ms
+
+
+# --- last chance for an unconfirmed suspect (verify_unconfirmed_suspicion) ------------------
+
+
+def _suspecting_observer() -> tuple[Peer, int]:
+    o = make_peer("o", 1, config=Config.fast(disable_tcp_pings=True))
+    o.learn(*(alive(name, i + 2) for i, name in enumerate("bcdefg")))
+    o.receive(addr(3), Suspect(1, "b", "c"), now_ms=1000)  # one accuser, no confirmations
+    return o, o.timer(SUSPICION_TIMER).deadline_ms
+
+
+def test_unconfirmed_suspect_gets_the_accusation_and_a_ping_before_it_is_declared_dead() -> None:
+    o, deadline = _suspecting_observer()
+    out = o.fire(SUSPICION_TIMER)
+    assert out.events == []  # not dead yet
+    sent = to(out, addr(2))
+    assert len(sent) == VERIFY_COPIES
+    for packet in sent:
+        accusation, ping = decode(packet.data)
+        assert accusation == Suspect(1, "b", "o")
+        assert isinstance(ping, Ping) and ping.node == "b"
+    assert o.node.stats.suspicion_verifications == 1
+    verify = o.timer(SUSPICION_VERIFY)
+    assert verify.deadline_ms == deadline + o.node.config.probe_timeout_ms  # no RTT samples
+    out = o.fire(SUSPICION_VERIFY)  # silence: dead
+    assert [(e.kind, e.member.name) for e in out.events] == [(EventKind.DEAD, "b")]
+
+
+def test_a_live_suspect_that_already_refuted_answers_the_verification_with_its_alive() -> None:
+    o, _ = _suspecting_observer()
+    b = make_peer("b", 2, config=Config.fast())
+    b.learn(alive_of(o))
+    b.receive(addr(3), Suspect(1, "b", "c"), now_ms=1000)  # b refutes: incarnation 2 ...
+    b.drain(1100)  # ... and its gossip is spent, but never reached o
+    assert b.node.incarnation == 2
+    out = o.fire(SUSPICION_TIMER)
+    replies = b.deliver(o.address, to(out, addr(2))[0].data, now_ms=4400)
+    [ack_packet] = to(replies, o.address)
+    messages = decode(ack_packet.data)
+    assert isinstance(messages[0], Ack)
+    assert alive_of(b) in messages  # the refutation rides on the ack
+    o.deliver(b.address, ack_packet.data, now_ms=4410)
+    assert o.member("b").state == NodeStateType.ALIVE and o.member("b").incarnation == 2
+    assert o.fire(SUSPICION_VERIFY).events == []  # the stale verification timer is ignored
+    assert b.node.incarnation == 2  # re-announced, not outbid
+
+
+def test_a_confirmed_suspicion_is_declared_without_verification() -> None:
+    o, _ = _suspecting_observer()
+    for i, sender in enumerate("de"):
+        o.receive(addr(4 + i), Suspect(1, "b", sender), now_ms=1100)
+    out = o.fire(SUSPICION_TIMER)
+    assert [(e.kind, e.member.name) for e in out.events] == [(EventKind.DEAD, "b")]
+    assert o.node.stats.suspicion_verifications == 0
