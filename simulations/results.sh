@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Reproduce every number in simulations/RESULTS.md (one core; ~1 hour in all).
 # Usage: simulations/results.sh [STEP ...]   (steps: scale steady crash dissemination loss
-# slow; default: all). Outputs (CSV, PNG, markdown, and the console log with the seed and
-# trace hash) go to simulations/results/<step>/.
+# slow; default: all; frontier, the design-space sweep, runs only when named). Outputs
+# (CSV, PNG, markdown, and the console log with the seed and trace hash) go to
+# simulations/results/<step>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -15,6 +16,13 @@ sim() {  # sim DIR ARGS...: one run, its console output kept next to its files
     mkdir -p "$dir"
     echo "\$ python -m simulations.run $* --out $dir" | tee -a "$dir/console.txt"
     "$PY" -m simulations.run "$@" --out "$dir" 2>&1 | tee -a "$dir/console.txt"
+}
+
+front() {  # front DIR ARGS...: one simulations.frontier sweep, its console output kept
+    local dir=$OUT/$1; shift
+    mkdir -p "$dir"
+    echo "\$ python -m simulations.frontier $* --out $dir" | tee "$dir/console.txt"
+    "$PY" -m simulations.frontier "$@" --out "$dir" 2>&1 | tee -a "$dir/console.txt"
 }
 
 for step in "${steps[@]}"; do
@@ -37,6 +45,11 @@ for step in "${steps[@]}"; do
         for k in 1 2 4 8 16 32; do
             sim slow/k$k --scenario slow-members --nodes 100 --slow $k --lifeguard all --seed 1
         done ;;
+    frontier)  # not in the default set (~35 min): variants × network conditions
+        front frontier-n64 --nodes 64 --seeds 1,2 --crashes 8
+        front frontier-n1000 --nodes 1000 --seeds 1 --crashes 3 \
+            --variants lan,local,fast,fast/static-timeout,fast/memberlist-suspicion \
+            --conditions clean,loss10,slow4,worst ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
     esac
 done

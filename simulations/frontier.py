@@ -1,0 +1,662 @@
+"""Design-space exploration: detection latency, false positives and load of several
+protocol configurations ("variants") under several network conditions, and their Pareto
+frontier.
+
+    python -m simulations.frontier --nodes 64 [--seeds 1,2] [--variants a,b,...]
+        [--conditions x,y,...] [--crashes K] [--jobs J] [--out DIR] [--ci]
+
+Method, per run (variant, condition, n, seed):
+- Build a converged, checked and measured world (``harness.build``, the variant's
+  ``swim.Config``, the condition's latency; independent loss applied after the build),
+  settle ``SETTLE_MS``, then make the condition's slow members (drawn with the world's
+  RNG): ``SLOW_DELAY_MS`` service time per input, a queue of ``SLOW_QUEUE`` datagrams and
+  a ``SLOW_PAUSE_MS`` stop every ``SLOW_EVERY_MS`` (a GC / SIGSTOP pause; the phase drawn
+  per member, as ``scenarios_faults`` does).
+- Crash K healthy (live, not slow) members one after another: each at a random offset
+  within one probe interval, then run until every live member has it dead, at most
+  2 × the variant's maximum suspicion timeout + 10 s (else it counts as undetected), then
+  ``GAP_MS`` more before the next crash.
+- Per crash: all-dead latency (crash to the last live member declaring it dead: the
+  cluster-wide detection time; a member that already had the victim dead or forgotten at
+  the crash, after a false positive whose refutation never reached it, counts as done at
+  once, since it will announce nothing), the same for the healthy members only, and
+  first-suspect latency (crash to the first suspicion anywhere). Per run: false positives
+  (``Metrics.fp_counts``; the key figure is a dead declaration about a live, non-slow
+  member, by anyone, slow members included), load per member over the crash phase
+  (``LoadWindow``), simulated time, healthy-member exposure and the trace hash.
+
+Rules:
+- No wall clock inside a world; a run is a function of (variant, condition, n, seed), so
+  every variant sees the same slow members and victims for a seed (common random
+  numbers) and results do not depend on ``--jobs`` (runs are independent processes,
+  collected in a fixed order).
+- Pooled figures: latency quantiles are nearest-rank over all crashes of a variant, an
+  undetected crash counting as infinitely late; FP rates are events per 1000 healthy
+  member-hours (live, non-slow members × simulated time, from time 0); the load ratio is
+  the variant's mean packets/member/s over the mean of ``lan`` in the same
+  (condition, seed) cells.
+- Pareto frontier over (median latency, p99 latency, FP dead about healthy per 1000
+  member-hours), all minimised: a variant is dominated if another is no worse in all
+  three and strictly better in one. Load is shown (marker area), not optimised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+import math
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from simulations.harness import Params, Sim, build, combine_hashes
+from simulations.metrics import CrashRecord, LoadWindow
+from simulations.report import fmt, write_csv
+from simulations.scenarios_faults import _pauses
+from simulations.world import SlowSpec, World
+from swim import Config, EventKind, MemberEvent, Node, NodeStateType, formulas
+
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "lan": ("lan", {}),
+    "local": ("local", {}),
+    "fast": ("fast", {}),
+    "fast/static-timeout": ("fast", {"adaptive_probe_timeout": False}),
+    "fast/memberlist-suspicion": ("fast", {"derived_suspicion": False}),
+    "fast/safety-1": ("fast", {"suspicion_safety_mult": 1}),
+    "fast/safety-3": ("fast", {"suspicion_safety_mult": 3}),
+    "fast/200ms": ("fast", {"probe_interval_ms": 200, "probe_timeout_max_ms": 100}),
+    "fast/beta-6": ("fast", {"suspicion_max_timeout_mult": 6}),
+    "fast/no-lhm": ("fast", {"lifeguard_lhm": False}),
+}
+"""Name -> (preset, overrides): ``Config.profile(preset, **overrides)``."""
+
+
+def variant_config(name: str) -> Config:
+    preset, overrides = VARIANTS[name]
+    return Config.profile(preset, **overrides)
+
+
+def variant_text(name: str) -> str:
+    preset, overrides = VARIANTS[name]
+    return f"Config.{preset}({', '.join(f'{k}={v}' for k, v in overrides.items())})"
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    latency: str
+    loss: float = 0.0
+    slow: int = 0
+
+
+JITTER = "lognormal:1.8:1.1:1"
+"""One-way delay with a heavy tail: mean 3.4 ms, median 2, p99 24, p99.9 54 ms."""
+
+CONDITIONS: dict[str, Condition] = {
+    "clean": Condition("uniform:1:5"),
+    "loss5": Condition("uniform:1:5", 0.05),
+    "loss10": Condition("uniform:1:5", 0.10),
+    "loss20": Condition("uniform:1:5", 0.20),
+    "jitter": Condition(JITTER),
+    "slow1": Condition("uniform:1:5", slow=1),
+    "slow4": Condition("uniform:1:5", slow=4),
+    "worst": Condition(JITTER, 0.10, 4),
+}
+
+SETTLE_MS = 5_000
+GAP_MS = 2_000
+SLOW_DELAY_MS = 20
+SLOW_PAUSE_MS = 2_000
+SLOW_EVERY_MS = 6_000
+SLOW_QUEUE = 128
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    variant: str
+    condition: str
+    n: int
+    seed: int
+    crashes: int
+
+
+@dataclass(slots=True)
+class RunResult:
+    row: dict[str, Any]
+    crashes: list[dict[str, Any]]
+    wall_s: float
+
+
+@dataclass(slots=True)
+class Options:
+    nodes: int = 64
+    seeds: list[int] = field(default_factory=lambda: [1])
+    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
+    conditions: list[str] = field(default_factory=lambda: list(CONDITIONS))
+    crashes: int = 8
+    jobs: int = 1
+
+    @classmethod
+    def ci(cls, jobs: int = 1) -> Options:
+        """Small and short: the variant the test-suite runs."""
+        return cls(16, [1], ["lan", "fast"], ["clean", "loss10"], crashes=2, jobs=jobs)
+
+    def specs(self) -> list[RunSpec]:
+        return [
+            RunSpec(v, c, self.nodes, s, self.crashes)
+            for v in self.variants
+            for c in self.conditions
+            for s in self.seeds
+        ]
+
+
+@dataclass(slots=True)
+class Report:
+    options: Options
+    runs: list[dict[str, Any]]
+    crashes: list[dict[str, Any]]
+    variants: list[dict[str, Any]]
+    cells: list[dict[str, Any]]
+    trace_hash: str
+    command: str = ""
+
+
+# --- one run ----------------------------------------------------------------------------
+
+
+def max_suspicion_ms(config: Config, n: int) -> int:
+    """Longest suspicion window a member can open (no confirmations), with the RTT in the
+    derived window taken as the static probe timeout (a generous bound)."""
+    c = config
+    min_ms = (
+        formulas.derived_suspicion_timeout_ms(
+            n, c.gossip_interval_ms, c.gossip_nodes, c.probe_timeout_ms, c.suspicion_safety_mult
+        )
+        if c.derived_suspicion
+        else formulas.suspicion_timeout_ms(c.suspicion_mult, n, c.probe_interval_ms)
+    )
+    return c.suspicion_max_timeout_mult * min_ms if c.lifeguard_dynamic_suspicion else min_ms
+
+
+def detection_limit_ms(config: Config, n: int) -> int:
+    return 2 * max_suspicion_ms(config, n) + 10_000
+
+
+def run_one(spec: RunSpec) -> RunResult:
+    """One world: settle, slow members, K crashes one after another."""
+    wall0 = time.perf_counter()
+    config = variant_config(spec.variant)
+    cond = CONDITIONS[spec.condition]
+    params = Params(nodes=spec.n, seed=spec.seed, latency=cond.latency)
+    sim = build(params, spec.n, config=config, loss=cond.loss, settle_ms=SETTLE_MS)
+    world = sim.world
+    limit = detection_limit_ms(config, spec.n)
+    horizon = world.now_ms + spec.crashes * (config.probe_interval_ms + limit + GAP_MS)
+    slow = _make_slow(sim, cond.slow, horizon)
+    window = LoadWindow.open(world)
+    rows: list[dict[str, Any]] = []
+    watches: list[_Watch] = []
+    for k in range(spec.crashes):
+        healthy = [i for i in world.live_indices() if i not in world.faulty]
+        victim = healthy[world.rng.randrange(len(healthy))]
+        world.run_until(world.now_ms + world.rng.randrange(config.probe_interval_ms))
+        world.crash(victim)
+        watches.append(_Watch(world, sim.metrics.crashes[-1]))
+        detected = world.run_until_true(functools.partial(_all_dead, watches[-1]), limit)
+        rows.append({**_key(spec), "crash": k, "detected": detected >= 0})
+        world.run_until(world.now_ms + GAP_MS)
+    load = window.close(world)
+    for row, watch in zip(rows, watches, strict=True):
+        row.update(watch.row(row["detected"]))
+    return RunResult(_run_row(spec, sim, rows, load, len(slow)), rows, time.perf_counter() - wall0)
+
+
+class _Watch:
+    """One crash, beside ``Metrics``: who still has to declare the victim dead, counting an
+    observer that already had it dead or forgotten at the crash (after a false positive it
+    never refuted to that observer, so no new event will come) as done at once; and when
+    the last healthy (non-slow) live member has it dead."""
+
+    def __init__(self, world: World, record: CrashRecord) -> None:
+        self.world, self.record = world, record
+        live = [i for i in world.live_indices() if i != record.victim]
+        self.before = {i for i in live if _dead_in_view(world.nodes[i], record.name)}
+        self.waiting = set(live) - self.before
+        self.healthy = self.waiting - world.faulty
+        self.all_ms = None if self.waiting else world.now_ms
+        self.healthy_ms = None if self.healthy else world.now_ms
+        world.listeners.append(self)
+
+    def on_event(self, idx: int, event: MemberEvent) -> None:
+        if event.member.name != self.record.name:
+            return
+        if event.kind == EventKind.DEAD:
+            self._done(idx)
+        elif event.kind in (EventKind.ALIVE, EventKind.JOINED) and self.world.live(idx):
+            self.waiting.add(idx)  # a stale alive brought it back: it must decide again
+            if idx not in self.world.faulty:
+                self.healthy.add(idx)
+
+    def on_lifecycle(self, kind: str, idx: int) -> None:
+        if kind in ("crash", "stopped", "leave"):
+            self._done(idx)
+
+    def _done(self, idx: int) -> None:
+        self.waiting.discard(idx)
+        self.healthy.discard(idx)
+        now = self.world.now_ms
+        if not self.waiting and self.all_ms is None:
+            self.all_ms = now
+        if not self.healthy and self.healthy_ms is None:
+            self.healthy_ms = now
+
+    def row(self, detected: bool) -> dict[str, Any]:
+        rel = self.record.row()
+        crash = self.record.crash_ms
+
+        def since(t: int | None) -> float | None:
+            return None if t is None else (t - crash) / 1000
+
+        rel["all_dead_s"] = since(self.all_ms) if detected else None
+        rel["all_dead_eventually_s"] = since(self.all_ms)
+        rel["healthy_dead_s"] = since(self.healthy_ms)
+        rel["dead_before_crash"] = len(self.before)
+        return rel
+
+
+def _all_dead(watch: _Watch) -> bool:
+    return watch.all_ms is not None
+
+
+def _dead_in_view(node: Node, name: str) -> bool:
+    member = node.member(name)
+    return member is None or member.state in (NodeStateType.DEAD, NodeStateType.LEFT)
+
+
+def _make_slow(sim: Sim, k: int, end_ms: int) -> list[int]:
+    world = sim.world
+    slow = world.rng.sample(range(len(world.nodes)), k)
+    for idx in slow:
+        pauses = _pauses(world, world.now_ms, end_ms, SLOW_PAUSE_MS, SLOW_EVERY_MS)
+        world.set_slow(idx, SlowSpec(SLOW_DELAY_MS, pauses, SLOW_QUEUE))
+    return slow
+
+
+def _key(spec: RunSpec) -> dict[str, Any]:
+    return {"variant": spec.variant, "condition": spec.condition, "n": spec.n, "seed": spec.seed}
+
+
+def _run_row(
+    spec: RunSpec,
+    sim: Sim,
+    crashes: list[dict[str, Any]],
+    load: dict[str, Any],
+    slow: int,
+) -> dict[str, Any]:
+    world, fps = sim.world, sim.metrics.false_positives
+    counts = sim.metrics.fp_counts()
+    alls = [c["all_dead_s"] for c in crashes if c["detected"]]
+    # healthy member-time from time 0: everyone while settling, then the non-slow members
+    # less each victim from its crash on
+    exposure_ms = len(world.nodes) * sim.settled_ms + (len(world.nodes) - slow) * (
+        world.now_ms - sim.settled_ms
+    )
+    exposure_ms -= sum(world.now_ms - c.crash_ms for c in sim.metrics.crashes)
+    return {
+        **_key(spec),
+        "slow": slow,
+        "crashes": len(crashes),
+        "detected": len(alls),
+        "all_dead_median_s": statistics.median(alls) if alls else None,
+        "all_dead_max_s": max(alls) if alls else None,
+        **counts,
+        "fp_dead_about_slow_members": counts["fp_dead"] - counts["fp_dead_about_healthy_members"],
+        "fp_dead_about_healthy_at_healthy": sum(
+            1 for f in fps if f.kind == "dead" and not f.member_faulty and f.observer_healthy
+        ),
+        "pkts_out_per_member_per_s": load.get("pkts_out_per_s_mean"),
+        "bytes_out_per_member_per_s": load.get("bytes_out_per_s_mean"),
+        "sim_s": world.now_ms / 1000,
+        "healthy_member_hours": exposure_ms / 3_600_000,
+        "slow_queue_drops": world.slow_dropped(),
+        "events": world.events_processed,
+        "trace_hash": world.trace_hash(),
+    }
+
+
+# --- the sweep --------------------------------------------------------------------------
+
+
+def sweep(specs: Sequence[RunSpec], jobs: int = 1) -> Iterator[tuple[RunSpec, RunResult]]:
+    """Results in ``specs`` order, whatever the number of worker processes."""
+    if jobs <= 1:
+        for spec in specs:
+            yield spec, run_one(spec)
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        yield from zip(specs, pool.map(run_one, specs), strict=True)
+
+
+def explore(options: Options, progress: bool = False) -> Report:
+    """Run every (variant, condition, seed) and pool the results."""
+    runs: list[dict[str, Any]] = []
+    crashes: list[dict[str, Any]] = []
+    specs = options.specs()
+    for i, (spec, result) in enumerate(sweep(specs, options.jobs), start=1):
+        runs.append(result.row)
+        crashes += result.crashes
+        if progress:
+            print(f"[{i}/{len(specs)}] {_progress(spec, result)}", flush=True)
+    variants = variant_rows(options.variants, runs, crashes)
+    cells = [cell_row(v, c, runs, crashes) for v in options.variants for c in options.conditions]
+    digest = combine_hashes([r["trace_hash"] for r in runs])
+    return Report(options, runs, crashes, variants, cells, digest)
+
+
+def _progress(spec: RunSpec, result: RunResult) -> str:
+    r = result.row
+    return (
+        f"{spec.variant} × {spec.condition} seed {spec.seed}: wall {result.wall_s:.1f}s "
+        f"sim {r['sim_s']:.0f}s detected {r['detected']}/{r['crashes']} fp_dead_healthy "
+        f"{r['fp_dead_about_healthy_members']} hash {r['trace_hash']}"
+    )
+
+
+def quantile(values: Iterable[float], q: float) -> float | None:
+    """Nearest rank: the ceil(q·N)-th smallest."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _latencies(crashes: list[dict[str, Any]], key: str) -> list[float]:
+    return [math.inf if c[key] is None else c[key] for c in crashes]
+
+
+def _pooled(runs: list[dict[str, Any]], crashes: list[dict[str, Any]]) -> dict[str, Any]:
+    hours = sum(r["healthy_member_hours"] for r in runs)
+    fp_dead = sum(r["fp_dead_about_healthy_members"] for r in runs)
+    alls = _latencies(crashes, "all_dead_s")
+    return {
+        "crashes": len(crashes),
+        "detected": sum(1 for c in crashes if c["detected"]),
+        "all_dead_median_s": quantile(alls, 0.5),
+        "all_dead_p99_s": quantile(alls, 0.99),
+        "healthy_dead_p99_s": quantile(_latencies(crashes, "healthy_dead_s"), 0.99),
+        "first_suspect_median_s": quantile(_latencies(crashes, "first_suspect_s"), 0.5),
+        "fp_dead_about_healthy": fp_dead,
+        "fp_dead_about_healthy_per_1000h": 1000 * fp_dead / hours if hours else None,
+        "fp_dead_about_healthy_at_healthy": sum(
+            r["fp_dead_about_healthy_at_healthy"] for r in runs
+        ),
+        "fp_suspect_about_healthy": sum(r["fp_suspect_about_healthy_members"] for r in runs),
+        "fp_dead_about_slow": sum(r["fp_dead_about_slow_members"] for r in runs),
+        "pkts_per_member_per_s": statistics.fmean(r["pkts_out_per_member_per_s"] for r in runs),
+        "bytes_per_member_per_s": statistics.fmean(r["bytes_out_per_member_per_s"] for r in runs),
+    }
+
+
+def _of(rows: list[dict[str, Any]], variant: str, condition: str = "") -> list[dict[str, Any]]:
+    return [r for r in rows if r["variant"] == variant and condition in ("", r["condition"])]
+
+
+def _load_ratio(variant: str, runs: list[dict[str, Any]]) -> float | None:
+    """Mean load of ``variant`` over the mean of ``lan`` in the same (condition, seed)."""
+    lan = {(r["condition"], r["seed"]): r for r in _of(runs, "lan")}
+    pairs = [(r, lan.get((r["condition"], r["seed"]))) for r in _of(runs, variant)]
+    mine = [r["pkts_out_per_member_per_s"] for r, b in pairs if b is not None]
+    base = [b["pkts_out_per_member_per_s"] for _, b in pairs if b is not None]
+    return sum(mine) / sum(base) if base and sum(base) else None
+
+
+def variant_rows(
+    variants: list[str], runs: list[dict[str, Any]], crashes: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    rows = [{"variant": v, **_pooled(_of(runs, v), _of(crashes, v))} for v in variants]
+    for row in rows:
+        row["load_vs_lan"] = _load_ratio(row["variant"], runs)
+    keys = ("all_dead_median_s", "all_dead_p99_s", "fp_dead_about_healthy_per_1000h")
+    for row, on in zip(rows, pareto(rows, keys), strict=True):
+        row["frontier"] = on
+    return rows
+
+
+def cell_row(
+    variant: str, condition: str, runs: list[dict[str, Any]], crashes: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "variant": variant,
+        "condition": condition,
+        **_pooled(_of(runs, variant, condition), _of(crashes, variant, condition)),
+    }
+
+
+def pareto(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[bool]:
+    """For each row, whether no other row is ≤ in every key and < in one (all minimised;
+    None counts as infinitely bad)."""
+
+    def vec(row: dict[str, Any]) -> list[float]:
+        return [math.inf if row[k] is None else float(row[k]) for k in keys]
+
+    points = [vec(r) for r in rows]
+
+    def dominates(a: list[float], b: list[float]) -> bool:
+        return all(x <= y for x, y in zip(a, b, strict=True)) and a != b
+
+    return [not any(dominates(other, p) for other in points) for p in points]
+
+
+# --- output -----------------------------------------------------------------------------
+
+VARIANT_COLS = dict(
+    variant="variant", crashes="crashes", detected="detected",
+    all_dead_median_s="all-dead median (s)", all_dead_p99_s="all-dead p99 (s)",
+    healthy_dead_p99_s="healthy-dead p99 (s)",
+    first_suspect_median_s="first suspect median (s)",
+    fp_dead_about_healthy="FP dead about healthy",
+    fp_dead_about_healthy_per_1000h="per 1000 member-h",
+    fp_dead_about_healthy_at_healthy="of which at healthy observers",
+    fp_suspect_about_healthy="FP suspect about healthy", fp_dead_about_slow="FP dead about slow",
+    pkts_per_member_per_s="pkts/member/s", load_vs_lan="× lan", frontier="frontier",
+)  # fmt: skip
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "**yes**" if value else "no"
+    if isinstance(value, float) and math.isinf(value):
+        return "∞"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return fmt(value)
+
+
+def variant_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| " + " | ".join(VARIANT_COLS.values()) + " |", "|" + "---|" * len(VARIANT_COLS)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row[k]) for k in VARIANT_COLS) + " |")
+    return lines
+
+
+def matrix(report: Report, title: str, cell: Callable[[dict[str, Any]], str]) -> list[str]:
+    conds = report.options.conditions
+    lines = [f"{title}", "", "| variant | " + " | ".join(conds) + " |"]
+    lines.append("|" + "---|" * (len(conds) + 1))
+    by = {(c["variant"], c["condition"]): c for c in report.cells}
+    for v in report.options.variants:
+        lines.append(f"| {v} | " + " | ".join(cell(by[v, c]) for c in conds) + " |")
+    return [*lines, ""]
+
+
+def markdown(report: Report) -> str:
+    o = report.options
+    lines = [
+        "# Frontier: detection latency, false positives, load",
+        "",
+        f"    {report.command}",
+        "",
+        f"n = {o.nodes}; seeds {','.join(map(str, o.seeds))}; {o.crashes} crashes per run; "
+        f"{len(report.runs)} runs; trace hash of the sweep `{report.trace_hash}` "
+        "(per run: runs.csv). Method and definitions: `simulations/frontier.py`.",
+        "",
+        "## Per variant, pooled over conditions and seeds",
+        "",
+        *variant_table(report.variants),
+        "",
+        "## Per condition",
+        "",
+    ]
+    lines += matrix(
+        report,
+        "All-dead latency, median / p99 (s):",
+        lambda c: f"{_cell(c['all_dead_median_s'])} / {_cell(c['all_dead_p99_s'])}",
+    )
+    lines += matrix(
+        report, "FP dead about healthy members (events):", lambda c: fmt(c["fp_dead_about_healthy"])
+    )
+    lines += matrix(
+        report, "Packets sent per member per second:", lambda c: _cell(c["pkts_per_member_per_s"])
+    )
+    lines += ["Variants:", ""]
+    lines += [f"- `{name}`: {variant_text(name)}" for name in o.variants]
+    lines += ["", "Conditions:", ""]
+    lines += [f"- `{name}`: {_describe(CONDITIONS[name])}" for name in o.conditions]
+    return "\n".join(lines) + "\n"
+
+
+def _describe(c: Condition) -> str:
+    text = f"latency {c.latency}, loss {c.loss:g}"
+    if c.slow:
+        text += f", {c.slow} slow (+{SLOW_DELAY_MS} ms/input, {SLOW_PAUSE_MS} ms pause"
+        text += f" every {SLOW_EVERY_MS} ms, queue {SLOW_QUEUE})"
+    return text
+
+
+def plot(report: Report, path: Path) -> str:
+    try:
+        matplotlib: Any = importlib.import_module("matplotlib")
+        matplotlib.use("Agg")
+        plt: Any = importlib.import_module("matplotlib.pyplot")
+    except ImportError:
+        return "matplotlib is not installed: frontier.png skipped (pip install matplotlib)"
+    rows = report.variants
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    for ax, key, label in (
+        (axes[0], "all_dead_median_s", "all-dead latency, median (s)"),
+        (axes[1], "all_dead_p99_s", "all-dead latency, p99 (s)"),
+    ):
+        _panel(ax, rows, key)
+        ax.set_xlabel(label)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_ylabel("FP dead about healthy / 1000 member-h")
+        ax.set_yscale("symlog", linthresh=1.0)
+        top = max([r["fp_dead_about_healthy_per_1000h"] or 0.0 for r in rows] + [1.0])
+        ax.set_ylim(-0.3, 3 * top)
+        ax.grid(True, alpha=0.3)
+    names = "   ".join(f"{i} {r['variant']}" for i, r in enumerate(rows, start=1))
+    fig.text(0.5, 0.01, names, ha="center", fontsize=8, wrap=True)
+    fig.suptitle(
+        f"n = {report.options.nodes}: marker area ∝ pkts/member/s; orange: Pareto frontier "
+        "(3 criteria); line: its points non-dominated in the panel's two"
+    )
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"plot: {path}"
+
+
+def _panel(ax: Any, rows: list[dict[str, Any]], key: str) -> None:
+    """Numbered points; an infinite latency (undetected crashes) at the right edge."""
+    fp = "fp_dead_about_healthy_per_1000h"
+    finite = [r[key] for r in rows if r[key] is not None and math.isfinite(r[key])]
+    edge = 1.15 * max(finite, default=1.0)
+    if len(finite) < len(rows):
+        ax.axvline(edge, color="grey", linewidth=0.5, linestyle=":")
+        where = {"xycoords": ("data", "axes fraction"), "textcoords": "offset points"}
+        ax.annotate("∞: undetected", (edge, 1), xytext=(-4, -12), ha="right", fontsize=8, **where)
+    points = []
+    for i, r in enumerate(rows, start=1):
+        x = r[key] if r[key] in finite else edge
+        size = 12 * r["pkts_per_member_per_s"]
+        ax.scatter(x, r[fp], s=size, alpha=0.6, color="C1" if r["frontier"] else "C0")
+        ax.annotate(str(i), (x, r[fp]), xytext=(5, 4), textcoords="offset points", fontsize=8)
+        if r["frontier"]:
+            points.append({"x": x, "y": r[fp]})
+    keep = pareto(points, ("x", "y"))
+    line = sorted((p["x"], p["y"]) for p, on in zip(points, keep, strict=True) if on)
+    if len(line) > 1:
+        ax.step(*zip(*line, strict=True), where="post", color="C1", linewidth=1)
+
+
+def write(report: Report, out: Path) -> list[str]:
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "runs.csv", report.runs)
+    write_csv(out / "crashes.csv", report.crashes)
+    write_csv(out / "variants.csv", report.variants)
+    write_csv(out / "cells.csv", report.cells)
+    (out / "summary.md").write_text(markdown(report))
+    return [plot(report, out / "frontier.png"), f"results in {out}/"]
+
+
+# --- command line -----------------------------------------------------------------------
+
+
+def _names(text: str, known: dict[str, Any]) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in known]
+    if unknown:
+        raise SystemExit(f"unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    return names
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    if args.ci:
+        return Options.ci(args.jobs)
+    return Options(
+        nodes=args.nodes,
+        seeds=[int(s) for s in args.seeds.split(",")],
+        variants=_names(args.variants, VARIANTS) if args.variants else list(VARIANTS),
+        conditions=_names(args.conditions, CONDITIONS) if args.conditions else list(CONDITIONS),
+        crashes=args.crashes,
+        jobs=args.jobs,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--seeds", default="1")
+    parser.add_argument("--variants", help=", ".join(VARIANTS))
+    parser.add_argument("--conditions", help=", ".join(CONDITIONS))
+    parser.add_argument("--crashes", type=int, default=8)
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--ci", action="store_true", help="n=16, lan and fast, clean and loss10")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    options = options_from(args)
+    out = args.out or Path(f"simulations/results/frontier-n{options.nodes}")
+    wall0 = time.perf_counter()
+    report = explore(options, progress=True)
+    report.command = "python -m simulations.frontier " + shlex.join(argv)
+    messages = write(report, out)
+    print(f"== frontier  n {options.nodes}  trace hash {report.trace_hash}")
+    print("\n".join(variant_table(report.variants)))
+    print(f"wall {time.perf_counter() - wall0:.1f}s")
+    print("\n".join(messages))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
