@@ -74,6 +74,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "fast/200ms": ("fast", {"probe_interval_ms": 200, "probe_timeout_max_ms": 100}),
     "fast/beta-6": ("fast", {"suspicion_max_timeout_mult": 6}),
     "fast/no-lhm": ("fast", {"lifeguard_lhm": False}),
+    "fast/no-verify": ("fast", {"verify_unconfirmed_suspicion": False}),
 }
 """Name -> (preset, overrides): ``Config.profile(preset, **overrides)``."""
 

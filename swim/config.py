@@ -131,7 +131,8 @@ class Config:
     """RTT samples a peer needs before its adaptive timeout replaces ``probe_timeout_ms``."""
     derived_suspicion: bool = False
     """Suspicion min = ``suspicion_safety_mult`` · 2 · dissemination time (gossip rounds
-    for n members × (gossip interval + half the measured RTT)): the time a falsely
+    for n members × (gossip interval + half the measured RTT, at most
+    ``probe_timeout_max_ms``)): the time a falsely
     suspected member needs to hear the accusation and spread its refutation
     (``formulas.derived_suspicion_timeout_ms``), instead of α·log10(n)·probe interval.
     Max, confirmations (k = suspicion_mult − 2) and the decay stay Lifeguard's."""

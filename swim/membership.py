@@ -352,7 +352,8 @@ class Membership:
                 n,
                 config.gossip_interval_ms,
                 config.gossip_nodes,
-                self._ctx.rtt.typical_ms,
+                # A stalled member's RTTs include its own pauses; bounded like a timeout.
+                min(self._ctx.rtt.typical_ms, config.probe_timeout_max_ms),
                 config.suspicion_safety_mult,
             )
         else:
