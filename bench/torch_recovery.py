@@ -239,7 +239,8 @@ def targets(rows: list[dict[str, Any]], profiles: Iterable[str]) -> str:
             + ", ".join(_s(v) for v in fast)
             + ")."
         )
-    for profile in profiles:
+    ran_torchrun = any(mode == "torchrun + swim" for mode, _, _ in groups)
+    for profile in profiles if ran_torchrun else []:
         for fault in TORCHRUN_FAULTS:
             tr = _median(r["total_s"] for r in groups.get(("torchrun + swim", profile, fault), []))
             det = _median(
@@ -259,6 +260,12 @@ def targets(rows: list[dict[str, Any]], profiles: Iterable[str]) -> str:
                 f"from the in-process rows = {_s(est)})."
             )
     return "\n".join(out)
+
+
+def _ratios_section(rows: list[dict[str, Any]], profiles: Iterable[str]) -> str:
+    if not any(r["mode"] != "in-process DDP" for r in rows):
+        return ""  # --skip-torchrun: no c10d rows to compare with
+    return f"Ratios (median totals; higher = swim faster):\n\n{ratios(rows, profiles)}\n\n"
 
 
 def report(rows: list[dict[str, Any]], profiles: list[str], repeats: int, command: str) -> str:
@@ -282,11 +289,7 @@ is watched for 40 s (90 s after a SIGKILL: keep-alive expiry + last call).
 
 {table(rows)}
 
-Ratios (median totals; higher = swim faster):
-
-{ratios(rows, profiles)}
-
-Targets:
+{_ratios_section(rows, profiles)}Targets:
 
 {targets(rows, profiles)}
 """
