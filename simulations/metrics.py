@@ -24,7 +24,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from swim import EventKind, MemberEvent
+from swim import EventKind, Member, MemberEvent, NodeStateType
 
 if TYPE_CHECKING:
     from simulations.world import World
@@ -138,9 +138,14 @@ class Metrics:
             for record in list(self._pending.values()):
                 self._drop_observer(record, idx)
             live = [i for i in world.live_indices() if i != idx]
-            record = CrashRecord(idx, world.names[idx], world.now_ms, set(live), len(live))
+            name = world.names[idx]
+            # An observer that already holds the victim dead (a false positive whose
+            # refutation never reached it) will announce nothing: it is done at the crash.
+            waiting = {i for i in live if _sees_up(world.nodes[i].member(name))}
+            record = CrashRecord(idx, name, world.now_ms, waiting, len(live))
             self.crashes.append(record)
             self._pending[idx] = record
+            self._maybe_done(record)
         elif kind in ("stopped", "leave"):
             for record in list(self._pending.values()):
                 self._drop_observer(record, idx)
@@ -315,3 +320,7 @@ class LoadWindow:
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _sees_up(member: Member | None) -> bool:
+    return member is not None and member.state in (NodeStateType.ALIVE, NodeStateType.SUSPECT)

@@ -48,7 +48,7 @@ for step in "${steps[@]}"; do
     frontier)  # not in the default set (~35 min): variants × network conditions
         front frontier-n64 --nodes 64 --seeds 1,2 --crashes 8
         front frontier-n1000 --nodes 1000 --seeds 1 --crashes 3 \
-            --variants lan,local,fast,fast/static-timeout,fast/memberlist-suspicion \
+            --variants lan,local,fast,fast/static-timeout,fast/memberlist-suspicion,fast/no-verify \
             --conditions clean,loss10,slow4,worst ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
     esac
