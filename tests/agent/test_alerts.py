@@ -1,13 +1,20 @@
 """packaging/alerts.yml: valid Prometheus rules, and each alert fires for the series of its
-failure mode (promtool's rule unit tests in tests/agent/promtool/alerts_test.yml)."""
+failure mode (promtool's rule unit tests in tests/agent/promtool/alerts_test.yml);
+packaging/grafana-dashboard.json queries only metrics the agent exports."""
 
 from __future__ import annotations
 
+import json
+import random
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from agent.metrics import AgentMetrics
+from swim import Address, Node
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMTOOL = shutil.which("promtool")
@@ -37,3 +44,16 @@ def test_alerting_rules_are_valid() -> None:
 def test_each_alert_fires_for_its_failure_mode() -> None:
     report = _promtool("test", "rules", "alerts_test.yml", cwd=ROOT / "tests/agent/promtool")
     assert "SUCCESS" in report
+
+
+def test_grafana_dashboard_queries_only_metrics_the_agent_exports() -> None:
+    node = Node("n0", Address("127.0.0.1", 7946), rng=random.Random(1), now_ms=0)
+    exported = set(re.findall(r"^# TYPE (\w+)", AgentMetrics(node, dict).render().decode(), re.M))
+    names = {f"{n}_total" if n + "_total" in exported else n for n in exported}
+    names |= {f"{n}_bucket" for n in exported}
+    dashboard = json.loads((ROOT / "packaging" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert len(exprs) >= 15
+    for expr in exprs:
+        for metric in re.findall(r"\b(swim_\w+)", expr):
+            assert metric in names or metric.removesuffix("_total") in exported, (metric, expr)
