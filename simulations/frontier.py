@@ -61,7 +61,8 @@ from simulations.metrics import CrashRecord, LoadWindow
 from simulations.report import fmt, write_csv
 from simulations.scenarios_faults import _pauses
 from simulations.world import SlowSpec, World
-from swim import Config, EventKind, MemberEvent, Node, NodeStateType, formulas
+from swim import Config, EventKind, MemberEvent
+from swim.membership import suspicion_window_ms
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "lan": ("lan", {}),
@@ -174,15 +175,7 @@ class Report:
 def max_suspicion_ms(config: Config, n: int) -> int:
     """Longest suspicion window a member can open (no confirmations), with the RTT in the
     derived window taken as the static probe timeout (a generous bound)."""
-    c = config
-    min_ms = (
-        formulas.derived_suspicion_timeout_ms(
-            n, c.gossip_interval_ms, c.gossip_nodes, c.probe_timeout_ms, c.suspicion_safety_mult
-        )
-        if c.derived_suspicion
-        else formulas.suspicion_timeout_ms(c.suspicion_mult, n, c.probe_interval_ms)
-    )
-    return c.suspicion_max_timeout_mult * min_ms if c.lifeguard_dynamic_suspicion else min_ms
+    return suspicion_window_ms(config, n, config.probe_timeout_ms)[1]
 
 
 def detection_limit_ms(config: Config, n: int) -> int:
@@ -226,9 +219,10 @@ class _Watch:
 
     def __init__(self, world: World, record: CrashRecord) -> None:
         self.world, self.record = world, record
+        # Metrics leaves such observers out of the record's ``remaining`` at the crash.
         live = [i for i in world.live_indices() if i != record.victim]
-        self.before = {i for i in live if _dead_in_view(world.nodes[i], record.name)}
-        self.waiting = set(live) - self.before
+        self.waiting = set(record.remaining)
+        self.before = set(live) - self.waiting
         self.healthy = self.waiting - world.faulty
         self.all_ms = None if self.waiting else world.now_ms
         self.healthy_ms = None if self.healthy else world.now_ms
@@ -273,11 +267,6 @@ class _Watch:
 
 def _all_dead(watch: _Watch) -> bool:
     return watch.all_ms is not None
-
-
-def _dead_in_view(node: Node, name: str) -> bool:
-    member = node.member(name)
-    return member is None or member.state in (NodeStateType.DEAD, NodeStateType.LEFT)
 
 
 def _make_slow(sim: Sim, k: int, end_ms: int) -> list[int]:

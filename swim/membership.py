@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from swim import formulas, wire
 from swim.compat import Versions, VersionSummary, combine_bounds, summarize
+from swim.config import Config
 from swim.context import Context
 from swim.effects import EventKind
 from swim.messages import (
@@ -53,6 +54,30 @@ MAX_NAME_BYTES = 512
 
 SUSPICION_TIMER = "suspicion"
 LEAVE_NOTIFY = 1
+
+
+def suspicion_window_ms(config: Config, n: int, typical_rtt_ms: int) -> tuple[int, int, int]:
+    """(min, max, k) of a suspicion opened among ``n`` members (state.go ``suspectNode``).
+
+    min is memberlist's α·log10(n)·interval, or with ``derived_suspicion`` the window a
+    refutation needs (``formulas.derived_suspicion_timeout_ms``) with the RTT bounded by
+    ``probe_timeout_max_ms``, since a stalled member's RTTs include its own pauses. Without
+    dynamic suspicion, max = min and k = 0.
+    """
+    if config.derived_suspicion:
+        min_ms = formulas.derived_suspicion_timeout_ms(
+            n,
+            config.gossip_interval_ms,
+            config.gossip_nodes,
+            min(typical_rtt_ms, config.probe_timeout_max_ms),
+            config.suspicion_safety_mult,
+        )
+    else:
+        min_ms = formulas.suspicion_timeout_ms(config.suspicion_mult, n, config.probe_interval_ms)
+    if not config.lifeguard_dynamic_suspicion:
+        return min_ms, min_ms, 0
+    k = formulas.suspicion_confirmations(config.suspicion_mult, n)
+    return min_ms, config.suspicion_max_timeout_mult * min_ms, k
 
 
 @dataclass(slots=True)
@@ -345,26 +370,9 @@ class Membership:
         ctx.event(EventKind.SUSPECT, state.snapshot())
 
     def _start_suspicion(self, state: MemberState, sender: str) -> None:
-        config = self._ctx.config
-        n = len(self._members)
-        if config.derived_suspicion:
-            min_ms = formulas.derived_suspicion_timeout_ms(
-                n,
-                config.gossip_interval_ms,
-                config.gossip_nodes,
-                # A stalled member's RTTs include its own pauses; bounded like a timeout.
-                min(self._ctx.rtt.typical_ms, config.probe_timeout_max_ms),
-                config.suspicion_safety_mult,
-            )
-        else:
-            min_ms = formulas.suspicion_timeout_ms(
-                config.suspicion_mult, n, config.probe_interval_ms
-            )
-        if config.lifeguard_dynamic_suspicion:
-            k = formulas.suspicion_confirmations(config.suspicion_mult, n)
-            max_ms = config.suspicion_max_timeout_mult * min_ms
-        else:
-            k, max_ms = 0, min_ms
+        min_ms, max_ms, k = suspicion_window_ms(
+            self._ctx.config, len(self._members), self._ctx.rtt.typical_ms
+        )
         timeout_ms = max_ms if k >= 1 else min_ms
         timer_id = self._ctx.set_timer(
             SUSPICION_TIMER, timeout_ms, (state.name, state.state_change_ms)
@@ -395,7 +403,9 @@ class Membership:
         if s is not None:
             self._ctx.cancel_timer(s.timer_id)
 
-    def _live_suspicion(self, name: str, state_change_ms: int) -> _Suspicion | None:
+    def _live_suspicion(
+        self, name: str, state_change_ms: int
+    ) -> tuple[MemberState, _Suspicion] | None:
         state = self._members.get(name)
         suspicion = self._suspicions.get(name)
         if (
@@ -405,18 +415,18 @@ class Membership:
             or state.state_change_ms != state_change_ms
         ):
             return None
-        return suspicion
+        return state, suspicion
 
     def unconfirmed(self, name: str, state_change_ms: int) -> bool:
         """The suspicion is still live and has fewer than k confirmations (or k is 0)."""
-        s = self._live_suspicion(name, state_change_ms)
-        return s is not None and (s.k == 0 or s.confirmations < s.k)
+        live = self._live_suspicion(name, state_change_ms)
+        return live is not None and (live[1].k == 0 or live[1].confirmations < live[1].k)
 
     def on_suspicion_timeout(self, name: str, state_change_ms: int) -> None:
-        suspicion = self._live_suspicion(name, state_change_ms)
-        state = self._members.get(name)
-        if suspicion is None or state is None:
+        live = self._live_suspicion(name, state_change_ms)
+        if live is None:
             return
+        state, suspicion = live
         if suspicion.k > 0 and suspicion.confirmations < suspicion.k:
             # memberlist's "degraded timeout" metric: fewer confirmations than hoped for
             self._ctx.stats.suspicion_timeouts_degraded += 1

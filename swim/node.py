@@ -404,17 +404,18 @@ class Node:
         elif kind == RECONNECT_TICK:
             self._ctx.set_timer(RECONNECT_TICK, self.config.reconnect_interval_ms)
             self._streams.reconnect()
-        elif kind == SUSPICION_TIMER:
+        elif kind in (SUSPICION_TIMER, SUSPICION_VERIFY):
+            # A suspicion nobody confirmed gets a last-chance ping first (SUSPICION_VERIFY
+            # is that ping's deadline); otherwise the member is declared dead.
             name, state_change_ms = cast(tuple[str, int], data)
-            if self.config.verify_unconfirmed_suspicion and self._members.unconfirmed(
-                name, state_change_ms
+            if (
+                kind == SUSPICION_TIMER
+                and self.config.verify_unconfirmed_suspicion
+                and self._members.unconfirmed(name, state_change_ms)
             ):
                 self._prober.verify_suspect(name, state_change_ms)
             else:
                 self._members.on_suspicion_timeout(name, state_change_ms)
-        elif kind == SUSPICION_VERIFY:
-            name, state_change_ms = cast(tuple[str, int], data)
-            self._members.on_suspicion_timeout(name, state_change_ms)
         elif kind == STREAM_EXPIRE:
             self._streams.on_expire(cast(int, data))
         elif kind == PROBE_TIMEOUT:
