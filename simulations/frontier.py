@@ -25,6 +25,11 @@ Method, per run (variant, condition, n, seed):
   member, by anyone, slow members included), load per member over the crash phase
   (``LoadWindow``), simulated time, healthy-member exposure and the trace hash.
 
+Baselines (``BASELINES``): the all-to-all heartbeat protocol of ``simulations.heartbeat``
+(every member heartbeats every other, Phi accrual per peer) runs through the same method,
+network, conditions and metrics; it has no suspicion stage, so its first-suspect column
+is empty and its detection limit is twice its conviction time plus 10 s.
+
 Rules:
 - No wall clock inside a world; a run is a function of (variant, condition, n, seed), so
   every variant sees the same slow members and victims for a seed (common random
@@ -42,26 +47,23 @@ Rules:
 
 from __future__ import annotations
 
-import argparse
 import functools
-import importlib
 import math
-import shlex
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from simulations import heartbeat as hb
 from simulations.harness import Params, Sim, build, combine_hashes
 from simulations.metrics import CrashRecord, LoadWindow
-from simulations.report import fmt, write_csv
 from simulations.scenarios_faults import _pauses
 from simulations.world import SlowSpec, World
-from swim import Config, EventKind, MemberEvent
+from swim import Config, EventKind, MemberEvent, Node
+from swim.config import PROFILES
 from swim.membership import suspicion_window_ms
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -80,13 +82,41 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 """Name -> (preset, overrides): ``Config.profile(preset, **overrides)``."""
 
 
+BASELINES: dict[str, Callable[[], hb.HeartbeatConfig]] = {
+    "heartbeat": hb.HeartbeatConfig.akka,
+    "heartbeat/fast": hb.HeartbeatConfig.fast,
+}
+"""All-to-all heartbeating with Phi accrual (``simulations.heartbeat``): the O(n²) baseline."""
+
+
+def all_variants() -> list[str]:
+    """Every name ``--variants`` accepts: ``VARIANTS`` (the default sweep), the other
+    profiles (``wan``), the baselines."""
+    return [*VARIANTS, *(p for p in PROFILES if p not in VARIANTS), *BASELINES]
+
+
 def variant_config(name: str) -> Config:
-    preset, overrides = VARIANTS[name]
+    """The world's ``swim.Config`` (a baseline's world gets ``heartbeat.WORLD_CONFIG``)."""
+    if name in BASELINES:
+        return hb.WORLD_CONFIG
+    preset, overrides = VARIANTS.get(name, (name, {}))
     return Config.profile(preset, **overrides)
 
 
+def variant_factory(name: str) -> Callable[..., Node] | None:
+    """The node factory of a baseline; None for ``swim.Node``."""
+    return hb.factory(BASELINES[name]()) if name in BASELINES else None
+
+
 def variant_text(name: str) -> str:
-    preset, overrides = VARIANTS[name]
+    if name in BASELINES:
+        c = BASELINES[name]()
+        return (
+            f"all-to-all heartbeat every {c.heartbeat_interval_ms} ms, Phi check every "
+            f"{c.check_interval_ms} ms, {c.phi} (convicts {c.convict_after_ms():.0f} ms "
+            "after the last beat)"
+        )
+    preset, overrides = VARIANTS.get(name, (name, {}))
     return f"Config.{preset}({', '.join(f'{k}={v}' for k, v in overrides.items())})"
 
 
@@ -102,6 +132,7 @@ JITTER = "lognormal:1.8:1.1:1"
 
 CONDITIONS: dict[str, Condition] = {
     "clean": Condition("uniform:1:5"),
+    "loss1": Condition("uniform:1:5", 0.01),
     "loss5": Condition("uniform:1:5", 0.05),
     "loss10": Condition("uniform:1:5", 0.10),
     "loss20": Condition("uniform:1:5", 0.20),
@@ -178,8 +209,11 @@ def max_suspicion_ms(config: Config, n: int) -> int:
     return suspicion_window_ms(config, n, config.probe_timeout_ms)[1]
 
 
-def detection_limit_ms(config: Config, n: int) -> int:
-    return 2 * max_suspicion_ms(config, n) + 10_000
+def detection_limit_ms(variant: str, n: int) -> int:
+    if variant in BASELINES:
+        c = BASELINES[variant]()
+        return 2 * (math.ceil(c.convict_after_ms()) + c.check_interval_ms) + 10_000
+    return 2 * max_suspicion_ms(variant_config(variant), n) + 10_000
 
 
 def run_one(spec: RunSpec) -> RunResult:
@@ -188,9 +222,16 @@ def run_one(spec: RunSpec) -> RunResult:
     config = variant_config(spec.variant)
     cond = CONDITIONS[spec.condition]
     params = Params(nodes=spec.n, seed=spec.seed, latency=cond.latency)
-    sim = build(params, spec.n, config=config, loss=cond.loss, settle_ms=SETTLE_MS)
+    sim = build(
+        params,
+        spec.n,
+        config=config,
+        loss=cond.loss,
+        settle_ms=SETTLE_MS,
+        node_factory=variant_factory(spec.variant),
+    )
     world = sim.world
-    limit = detection_limit_ms(config, spec.n)
+    limit = detection_limit_ms(spec.variant, spec.n)
     horizon = world.now_ms + spec.crashes * (config.probe_interval_ms + limit + GAP_MS)
     slow = _make_slow(sim, cond.slow, horizon)
     window = LoadWindow.open(world)
@@ -312,6 +353,7 @@ def _run_row(
         ),
         "pkts_out_per_member_per_s": load.get("pkts_out_per_s_mean"),
         "bytes_out_per_member_per_s": load.get("bytes_out_per_s_mean"),
+        "stream_bytes_out_per_member_per_s": load.get("stream_bytes_out_per_s_mean"),
         "sim_s": world.now_ms / 1000,
         "healthy_member_hours": exposure_ms / 3_600_000,
         "slow_queue_drops": world.slow_dropped(),
@@ -380,7 +422,10 @@ def _pooled(runs: list[dict[str, Any]], crashes: list[dict[str, Any]]) -> dict[s
         "all_dead_median_s": quantile(alls, 0.5),
         "all_dead_p99_s": quantile(alls, 0.99),
         "healthy_dead_p99_s": quantile(_latencies(crashes, "healthy_dead_s"), 0.99),
-        "first_suspect_median_s": quantile(_latencies(crashes, "first_suspect_s"), 0.5),
+        # None for a protocol without a suspicion stage (the heartbeat baseline)
+        "first_suspect_median_s": quantile(_latencies(crashes, "first_suspect_s"), 0.5)
+        if any(c["first_suspect_s"] is not None for c in crashes)
+        else None,
         "fp_dead_about_healthy": fp_dead,
         "fp_dead_about_healthy_per_1000h": 1000 * fp_dead / hours if hours else None,
         "fp_dead_about_healthy_at_healthy": sum(
@@ -390,6 +435,9 @@ def _pooled(runs: list[dict[str, Any]], crashes: list[dict[str, Any]]) -> dict[s
         "fp_dead_about_slow": sum(r["fp_dead_about_slow_members"] for r in runs),
         "pkts_per_member_per_s": statistics.fmean(r["pkts_out_per_member_per_s"] for r in runs),
         "bytes_per_member_per_s": statistics.fmean(r["bytes_out_per_member_per_s"] for r in runs),
+        "stream_bytes_per_member_per_s": statistics.fmean(
+            r["stream_bytes_out_per_member_per_s"] or 0.0 for r in runs
+        ),
     }
 
 
@@ -443,210 +491,7 @@ def pareto(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[bool]:
     return [not any(dominates(other, p) for other in points) for p in points]
 
 
-# --- output -----------------------------------------------------------------------------
-
-VARIANT_COLS = dict(
-    variant="variant", crashes="crashes", detected="detected",
-    all_dead_median_s="all-dead median (s)", all_dead_p99_s="all-dead p99 (s)",
-    healthy_dead_p99_s="healthy-dead p99 (s)",
-    first_suspect_median_s="first suspect median (s)",
-    fp_dead_about_healthy="FP dead about healthy",
-    fp_dead_about_healthy_per_1000h="per 1000 member-h",
-    fp_dead_about_healthy_at_healthy="of which at healthy observers",
-    fp_suspect_about_healthy="FP suspect about healthy", fp_dead_about_slow="FP dead about slow",
-    pkts_per_member_per_s="pkts/member/s", load_vs_lan="× lan", frontier="frontier",
-)  # fmt: skip
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, bool):
-        return "**yes**" if value else "no"
-    if isinstance(value, float) and math.isinf(value):
-        return "∞"
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
-    return fmt(value)
-
-
-def variant_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| " + " | ".join(VARIANT_COLS.values()) + " |", "|" + "---|" * len(VARIANT_COLS)]
-    for row in rows:
-        lines.append("| " + " | ".join(_cell(row[k]) for k in VARIANT_COLS) + " |")
-    return lines
-
-
-def matrix(report: Report, title: str, cell: Callable[[dict[str, Any]], str]) -> list[str]:
-    conds = report.options.conditions
-    lines = [f"{title}", "", "| variant | " + " | ".join(conds) + " |"]
-    lines.append("|" + "---|" * (len(conds) + 1))
-    by = {(c["variant"], c["condition"]): c for c in report.cells}
-    for v in report.options.variants:
-        lines.append(f"| {v} | " + " | ".join(cell(by[v, c]) for c in conds) + " |")
-    return [*lines, ""]
-
-
-def markdown(report: Report) -> str:
-    o = report.options
-    lines = [
-        "# Frontier: detection latency, false positives, load",
-        "",
-        f"    {report.command}",
-        "",
-        f"n = {o.nodes}; seeds {','.join(map(str, o.seeds))}; {o.crashes} crashes per run; "
-        f"{len(report.runs)} runs; trace hash of the sweep `{report.trace_hash}` "
-        "(per run: runs.csv). Method and definitions: `simulations/frontier.py`.",
-        "",
-        "## Per variant, pooled over conditions and seeds",
-        "",
-        *variant_table(report.variants),
-        "",
-        "## Per condition",
-        "",
-    ]
-    lines += matrix(
-        report,
-        "All-dead latency, median / p99 (s):",
-        lambda c: f"{_cell(c['all_dead_median_s'])} / {_cell(c['all_dead_p99_s'])}",
-    )
-    lines += matrix(
-        report, "FP dead about healthy members (events):", lambda c: fmt(c["fp_dead_about_healthy"])
-    )
-    lines += matrix(
-        report, "Packets sent per member per second:", lambda c: _cell(c["pkts_per_member_per_s"])
-    )
-    lines += ["Variants:", ""]
-    lines += [f"- `{name}`: {variant_text(name)}" for name in o.variants]
-    lines += ["", "Conditions:", ""]
-    lines += [f"- `{name}`: {_describe(CONDITIONS[name])}" for name in o.conditions]
-    return "\n".join(lines) + "\n"
-
-
-def _describe(c: Condition) -> str:
-    text = f"latency {c.latency}, loss {c.loss:g}"
-    if c.slow:
-        text += f", {c.slow} slow (+{SLOW_DELAY_MS} ms/input, {SLOW_PAUSE_MS} ms pause"
-        text += f" every {SLOW_EVERY_MS} ms, queue {SLOW_QUEUE})"
-    return text
-
-
-def plot(report: Report, path: Path) -> str:
-    try:
-        matplotlib: Any = importlib.import_module("matplotlib")
-        matplotlib.use("Agg")
-        plt: Any = importlib.import_module("matplotlib.pyplot")
-    except ImportError:
-        return "matplotlib is not installed: frontier.png skipped (pip install matplotlib)"
-    rows = report.variants
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
-    for ax, key, label in (
-        (axes[0], "all_dead_median_s", "all-dead latency, median (s)"),
-        (axes[1], "all_dead_p99_s", "all-dead latency, p99 (s)"),
-    ):
-        _panel(ax, rows, key)
-        ax.set_xlabel(label)
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_ylabel("FP dead about healthy / 1000 member-h")
-        ax.set_yscale("symlog", linthresh=1.0)
-        top = max([r["fp_dead_about_healthy_per_1000h"] or 0.0 for r in rows] + [1.0])
-        ax.set_ylim(-0.3, 3 * top)
-        ax.grid(True, alpha=0.3)
-    names = "   ".join(f"{i} {r['variant']}" for i, r in enumerate(rows, start=1))
-    fig.text(0.5, 0.01, names, ha="center", fontsize=8, wrap=True)
-    fig.suptitle(
-        f"n = {report.options.nodes}: marker area ∝ pkts/member/s; orange: Pareto frontier "
-        "(3 criteria); line: its points non-dominated in the panel's two"
-    )
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return f"plot: {path}"
-
-
-def _panel(ax: Any, rows: list[dict[str, Any]], key: str) -> None:
-    """Numbered points; an infinite latency (undetected crashes) at the right edge."""
-    fp = "fp_dead_about_healthy_per_1000h"
-    finite = [r[key] for r in rows if r[key] is not None and math.isfinite(r[key])]
-    edge = 1.15 * max(finite, default=1.0)
-    if len(finite) < len(rows):
-        ax.axvline(edge, color="grey", linewidth=0.5, linestyle=":")
-        where = {"xycoords": ("data", "axes fraction"), "textcoords": "offset points"}
-        ax.annotate("∞: undetected", (edge, 1), xytext=(-4, -12), ha="right", fontsize=8, **where)
-    points = []
-    for i, r in enumerate(rows, start=1):
-        x = r[key] if r[key] in finite else edge
-        size = 12 * r["pkts_per_member_per_s"]
-        ax.scatter(x, r[fp], s=size, alpha=0.6, color="C1" if r["frontier"] else "C0")
-        ax.annotate(str(i), (x, r[fp]), xytext=(5, 4), textcoords="offset points", fontsize=8)
-        if r["frontier"]:
-            points.append({"x": x, "y": r[fp]})
-    keep = pareto(points, ("x", "y"))
-    line = sorted((p["x"], p["y"]) for p, on in zip(points, keep, strict=True) if on)
-    if len(line) > 1:
-        ax.step(*zip(*line, strict=True), where="post", color="C1", linewidth=1)
-
-
-def write(report: Report, out: Path) -> list[str]:
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "runs.csv", report.runs)
-    write_csv(out / "crashes.csv", report.crashes)
-    write_csv(out / "variants.csv", report.variants)
-    write_csv(out / "cells.csv", report.cells)
-    (out / "summary.md").write_text(markdown(report))
-    return [plot(report, out / "frontier.png"), f"results in {out}/"]
-
-
-# --- command line -----------------------------------------------------------------------
-
-
-def _names(text: str, known: dict[str, Any]) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    unknown = [x for x in names if x not in known]
-    if unknown:
-        raise SystemExit(f"unknown {', '.join(unknown)}; known: {', '.join(known)}")
-    return names
-
-
-def options_from(args: argparse.Namespace) -> Options:
-    if args.ci:
-        return Options.ci(args.jobs)
-    return Options(
-        nodes=args.nodes,
-        seeds=[int(s) for s in args.seeds.split(",")],
-        variants=_names(args.variants, VARIANTS) if args.variants else list(VARIANTS),
-        conditions=_names(args.conditions, CONDITIONS) if args.conditions else list(CONDITIONS),
-        crashes=args.crashes,
-        jobs=args.jobs,
-    )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--nodes", type=int, default=64)
-    parser.add_argument("--seeds", default="1")
-    parser.add_argument("--variants", help=", ".join(VARIANTS))
-    parser.add_argument("--conditions", help=", ".join(CONDITIONS))
-    parser.add_argument("--crashes", type=int, default=8)
-    parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--ci", action="store_true", help="n=16, lan and fast, clean and loss10")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    options = options_from(args)
-    out = args.out or Path(f"simulations/results/frontier-n{options.nodes}")
-    wall0 = time.perf_counter()
-    report = explore(options, progress=True)
-    report.command = "python -m simulations.frontier " + shlex.join(argv)
-    messages = write(report, out)
-    print(f"== frontier  n {options.nodes}  trace hash {report.trace_hash}")
-    print("\n".join(variant_table(report.variants)))
-    print(f"wall {time.perf_counter() - wall0:.1f}s")
-    print("\n".join(messages))
-    return 0
-
-
 if __name__ == "__main__":
+    from simulations.frontier_report import main
+
     sys.exit(main())

@@ -28,7 +28,7 @@ from simulations.metrics import Metrics
 from simulations.network import GilbertElliott, parse_latency
 from simulations.report import Result
 from simulations.world import World
-from swim import Config
+from swim import Config, Node
 from swim.config import PROFILES
 
 PRESETS: dict[str, Callable[..., Config]] = {
@@ -125,7 +125,8 @@ def _config_value(field_name: str, value: Any) -> Any:
 class Sim:
     world: World
     metrics: Metrics
-    checker: InvariantChecker
+    checker: InvariantChecker | None
+    """None for a baseline protocol (``build(node_factory=...)``)."""
     bootstrapped: bool
     settled_ms: int
 
@@ -138,21 +139,29 @@ def build(
     config: Config | None = None,
     loss: float = 0.0,
     settle_ms: int = 2_000,
+    node_factory: Callable[..., Node] | None = None,
 ) -> Sim:
-    """A started, converged world of ``n`` nodes with checks and metrics attached."""
+    """A started, converged world of ``n`` nodes with checks and metrics attached.
+
+    ``node_factory`` builds a baseline protocol instead of ``swim.Node``
+    (``simulations.heartbeat``); the SWIM invariant checker is then left off (it reads
+    SWIM state), and the world must bootstrap."""
     world = World(
         n,
         seed=p.seed if seed is None else seed,
         config=config if config is not None else p.make_config(),
         latency=parse_latency(p.latency),
         loss=0.0,
+        node_factory=node_factory,
     )
-    checker = InvariantChecker(
-        world,
-        full=p.full_checks,
-        full_every=0 if n > 200 else 997,
-        own_every=1 if n <= 1000 else 7,
-    )
+    checker = None
+    if node_factory is None:
+        checker = InvariantChecker(
+            world,
+            full=p.full_checks,
+            full_every=0 if n > 200 else 997,
+            own_every=1 if n <= 1000 else 7,
+        )
     metrics = Metrics(world)
     bootstrapped = world.start_all(bootstrap=bool(p.get("bootstrap", 1)))
     if not bootstrapped:

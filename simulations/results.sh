@@ -46,7 +46,8 @@ for step in "${steps[@]}"; do
             sim slow/k$k --scenario slow-members --nodes 100 --slow $k --lifeguard all --seed 1
         done ;;
     frontier)  # not in the default set (~35 min): variants × network conditions
-        front frontier-n64 --nodes 64 --seeds 1,2 --crashes 8
+        front frontier-n64 --nodes 64 --seeds 1,2 --crashes 8 \
+            --conditions clean,loss5,loss10,loss20,jitter,slow1,slow4,worst
         front frontier-n1000 --nodes 1000 --seeds 1 --crashes 3 \
             --variants lan,local,fast,fast/static-timeout,fast/memberlist-suspicion,fast/no-verify \
             --conditions clean,loss10,slow4,worst ;;

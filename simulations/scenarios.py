@@ -269,6 +269,7 @@ def scale(p: Params) -> Result:
     world = sim.world
     built_s = time.perf_counter() - wall0
     rss_built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert sim.checker is not None  # a SWIM world
     sim.checker.full_every = 0
     start = world.now_ms
     world.at(start + duration // 3, world.crash, world.rng.randrange(n))

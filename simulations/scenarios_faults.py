@@ -226,6 +226,7 @@ def churn(p: Params) -> Result:
     load = window.close(world)
     agreed = _run_until_agree(world, quiet_ms, p)
     drive(world, start + duration + quiet_ms, p.progress)
+    assert sim.checker is not None  # a SWIM world
     sim.checker.scan_all()
     rows = sim.metrics.crash_rows()
     alls = [r["all_dead_s"] for r in rows if r["all_dead_s"] is not None]

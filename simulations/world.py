@@ -72,8 +72,12 @@ class World:
         config: Config | None = None,
         latency: Latency | None = None,
         loss: float = 0.0,
+        node_factory: Callable[..., Node] | None = None,
     ) -> None:
         self.seed = seed
+        self._factory: Callable[..., Node] = Node if node_factory is None else node_factory
+        """Builds each process: ``swim.Node`` (or a baseline protocol with its driver
+        interface, ``simulations.heartbeat``), called with Node's arguments."""
         master = random.Random(seed)
         self.network = Network(random.Random(master.getrandbits(64)), latency, loss)
         self.rng = random.Random(master.getrandbits(64))
@@ -118,7 +122,7 @@ class World:
         return Address(f"10.{(ip >> 16) & 255}.{(ip >> 8) & 255}.{ip & 255}", 7946)
 
     def _new_node(self, idx: int, meta: bytes) -> Node:
-        return Node(
+        return self._factory(
             self.names[idx],
             self.address_of(idx),
             rng=random.Random(self._node_rngs.getrandbits(64)),

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from simulations import frontier
+from simulations import frontier, frontier_report
 from simulations.frontier import Options, explore, pareto, quantile
 
 
@@ -36,9 +36,9 @@ def test_rows_and_columns(ci_report: frontier.Report, tmp_path: Path) -> None:
     assert {(c["variant"], c["condition"]) for c in ci_report.cells} == {
         (v, c) for v in ("lan", "fast") for c in ("clean", "loss10")
     }
-    assert set(frontier.VARIANT_COLS) <= set(ci_report.variants[0])
+    assert set(frontier_report.VARIANT_COLS) <= set(ci_report.variants[0])
     ci_report.command = "python -m simulations.frontier --ci"
-    frontier.write(ci_report, tmp_path)
+    frontier_report.write(ci_report, tmp_path)
     summary = (tmp_path / "summary.md").read_text()
     assert "python -m simulations.frontier --ci" in summary.splitlines()[2]
     assert "| fast |" in summary

@@ -1,0 +1,243 @@
+"""The frontier sweep's output and command line: tables, markdown summary, Pareto plot,
+CSV files (``python -m simulations.frontier`` runs ``main`` here).
+
+Rules: everything here reads a finished ``simulations.frontier.Report``; no world is run.
+Method and definitions: ``simulations.frontier``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import shlex
+import sys
+import time
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+from simulations.frontier import (
+    CONDITIONS,
+    SLOW_DELAY_MS,
+    SLOW_EVERY_MS,
+    SLOW_PAUSE_MS,
+    SLOW_QUEUE,
+    VARIANTS,
+    Condition,
+    Options,
+    Report,
+    all_variants,
+    explore,
+    pareto,
+    variant_text,
+)
+from simulations.report import fmt, write_csv
+
+VARIANT_COLS = dict(
+    variant="variant", crashes="crashes", detected="detected",
+    all_dead_median_s="all-dead median (s)", all_dead_p99_s="all-dead p99 (s)",
+    healthy_dead_p99_s="healthy-dead p99 (s)",
+    first_suspect_median_s="first suspect median (s)",
+    fp_dead_about_healthy="FP dead about healthy",
+    fp_dead_about_healthy_per_1000h="per 1000 member-h",
+    fp_dead_about_healthy_at_healthy="of which at healthy observers",
+    fp_suspect_about_healthy="FP suspect about healthy", fp_dead_about_slow="FP dead about slow",
+    pkts_per_member_per_s="pkts/member/s", load_vs_lan="× lan", frontier="frontier",
+)  # fmt: skip
+
+
+def cell_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "**yes**" if value else "no"
+    if isinstance(value, float) and math.isinf(value):
+        return "∞"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return fmt(value)
+
+
+def variant_table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| " + " | ".join(VARIANT_COLS.values()) + " |", "|" + "---|" * len(VARIANT_COLS)]
+    for row in rows:
+        lines.append("| " + " | ".join(cell_text(row[k]) for k in VARIANT_COLS) + " |")
+    return lines
+
+
+def matrix(report: Report, title: str, cell: Callable[[dict[str, Any]], str]) -> list[str]:
+    conds = report.options.conditions
+    lines = [f"{title}", "", "| variant | " + " | ".join(conds) + " |"]
+    lines.append("|" + "---|" * (len(conds) + 1))
+    by = {(c["variant"], c["condition"]): c for c in report.cells}
+    for v in report.options.variants:
+        lines.append(f"| {v} | " + " | ".join(cell(by[v, c]) for c in conds) + " |")
+    return [*lines, ""]
+
+
+def markdown(report: Report) -> str:
+    o = report.options
+    lines = [
+        "# Frontier: detection latency, false positives, load",
+        "",
+        f"    {report.command}",
+        "",
+        f"n = {o.nodes}; seeds {','.join(map(str, o.seeds))}; {o.crashes} crashes per run; "
+        f"{len(report.runs)} runs; trace hash of the sweep `{report.trace_hash}` "
+        "(per run: runs.csv). Method and definitions: `simulations/frontier.py`.",
+        "",
+        "## Per variant, pooled over conditions and seeds",
+        "",
+        *variant_table(report.variants),
+        "",
+        "## Per condition",
+        "",
+    ]
+    lines += matrix(
+        report,
+        "All-dead latency, median / p99 (s):",
+        lambda c: f"{cell_text(c['all_dead_median_s'])} / {cell_text(c['all_dead_p99_s'])}",
+    )
+    lines += matrix(
+        report, "FP dead about healthy members (events):", lambda c: fmt(c["fp_dead_about_healthy"])
+    )
+    lines += matrix(
+        report,
+        "Packets sent per member per second:",
+        lambda c: cell_text(c["pkts_per_member_per_s"]),
+    )
+    lines += ["Variants:", ""]
+    lines += [f"- `{name}`: {variant_text(name)}" for name in o.variants]
+    lines += ["", "Conditions:", ""]
+    lines += [f"- `{name}`: {_describe(CONDITIONS[name])}" for name in o.conditions]
+    return "\n".join(lines) + "\n"
+
+
+def _describe(c: Condition) -> str:
+    text = f"latency {c.latency}, loss {c.loss:g}"
+    if c.slow:
+        text += f", {c.slow} slow (+{SLOW_DELAY_MS} ms/input, {SLOW_PAUSE_MS} ms pause"
+        text += f" every {SLOW_EVERY_MS} ms, queue {SLOW_QUEUE})"
+    return text
+
+
+def plot(report: Report, path: Path) -> str:
+    try:
+        matplotlib: Any = importlib.import_module("matplotlib")
+        matplotlib.use("Agg")
+        plt: Any = importlib.import_module("matplotlib.pyplot")
+    except ImportError:
+        return "matplotlib is not installed: frontier.png skipped (pip install matplotlib)"
+    rows = report.variants
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    for ax, key, label in (
+        (axes[0], "all_dead_median_s", "all-dead latency, median (s)"),
+        (axes[1], "all_dead_p99_s", "all-dead latency, p99 (s)"),
+    ):
+        _panel(ax, rows, key)
+        ax.set_xlabel(label)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_ylabel("FP dead about healthy / 1000 member-h")
+        ax.set_yscale("symlog", linthresh=1.0)
+        top = max([r["fp_dead_about_healthy_per_1000h"] or 0.0 for r in rows] + [1.0])
+        ax.set_ylim(-0.3, 3 * top)
+        ax.grid(True, alpha=0.3)
+    names = "   ".join(f"{i} {r['variant']}" for i, r in enumerate(rows, start=1))
+    fig.text(0.5, 0.01, names, ha="center", fontsize=8, wrap=True)
+    fig.suptitle(
+        f"n = {report.options.nodes}: marker area ∝ pkts/member/s; orange: Pareto frontier "
+        "(3 criteria); line: its points non-dominated in the panel's two"
+    )
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"plot: {path}"
+
+
+def _panel(ax: Any, rows: list[dict[str, Any]], key: str) -> None:
+    """Numbered points; an infinite latency (undetected crashes) at the right edge."""
+    fp = "fp_dead_about_healthy_per_1000h"
+    finite = [r[key] for r in rows if r[key] is not None and math.isfinite(r[key])]
+    edge = 1.15 * max(finite, default=1.0)
+    if len(finite) < len(rows):
+        ax.axvline(edge, color="grey", linewidth=0.5, linestyle=":")
+        where = {"xycoords": ("data", "axes fraction"), "textcoords": "offset points"}
+        ax.annotate("∞: undetected", (edge, 1), xytext=(-4, -12), ha="right", fontsize=8, **where)
+    points = []
+    for i, r in enumerate(rows, start=1):
+        x = r[key] if r[key] in finite else edge
+        size = 12 * r["pkts_per_member_per_s"]
+        ax.scatter(x, r[fp], s=size, alpha=0.6, color="C1" if r["frontier"] else "C0")
+        ax.annotate(str(i), (x, r[fp]), xytext=(5, 4), textcoords="offset points", fontsize=8)
+        if r["frontier"]:
+            points.append({"x": x, "y": r[fp]})
+    keep = pareto(points, ("x", "y"))
+    line = sorted((p["x"], p["y"]) for p, on in zip(points, keep, strict=True) if on)
+    if len(line) > 1:
+        ax.step(*zip(*line, strict=True), where="post", color="C1", linewidth=1)
+
+
+def write(report: Report, out: Path) -> list[str]:
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "runs.csv", report.runs)
+    write_csv(out / "crashes.csv", report.crashes)
+    write_csv(out / "variants.csv", report.variants)
+    write_csv(out / "cells.csv", report.cells)
+    (out / "summary.md").write_text(markdown(report))
+    return [plot(report, out / "frontier.png"), f"results in {out}/"]
+
+
+# --- command line -----------------------------------------------------------------------
+
+
+def _names(text: str, known: Collection[str]) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in names if x not in known]
+    if unknown:
+        raise SystemExit(f"unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    return names
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    if args.ci:
+        return Options.ci(args.jobs)
+    return Options(
+        nodes=args.nodes,
+        seeds=[int(s) for s in args.seeds.split(",")],
+        variants=_names(args.variants, all_variants()) if args.variants else list(VARIANTS),
+        conditions=_names(args.conditions, CONDITIONS) if args.conditions else list(CONDITIONS),
+        crashes=args.crashes,
+        jobs=args.jobs,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--seeds", default="1")
+    parser.add_argument("--variants", help=", ".join(all_variants()))
+    parser.add_argument("--conditions", help=", ".join(CONDITIONS))
+    parser.add_argument("--crashes", type=int, default=8)
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--ci", action="store_true", help="n=16, lan and fast, clean and loss10")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    options = options_from(args)
+    out = args.out or Path(f"simulations/results/frontier-n{options.nodes}")
+    wall0 = time.perf_counter()
+    report = explore(options, progress=True)
+    report.command = "python -m simulations.frontier " + shlex.join(argv)
+    messages = write(report, out)
+    print(f"== frontier  n {options.nodes}  trace hash {report.trace_hash}")
+    print("\n".join(variant_table(report.variants)))
+    print(f"wall {time.perf_counter() - wall0:.1f}s")
+    print("\n".join(messages))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
