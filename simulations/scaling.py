@@ -4,7 +4,7 @@ condition, n), and plots against n.
 
     python -m simulations.scaling --nodes 10,100,1000 \\
         --variants lan,fast,heartbeat,heartbeat/fast --conditions clean,loss1,loss10,slow1 \\
-        --crashes 8,8,3 --seeds 1,2:1,2:1 --out simulations/results/baseline
+        --crashes 3,8,3 --seeds 1,2,3,4,5:1,2:1 --out simulations/results/baseline
 
 Rules:
 - Every cell is a pooled ``frontier`` cell (same worlds, victims and slow members for a
@@ -265,8 +265,8 @@ def parse(argv: Sequence[str]) -> Sweep:
     parser.add_argument("--nodes", default="10,100,1000")
     parser.add_argument("--variants", default="lan,fast,heartbeat,heartbeat/fast")
     parser.add_argument("--conditions", default="clean,loss1,loss10,slow1")
-    parser.add_argument("--crashes", default="8,8,3", help="one, or one per n (commas)")
-    parser.add_argument("--seeds", default="1,2:1,2:1", help="one list, or one per n (:)")
+    parser.add_argument("--crashes", default="3,8,3", help="one, or one per n (commas)")
+    parser.add_argument("--seeds", default="1,2,3,4,5:1,2:1", help="one list, or one per n (:)")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("simulations/results/baseline"))
     args = parser.parse_args(argv)

@@ -1,0 +1,170 @@
+"""The operator's parameter table (docs/tuning.md): what each profile resolves to at a
+cluster size, computed from the formulas the node itself uses, and what the simulator
+measured for it.
+
+    python -m simulations.params [--nodes 10,100,1000,10000] [--rtt-ms 2]
+    python -m simulations.params --measured simulations/results/tuning
+
+Rules:
+- Computed columns call the same functions as ``swim.Node`` (``swim.formulas``,
+  ``swim.membership.suspicion_window_ms``): nothing is re-derived here.
+- Measured columns read a ``simulations.scaling`` result directory (cells.csv, runs.csv):
+  latency from the clean condition; false positives as dead declarations about healthy
+  members per condition with the healthy member-hours they were counted over (a 0 is
+  "none in that many hours", not a rate); bandwidth as UDP + TCP bytes sent per member
+  per second in the clean condition (payload; IPv4 + UDP headers add 28 B per packet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from swim import Config, formulas
+from swim.config import PROFILES
+from swim.membership import suspicion_window_ms
+
+NODES = (10, 100, 1_000, 10_000)
+
+
+def computed_row(profile: str, n: int, rtt_ms: int) -> dict[str, Any]:
+    c = Config.profile(profile)
+    min_ms, max_ms, k = suspicion_window_ms(c, n, rtt_ms)
+    timeout = f"{c.probe_timeout_ms:,}"
+    if c.adaptive_probe_timeout:
+        timeout += f" (adaptive {c.probe_timeout_min_ms}–{c.probe_timeout_max_ms})"
+    return {
+        "profile": profile,
+        "n": n,
+        "probe_interval_ms": c.probe_interval_ms,
+        "probe_timeout_ms": timeout,
+        "indirect_checks": c.indirect_checks,
+        "suspicion_min_s": min_ms / 1000,
+        "suspicion_max_s": max_ms / 1000,
+        "confirmations_k": k,
+        "retransmit_limit": formulas.retransmit_limit(c.retransmit_mult, n),
+        "gossip": f"{c.gossip_interval_ms} ms × {c.gossip_nodes}",
+        "push_pull_s": formulas.push_pull_scale_ms(c.push_pull_interval_ms, n) / 1000,
+    }
+
+
+COMPUTED_COLS = {
+    "profile": "profile",
+    "n": "n",
+    "probe_interval_ms": "probe interval (ms)",
+    "probe_timeout_ms": "probe timeout (ms)",
+    "indirect_checks": "indirect probes",
+    "suspicion_min_s": "suspicion min (s)",
+    "suspicion_max_s": "suspicion max (s)",
+    "confirmations_k": "k",
+    "retransmit_limit": "retransmit limit",
+    "gossip": "gossip",
+    "push_pull_s": "push-pull (s)",
+}
+
+
+def _text(value: Any) -> str:
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def table(rows: list[dict[str, Any]], cols: dict[str, str]) -> list[str]:
+    lines = ["| " + " | ".join(cols.values()) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_text(r.get(k)) for k in cols) + " |" for r in rows]
+    return lines
+
+
+# --- measured ---------------------------------------------------------------------------
+
+
+def _read(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _num(value: str | None) -> float | None:
+    return None if value in (None, "") else float(value)
+
+
+def measured_rows(result_dir: Path) -> list[dict[str, Any]]:
+    cells = _read(result_dir / "cells.csv")
+    runs = _read(result_dir / "runs.csv")
+    by_cell = {(c["variant"], int(c["n"]), c["condition"]): c for c in cells}
+    keys = sorted({(c["variant"], int(c["n"])) for c in cells}, key=_order)
+    rows = []
+    for variant, n in keys:
+        clean = by_cell.get((variant, n, "clean"), {})
+        row: dict[str, Any] = {"profile": variant, "n": n}
+        row["median_s"] = _num(clean.get("all_dead_median_s"))
+        row["p99_s"] = _num(clean.get("all_dead_p99_s"))
+        row["crashes"] = _num(clean.get("crashes"))
+        for cond in ("loss1", "loss10"):
+            mine = [
+                r for r in runs if (r["variant"], int(r["n"]), r["condition"]) == (variant, n, cond)
+            ]
+            if not mine:
+                continue
+            fp = sum(int(r["fp_dead_about_healthy_members"]) for r in mine)
+            hours = sum(float(r["healthy_member_hours"]) for r in mine)
+            cell = by_cell.get((variant, n, cond), {})
+            row[f"fp_{cond}"] = f"{fp} in {hours:,.1f} h"
+            row[f"suspect_{cond}"] = _num(cell.get("fp_suspect_about_healthy"))
+            row[f"median_{cond}_s"] = _num(cell.get("all_dead_median_s"))
+        udp = _num(clean.get("bytes_per_member_per_s")) or 0.0
+        tcp = _num(clean.get("stream_bytes_per_member_per_s")) or 0.0
+        row["pkts_per_s"] = _num(clean.get("pkts_per_member_per_s"))
+        row["bytes_per_s"] = udp + tcp if clean else None
+        rows.append(row)
+    return rows
+
+
+def _order(key: tuple[str, int]) -> tuple[int, int]:
+    variant, n = key
+    rank = PROFILES.index(variant) if variant in PROFILES else len(PROFILES)
+    return rank, n
+
+
+MEASURED_COLS = {
+    "profile": "profile",
+    "n": "n",
+    "median_s": "detection median (s)",
+    "p99_s": "detection p99 (s)",
+    "median_loss10_s": "median at 10% loss (s)",
+    "fp_loss1": "false deaths, 1% loss",
+    "fp_loss10": "false deaths, 10% loss",
+    "suspect_loss10": "false suspicions, 10% loss",
+    "pkts_per_s": "packets/member/s",
+    "bytes_per_s": "bytes/member/s (UDP+TCP)",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", default=",".join(map(str, NODES)))
+    parser.add_argument("--rtt-ms", type=int, default=2, help="typical RTT (derived windows)")
+    parser.add_argument("--measured", type=Path, help="a simulations.scaling result dir")
+    args = parser.parse_args(argv)
+    if args.measured is not None:
+        if not (args.measured / "cells.csv").exists():
+            raise SystemExit(f"{args.measured}: no cells.csv (run simulations.scaling first)")
+        print("\n".join(table(measured_rows(args.measured), MEASURED_COLS)))
+        return 0
+    nodes = [int(x) for x in args.nodes.split(",")]
+    rows = [computed_row(p, n, args.rtt_ms) for p in PROFILES for n in nodes]
+    print("\n".join(table(rows, COMPUTED_COLS)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
