@@ -4,6 +4,7 @@ measured for it.
 
     python -m simulations.params [--nodes 10,100,1000,10000] [--rtt-ms 2]
     python -m simulations.params --measured simulations/results/tuning
+    python -m simulations.params --compare simulations/results/baseline
 
 Rules:
 - Computed columns call the same functions as ``swim.Node`` (``swim.formulas``,
@@ -13,6 +14,9 @@ Rules:
   members per condition with the healthy member-hours they were counted over (a 0 is
   "none in that many hours", not a rate); bandwidth as UDP + TCP bytes sent per member
   per second in the clean condition (payload; IPv4 + UDP headers add 28 B per packet).
+- ``--compare`` condenses a scaling result (SWIM against the all-to-all baseline) into one
+  row per (variant, n), with the baseline's computed rows (computed.csv) where it was not
+  simulated.
 """
 
 from __future__ import annotations
@@ -147,6 +151,66 @@ MEASURED_COLS = {
 }
 
 
+def _pair(cell: dict[str, str], a: str, b: str) -> str:
+    x, y = _num(cell.get(a)), _num(cell.get(b))
+    return "—" if x is None or y is None else f"{_text(x)} / {_text(y)}"
+
+
+def compare_rows(result_dir: Path) -> list[dict[str, Any]]:
+    cells = _read(result_dir / "cells.csv")
+    by = {(c["variant"], int(c["n"]), c["condition"]): c for c in cells}
+    variants = list(dict.fromkeys(c["variant"] for c in cells))
+    rows: list[dict[str, Any]] = []
+    for variant in variants:
+        for n in sorted({int(c["n"]) for c in cells if c["variant"] == variant}):
+            clean = by.get((variant, n, "clean"), {})
+            row: dict[str, Any] = {"variant": variant, "n": n}
+            row["pkts"] = _num(clean.get("pkts_per_member_per_s"))
+            row["cluster"] = _num(clean.get("pkts_cluster_per_s"))
+            udp, tcp = (
+                _num(clean.get("bytes_per_member_per_s")),
+                _num(clean.get("stream_bytes_per_member_per_s")),
+            )
+            row["bytes"] = None if udp is None else udp + (tcp or 0.0)
+            for cond in ("clean", "loss10", "slow1"):
+                cell = by.get((variant, n, cond), {})
+                row[f"det_{cond}"] = _pair(cell, "all_dead_median_s", "all_dead_p99_s")
+            row["healthy_slow1"] = _num(by.get((variant, n, "slow1"), {}).get("healthy_dead_p99_s"))
+            for cond in ("loss10", "slow1"):
+                cell = by.get((variant, n, cond), {})
+                row[f"fp_{cond}"] = _pair(
+                    cell, "fp_dead_about_healthy", "fp_dead_about_healthy_at_healthy"
+                )
+            rows.append(row)
+    computed = result_dir / "computed.csv"
+    for r in _read(computed) if computed.exists() else []:
+        rows.append(
+            {
+                "variant": r["variant"] + " (computed)",
+                "n": int(r["n"]),
+                "pkts": float(r["pkts_per_member_per_s"]),
+                "cluster": float(r["pkts_cluster_per_s"]),
+                "bytes": float(r["bytes_per_member_per_s"]),
+            }
+        )
+    return rows
+
+
+COMPARE_COLS = {
+    "variant": "variant",
+    "n": "n",
+    "pkts": "packets/member/s",
+    "cluster": "packets/s, cluster",
+    "bytes": "bytes/member/s",
+    "det_clean": "detection median / p99 (s)",
+    "det_loss10": "at 10% loss (s)",
+    "det_slow1": "with 1 slow member (s)",
+    "healthy_slow1": "with 1 slow member, p99 at healthy observers (s)",
+    "fp_loss10": "false deaths at 10% loss (all / healthy observers)",
+    "fp_slow1": "false deaths with 1 slow member (all / healthy observers)",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -154,12 +218,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", default=",".join(map(str, NODES)))
     parser.add_argument("--rtt-ms", type=int, default=2, help="typical RTT (derived windows)")
     parser.add_argument("--measured", type=Path, help="a simulations.scaling result dir")
+    parser.add_argument("--compare", type=Path, help="a simulations.scaling result dir")
     args = parser.parse_args(argv)
-    if args.measured is not None:
-        if not (args.measured / "cells.csv").exists():
-            raise SystemExit(f"{args.measured}: no cells.csv (run simulations.scaling first)")
-        print("\n".join(table(measured_rows(args.measured), MEASURED_COLS)))
-        return 0
+    for path, rows_of, cols in (
+        (args.measured, measured_rows, MEASURED_COLS),
+        (args.compare, compare_rows, COMPARE_COLS),
+    ):
+        if path is not None:
+            if not (path / "cells.csv").exists():
+                raise SystemExit(f"{path}: no cells.csv (run simulations.scaling first)")
+            print("\n".join(table(rows_of(path), cols)))
+            return 0
     nodes = [int(x) for x in args.nodes.split(",")]
     rows = [computed_row(p, n, args.rtt_ms) for p in PROFILES for n in nodes]
     print("\n".join(table(rows, COMPUTED_COLS)))

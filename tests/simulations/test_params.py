@@ -60,5 +60,8 @@ def test_measured_rows_from_a_scaling_run(tmp_path: Path) -> None:
     assert row["fp_loss10"].startswith("0 in ") and row["fp_loss10"].endswith(" h")
     assert "fp_loss1" not in row  # that condition was not run
     assert row["bytes_per_s"] > 0
+    (cmp,) = params.compare_rows(tmp_path)
+    assert cmp["variant"] == "lan" and cmp["pkts"] == pytest.approx(row["pkts_per_s"])
+    assert cmp["det_clean"].count(" / ") == 1 and cmp["det_slow1"] == "—"
     with pytest.raises(SystemExit, match=r"no cells\.csv"):
         params.main(["--measured", str(tmp_path / "missing")])
