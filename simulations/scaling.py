@@ -21,7 +21,9 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib
+import math
 import shlex
 import sys
 import time
@@ -59,6 +61,7 @@ class Sweep:
     jobs: int = 1
     out: Path = Path("simulations/results/baseline")
     command: str = ""
+    render: Path | None = None
     cells: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     crash_rows: list[dict[str, Any]] = field(default_factory=list)
@@ -192,6 +195,19 @@ def markdown(sweep: Sweep) -> str:
     return "\n".join(lines) + "\n"
 
 
+PANELS = (
+    ("clean", "pkts_per_member_per_s", "", "packets sent per member per second"),
+    ("clean", "pkts_cluster_per_s", "", "packets per second, whole cluster"),
+    (
+        "clean",
+        "all_dead_median_s",
+        "all_dead_p99_s",
+        "crash → dead everywhere (s): median, p99 dashed",
+    ),
+    ("loss10", "fp_dead_about_healthy_per_1000h", "", "false deaths at 10 % loss / 1000 member-h"),
+)
+
+
 def plot(sweep: Sweep, path: Path) -> str:
     try:
         matplotlib: Any = importlib.import_module("matplotlib")
@@ -199,39 +215,70 @@ def plot(sweep: Sweep, path: Path) -> str:
         plt: Any = importlib.import_module("matplotlib.pyplot")
     except ImportError:
         return "matplotlib is not installed: plots skipped (pip install matplotlib)"
-    cond = "clean" if "clean" in sweep.conditions else sweep.conditions[0]
     computed = computed_baseline(sweep)
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
-    panels = (
-        ("pkts_per_member_per_s", "packets sent per member per second"),
-        ("pkts_cluster_per_s", "packets per second, whole cluster"),
-        ("all_dead_median_s", "crash → dead everywhere, median (s)"),
-    )
-    for ax, (key, label) in zip(axes, panels, strict=True):
+    panels = [p for p in PANELS if p[0] in sweep.conditions]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 5), squeeze=False)
+    for ax, (cond, key, key2, label) in zip(axes[0], panels, strict=True):
         for i, v in enumerate(sweep.variants):
-            pts = sorted(
-                (c["n"], c[key])
-                for c in sweep.cells
-                if c["variant"] == v and c["condition"] == cond and c[key] is not None
-            )
-            if not pts:
-                continue
-            ax.plot(*zip(*pts, strict=True), marker="o", color=f"C{i}", label=v)
+            _curve(ax, sweep, v, cond, key, {"marker": "o", "color": f"C{i}", "label": v})
+            if key2:
+                _curve(ax, sweep, v, cond, key2, {"linestyle": "--", "color": f"C{i}"})
             extra = [(r["n"], r[key]) for r in computed if r["variant"] == v and key in r]
-            if extra:
-                ax.plot(*zip(pts[-1], *extra, strict=True), linestyle=":", color=f"C{i}")
+            last = _points(sweep, v, cond, key)[-1:]
+            if extra and last:
+                ax.plot(*zip(*last, *extra, strict=True), linestyle=":", color=f"C{i}")
                 ax.scatter(*zip(*extra, strict=True), marker="x", color=f"C{i}")
         ax.set_xscale("log")
-        ax.set_yscale("log")
+        if key.startswith("fp_"):
+            ax.set_yscale("symlog", linthresh=1.0)
+            ax.set_ylim(bottom=-0.2)
+        else:
+            ax.set_yscale("log")
         ax.set_xlabel("members (n)")
-        ax.set_ylabel(label)
+        ax.set_title(label, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"condition {cond}: dotted/x = computed, not simulated (n² state)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("one-way delay 1–5 ms; dotted/x: computed, not simulated (n² state)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return f"plot: {path}"
+
+
+def _points(sweep: Sweep, variant: str, cond: str, key: str) -> list[tuple[int, float]]:
+    return sorted(
+        (c["n"], c[key])
+        for c in sweep.cells
+        if c["variant"] == variant and c["condition"] == cond and c.get(key) is not None
+    )
+
+
+def _curve(ax: Any, sweep: Sweep, variant: str, cond: str, key: str, style: dict[str, Any]) -> None:
+    pts = [(n, y) for n, y in _points(sweep, variant, cond, key) if math.isfinite(y)]
+    if pts:
+        ax.plot(*zip(*pts, strict=True), **style)
+
+
+def load(result_dir: Path) -> Sweep:
+    """A finished sweep's cells back from its cells.csv (to re-draw its plot)."""
+    with (result_dir / "cells.csv").open(newline="") as f:
+        cells = [{k: _value(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    variants = list(dict.fromkeys(c["variant"] for c in cells))
+    conditions = list(dict.fromkeys(c["condition"] for c in cells))
+    nodes = sorted({c["n"] for c in cells})
+    sweep = Sweep(nodes, variants, conditions, [], [], out=result_dir)
+    sweep.cells = cells
+    return sweep
+
+
+def _value(text: str) -> Any:
+    if text == "":
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if number.is_integer() and "." not in text else number
 
 
 def write(sweep: Sweep, out: Path) -> list[str]:
@@ -269,6 +316,7 @@ def parse(argv: Sequence[str]) -> Sweep:
     parser.add_argument("--seeds", default="1,2,3,4,5:1,2:1", help="one list, or one per n (:)")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("simulations/results/baseline"))
+    parser.add_argument("--render", type=Path, help="only re-draw DIR/scaling.png from DIR")
     args = parser.parse_args(argv)
     nodes = [int(x) for x in args.nodes.split(",")]
     known = all_variants()
@@ -282,12 +330,16 @@ def parse(argv: Sequence[str]) -> Sweep:
     seeds = [[int(s) for s in p.split(",")] for p in _per_n(args.seeds, len(nodes), "seeds")]
     sweep = Sweep(nodes, variants, conditions, crashes, seeds, args.jobs, args.out)
     sweep.command = "python -m simulations.scaling " + shlex.join(argv)
+    sweep.render = args.render
     return sweep
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     sweep = parse(argv)
+    if sweep.render is not None:
+        print(plot(load(sweep.render), sweep.render / "scaling.png"))
+        return 0
     messages: list[str] = []
     for i, n in enumerate(sweep.nodes):
         wall0 = time.perf_counter()

@@ -149,5 +149,13 @@ def test_scaling_sweep_tables_and_the_computed_baseline(tmp_path: Path) -> None:
     summary = (tmp_path / "summary.md").read_text()
     assert "python -m simulations.scaling --nodes 8,16" in summary
     assert "| heartbeat | 10,000 | 9,999 |" in summary
+    again = scaling.load(tmp_path)  # what --render re-draws the plot from
+    assert len(again.cells) == len(sweep.cells) == 4
+    for read, kept in zip(again.cells, sweep.cells, strict=True):
+        assert read.keys() == kept.keys()
+        assert read["pkts_per_member_per_s"] == pytest.approx(kept["pkts_per_member_per_s"], 1e-4)
+        # no suspicion stage in the baseline: an empty cell comes back as None
+        assert (read["first_suspect_median_s"] is None) == (kept["variant"] == "heartbeat")
+    assert again.variants == ["lan", "heartbeat"] and again.nodes == [8, 16]
     big = scaling.Sweep([5_000], ["lan", "heartbeat"], ["clean"], [1], [[1]])
     assert big.options(0).variants == ["lan"]  # n² detectors: refused, computed instead
