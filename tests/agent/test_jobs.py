@@ -139,10 +139,12 @@ async def test_registrations_make_the_same_view_everywhere(tmp_path: Path) -> No
                     views = await trio.to_thread.run_sync(_views, tmp_path, 3, "train")
                     await trio.sleep(0.05)
             assert views[0].fingerprint == view.fingerprint
-            # the group token travels to peers; the view's generation does not change
+            # the group token travels to peers; the view's generation does not change.
+            # Gossip carries it (local profile: 2 transmissions at n = 3); should those
+            # be lost, the next push-pull (15 s) repairs it, so wait past one.
             await trio.to_thread.run_sync(second.set_group, "g1")
             seen = await trio.to_thread.run_sync(
-                lambda: first.wait(lambda v: v.members[1].group == "g1", 10)
+                lambda: first.wait(lambda v: v.members[1].group == "g1", 20)
             )
             assert seen.generation == view.generation
             # heartbeats, then silence: the agent flags the worker hung and peers drop it
