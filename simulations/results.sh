@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reproduce every number in simulations/RESULTS.md (one core; ~1 hour in all).
 # Usage: simulations/results.sh [STEP ...]   (steps: scale steady crash dissemination loss
-# slow; default: all; frontier, the design-space sweep, runs only when named). Outputs
+# slow; default: all; frontier, baseline and tuning, the long sweeps, run only when
+# named; baseline and tuning also feed docs/tuning.md via simulations.params). Outputs
 # (CSV, PNG, markdown, and the console log with the seed and trace hash) go to
 # simulations/results/<step>/.
 set -euo pipefail
@@ -23,6 +24,13 @@ front() {  # front DIR ARGS...: one simulations.frontier sweep, its console outp
     mkdir -p "$dir"
     echo "\$ python -m simulations.frontier $* --out $dir" | tee "$dir/console.txt"
     "$PY" -m simulations.frontier "$@" --out "$dir" 2>&1 | tee -a "$dir/console.txt"
+}
+
+scaling() {  # scaling DIR ARGS...: one simulations.scaling sweep, its console output kept
+    local dir=$OUT/$1; shift
+    mkdir -p "$dir"
+    echo "\$ python -m simulations.scaling $* --out $dir" | tee "$dir/console.txt"
+    "$PY" -m simulations.scaling "$@" --out "$dir" 2>&1 | tee -a "$dir/console.txt"
 }
 
 for step in "${steps[@]}"; do
@@ -51,6 +59,12 @@ for step in "${steps[@]}"; do
         front frontier-n1000 --nodes 1000 --seeds 1 --crashes 3 \
             --variants lan,local,fast,fast/static-timeout,fast/memberlist-suspicion,fast/no-verify \
             --conditions clean,loss10,slow4,worst ;;
+    baseline)  # ~85 min (n = 1,000 heartbeats): all-to-all heartbeat + Phi vs SWIM (§6)
+        scaling baseline --nodes 10,100,1000 --variants lan,fast,heartbeat,heartbeat/fast \
+            --conditions clean,loss1,loss10,slow1 --crashes 3,8,3 --seeds 1,2,3,4,5:1,2:1 ;;
+    tuning)  # ~60 min (n = 10,000): docs/tuning.md §3
+        scaling tuning --nodes 10,100,1000,10000 --variants lan,wan,local,fast \
+            --conditions clean,loss1,loss10 --crashes 3,8,3,2 --seeds 1,2,3,4,5:1,2:1:1 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
     esac
 done
