@@ -408,23 +408,46 @@ class ElasticDDP:
             self._dir_clients.pop((leader.addr, leader.store_port), None)
             raise
         port = int(directory.get(key))
-        try:
-            store = TCPStore(leader.addr, port, is_master=False, timeout=STORE_CONNECT)
-        except (RuntimeError, OSError) as exc:
-            raise _Retry(f"formation store at {leader.addr}:{port}: {exc}") from None
+        store = self._connect_store(leader.addr, port, "formation store")
         store.set_timeout(timedelta(seconds=self.formation_timeout_s))
         return store
 
     def _directory_of(self, addr: str, port: int) -> TCPStore:
         client = self._dir_clients.get((addr, port))
         if client is None:
-            try:
-                client = TCPStore(addr, port, is_master=False, timeout=STORE_CONNECT)
-            except (RuntimeError, OSError) as exc:
-                raise _Retry(f"directory at {addr}:{port}: {exc}") from None
+            client = self._connect_store(addr, port, "directory")
             client.set_timeout(DIRECTORY_OP)
             self._dir_clients[(addr, port)] = client
         return client
+
+    def _connect_store(self, addr: str, port: int, what: str) -> TCPStore:
+        """A TCPStore client, built on a helper thread while this one keeps beating.
+
+        The constructor's handshake has no deadline: a leader whose process is stopped
+        (SIGSTOP; the kernel still accepts the connection) would hold us, and our
+        heartbeats, until it resumes, and the agent would flag us hung too. After
+        ``STORE_CONNECT`` we give up on it (the thread ends when the peer resumes or dies)
+        and retry through the view, which by then drops the stopped leader."""
+        result: list[Any] = []
+
+        def connect() -> None:
+            try:
+                result.append(TCPStore(addr, port, is_master=False, timeout=STORE_CONNECT))
+            except (RuntimeError, OSError) as exc:
+                result.append(exc)
+
+        thread = threading.Thread(target=connect, name=f"connect-{what}", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + STORE_CONNECT.total_seconds()
+        while thread.is_alive() and time.monotonic() < deadline:
+            thread.join(POLL_S)
+            self._beat()
+        if not result:
+            raise _Retry(f"{what} at {addr}:{port}: no answer within {STORE_CONNECT}")
+        if isinstance(result[0], BaseException):
+            raise _Retry(f"{what} at {addr}:{port}: {result[0]}")
+        store: TCPStore = result[0]
+        return store
 
     def _exchange_steps(self, store: TCPStore, view: View, deadline: float) -> list[str]:
         """Publish our step; wait for everyone's; rank 0 is the highest step (ties: oldest)."""
