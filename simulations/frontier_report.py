@@ -8,7 +8,6 @@ Method and definitions: ``simulations.frontier``.
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import shlex
 import sys
@@ -32,7 +31,7 @@ from simulations.frontier import (
     pareto,
     variant_text,
 )
-from simulations.report import fmt, write_csv
+from simulations.report import fmt, pyplot, write_csv
 
 VARIANT_COLS = dict(
     variant="variant", crashes="crashes", detected="detected",
@@ -121,11 +120,8 @@ def _describe(c: Condition) -> str:
 
 
 def plot(report: Report, path: Path) -> str:
-    try:
-        matplotlib: Any = importlib.import_module("matplotlib")
-        matplotlib.use("Agg")
-        plt: Any = importlib.import_module("matplotlib.pyplot")
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return "matplotlib is not installed: frontier.png skipped (pip install matplotlib)"
     rows = report.variants
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))

@@ -112,12 +112,20 @@ def write(result: Result, out_dir: Path, *, plots: bool = True) -> list[str]:
     return messages
 
 
-def write_plots(plots: Sequence[Plot], out_dir: Path, stem: str) -> list[str]:
+def pyplot() -> Any | None:
+    """``matplotlib.pyplot`` on the file-only Agg backend, or None when matplotlib is not
+    installed (plots are optional: callers skip them and say so)."""
     try:
         matplotlib: Any = importlib.import_module("matplotlib")
-        matplotlib.use("Agg")
-        plt: Any = importlib.import_module("matplotlib.pyplot")
     except ImportError:
+        return None
+    matplotlib.use("Agg")
+    return importlib.import_module("matplotlib.pyplot")
+
+
+def write_plots(plots: Sequence[Plot], out_dir: Path, stem: str) -> list[str]:
+    plt = pyplot()
+    if plt is None:
         return ["matplotlib is not installed: plots skipped (pip install matplotlib)"]
     written = []
     for plot in plots:

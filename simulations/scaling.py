@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import math
 import shlex
 import sys
@@ -42,7 +41,7 @@ from simulations.frontier import (
     variant_text,
 )
 from simulations.frontier_report import cell_text
-from simulations.report import write_csv
+from simulations.report import pyplot, write_csv
 
 PER_MEMBER = "pkts_per_member_per_s"
 BYTES = "bytes_per_member_per_s"
@@ -209,11 +208,8 @@ PANELS = (
 
 
 def plot(sweep: Sweep, path: Path) -> str:
-    try:
-        matplotlib: Any = importlib.import_module("matplotlib")
-        matplotlib.use("Agg")
-        plt: Any = importlib.import_module("matplotlib.pyplot")
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return "matplotlib is not installed: plots skipped (pip install matplotlib)"
     computed = computed_baseline(sweep)
     panels = [p for p in PANELS if p[0] in sweep.conditions]
