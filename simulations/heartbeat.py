@@ -133,7 +133,6 @@ class HeartbeatNode:
         self._by_addr: dict[Address, _Peer] = {}
         self._by_name: dict[str, _Peer] = {}
         self._seq = 0
-        self._started_ms = now_ms
         self._timer_id = 0
         self._pause_ms = config.phi.acceptable_heartbeat_pause_ms
         self._threshold = config.phi.threshold
@@ -145,8 +144,9 @@ class HeartbeatNode:
         """Arm the heartbeat and check ticks, each at a random phase."""
         out = Output()
         c = self.config
-        out.timers.append(self._timer(now_ms + self._rng.randrange(c.heartbeat_interval_ms), 0))
-        out.timers.append(self._timer(now_ms + self._rng.randrange(c.check_interval_ms), 1))
+        beat_ms = now_ms + self._rng.randrange(c.heartbeat_interval_ms)
+        check_ms = now_ms + self._rng.randrange(c.check_interval_ms)
+        out.timers += [self._timer(beat_ms, HEARTBEAT_TICK), self._timer(check_ms, CHECK_TICK)]
         return out
 
     def bootstrap(self, snapshot: MembershipSnapshot, now_ms: int) -> Output:
@@ -181,11 +181,10 @@ class HeartbeatNode:
 
     def handle_timer(self, timer: Timer, now_ms: int) -> Output:
         if timer.kind == HEARTBEAT_TICK:
-            out = self._beat(now_ms)
-            out.timers.append(self._timer(now_ms + self.config.heartbeat_interval_ms, 0))
+            out, next_ms = self._beat(now_ms), now_ms + self.config.heartbeat_interval_ms
         else:
-            out = self._check(now_ms)
-            out.timers.append(self._timer(now_ms + self.config.check_interval_ms, 1))
+            out, next_ms = self._check(now_ms), now_ms + self.config.check_interval_ms
+        out.timers.append(self._timer(next_ms, timer.kind))
         return out
 
     def handle_datagram(self, source: Address, data: bytes, now_ms: int) -> Output:
@@ -213,18 +212,15 @@ class HeartbeatNode:
     def num_members(self) -> int:
         return len(self._peers) + 1
 
-    def phi(self, name: str, now_ms: int) -> float:
-        return self._by_name[name].detector.phi(now_ms)
-
     def detector(self, name: str) -> PhiAccrualDetector:
         """The Phi detector judging ``name`` (read it; feeding it is this node's job)."""
         return self._by_name[name].detector
 
     # --- internals ---------------------------------------------------------------------
 
-    def _timer(self, deadline_ms: int, which: int) -> Timer:
+    def _timer(self, deadline_ms: int, kind: str) -> Timer:
         self._timer_id += 1
-        return Timer(deadline_ms, self._timer_id, CHECK_TICK if which else HEARTBEAT_TICK)
+        return Timer(deadline_ms, self._timer_id, kind)
 
     def _beat(self, now_ms: int) -> Output:
         self._seq += 1
