@@ -22,12 +22,12 @@ Rules:
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from simulations.report import read_csv
 from swim import Config, formulas
 from swim.config import PROFILES
 from swim.membership import suspicion_window_ms
@@ -90,42 +90,31 @@ def table(rows: list[dict[str, Any]], cols: dict[str, str]) -> list[str]:
 # --- measured ---------------------------------------------------------------------------
 
 
-def _read(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def _num(value: str | None) -> float | None:
-    return None if value in (None, "") else float(value)
-
-
 def measured_rows(result_dir: Path) -> list[dict[str, Any]]:
-    cells = _read(result_dir / "cells.csv")
-    runs = _read(result_dir / "runs.csv")
-    by_cell = {(c["variant"], int(c["n"]), c["condition"]): c for c in cells}
-    keys = sorted({(c["variant"], int(c["n"])) for c in cells}, key=_order)
+    cells = read_csv(result_dir / "cells.csv")
+    runs = read_csv(result_dir / "runs.csv")
+    by_cell = {(c["variant"], c["n"], c["condition"]): c for c in cells}
+    keys = sorted({(c["variant"], c["n"]) for c in cells}, key=_order)
     rows = []
     for variant, n in keys:
         clean = by_cell.get((variant, n, "clean"), {})
         row: dict[str, Any] = {"profile": variant, "n": n}
-        row["median_s"] = _num(clean.get("all_dead_median_s"))
-        row["p99_s"] = _num(clean.get("all_dead_p99_s"))
-        row["crashes"] = _num(clean.get("crashes"))
+        row["median_s"] = clean.get("all_dead_median_s")
+        row["p99_s"] = clean.get("all_dead_p99_s")
+        row["crashes"] = clean.get("crashes")
         for cond in ("loss1", "loss10"):
-            mine = [
-                r for r in runs if (r["variant"], int(r["n"]), r["condition"]) == (variant, n, cond)
-            ]
+            mine = [r for r in runs if (r["variant"], r["n"], r["condition"]) == (variant, n, cond)]
             if not mine:
                 continue
-            fp = sum(int(r["fp_dead_about_healthy_members"]) for r in mine)
-            hours = sum(float(r["healthy_member_hours"]) for r in mine)
+            fp = sum(r["fp_dead_about_healthy_members"] for r in mine)
+            hours = sum(r["healthy_member_hours"] for r in mine)
             cell = by_cell.get((variant, n, cond), {})
             row[f"fp_{cond}"] = f"{fp} in {hours:,.1f} h"
-            row[f"suspect_{cond}"] = _num(cell.get("fp_suspect_about_healthy"))
-            row[f"median_{cond}_s"] = _num(cell.get("all_dead_median_s"))
-        udp = _num(clean.get("bytes_per_member_per_s")) or 0.0
-        tcp = _num(clean.get("stream_bytes_per_member_per_s")) or 0.0
-        row["pkts_per_s"] = _num(clean.get("pkts_per_member_per_s"))
+            row[f"suspect_{cond}"] = cell.get("fp_suspect_about_healthy")
+            row[f"median_{cond}_s"] = cell.get("all_dead_median_s")
+        udp = clean.get("bytes_per_member_per_s") or 0.0
+        tcp = clean.get("stream_bytes_per_member_per_s") or 0.0
+        row["pkts_per_s"] = clean.get("pkts_per_member_per_s")
         row["bytes_per_s"] = udp + tcp if clean else None
         rows.append(row)
     return rows
@@ -151,31 +140,31 @@ MEASURED_COLS = {
 }
 
 
-def _pair(cell: dict[str, str], a: str, b: str) -> str:
-    x, y = _num(cell.get(a)), _num(cell.get(b))
+def _pair(cell: dict[str, Any], a: str, b: str) -> str:
+    x, y = cell.get(a), cell.get(b)
     return "—" if x is None or y is None else f"{_text(x)} / {_text(y)}"
 
 
 def compare_rows(result_dir: Path) -> list[dict[str, Any]]:
-    cells = _read(result_dir / "cells.csv")
-    by = {(c["variant"], int(c["n"]), c["condition"]): c for c in cells}
+    cells = read_csv(result_dir / "cells.csv")
+    by = {(c["variant"], c["n"], c["condition"]): c for c in cells}
     variants = list(dict.fromkeys(c["variant"] for c in cells))
     rows: list[dict[str, Any]] = []
     for variant in variants:
-        for n in sorted({int(c["n"]) for c in cells if c["variant"] == variant}):
+        for n in sorted({c["n"] for c in cells if c["variant"] == variant}):
             clean = by.get((variant, n, "clean"), {})
             row: dict[str, Any] = {"variant": variant, "n": n}
-            row["pkts"] = _num(clean.get("pkts_per_member_per_s"))
-            row["cluster"] = _num(clean.get("pkts_cluster_per_s"))
+            row["pkts"] = clean.get("pkts_per_member_per_s")
+            row["cluster"] = clean.get("pkts_cluster_per_s")
             udp, tcp = (
-                _num(clean.get("bytes_per_member_per_s")),
-                _num(clean.get("stream_bytes_per_member_per_s")),
+                clean.get("bytes_per_member_per_s"),
+                clean.get("stream_bytes_per_member_per_s"),
             )
             row["bytes"] = None if udp is None else udp + (tcp or 0.0)
             for cond in ("clean", "loss10", "slow1"):
                 cell = by.get((variant, n, cond), {})
                 row[f"det_{cond}"] = _pair(cell, "all_dead_median_s", "all_dead_p99_s")
-            row["healthy_slow1"] = _num(by.get((variant, n, "slow1"), {}).get("healthy_dead_p99_s"))
+            row["healthy_slow1"] = by.get((variant, n, "slow1"), {}).get("healthy_dead_p99_s")
             for cond in ("loss10", "slow1"):
                 cell = by.get((variant, n, cond), {})
                 row[f"fp_{cond}"] = _pair(
@@ -183,14 +172,14 @@ def compare_rows(result_dir: Path) -> list[dict[str, Any]]:
                 )
             rows.append(row)
     computed = result_dir / "computed.csv"
-    for r in _read(computed) if computed.exists() else []:
+    for r in read_csv(computed) if computed.exists() else []:
         rows.append(
             {
                 "variant": r["variant"] + " (computed)",
-                "n": int(r["n"]),
-                "pkts": float(r["pkts_per_member_per_s"]),
-                "cluster": float(r["pkts_cluster_per_s"]),
-                "bytes": float(r["bytes_per_member_per_s"]),
+                "n": r["n"],
+                "pkts": r["pkts_per_member_per_s"],
+                "cluster": r["pkts_cluster_per_s"],
+                "bytes": r["bytes_per_member_per_s"],
             }
         )
     return rows

@@ -86,6 +86,23 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
             writer.writerow({c: _cell(row.get(c)) for c in cols})
 
 
+def read_csv(path: Path) -> list[dict[str, Any]]:
+    """Rows written by ``write_csv``, with numbers back as int or float and empty cells as
+    None (other text stays text)."""
+    with path.open(newline="") as f:
+        return [{k: _value(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def _value(text: str) -> Any:
+    if text == "":
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if number.is_integer() and "." not in text else number
+
+
 def _cell(value: Any) -> Any:
     if value is None:
         return ""

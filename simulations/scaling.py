@@ -21,7 +21,6 @@ Rules:
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import shlex
 import sys
@@ -41,7 +40,7 @@ from simulations.frontier import (
     variant_text,
 )
 from simulations.frontier_report import cell_text
-from simulations.report import pyplot, write_csv
+from simulations.report import pyplot, read_csv, write_csv
 
 PER_MEMBER = "pkts_per_member_per_s"
 BYTES = "bytes_per_member_per_s"
@@ -257,24 +256,13 @@ def _curve(ax: Any, sweep: Sweep, variant: str, cond: str, key: str, style: dict
 
 def load(result_dir: Path) -> Sweep:
     """A finished sweep's cells back from its cells.csv (to re-draw its plot)."""
-    with (result_dir / "cells.csv").open(newline="") as f:
-        cells = [{k: _value(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    cells = read_csv(result_dir / "cells.csv")
     variants = list(dict.fromkeys(c["variant"] for c in cells))
     conditions = list(dict.fromkeys(c["condition"] for c in cells))
     nodes = sorted({c["n"] for c in cells})
     sweep = Sweep(nodes, variants, conditions, [], [], out=result_dir)
     sweep.cells = cells
     return sweep
-
-
-def _value(text: str) -> Any:
-    if text == "":
-        return None
-    try:
-        number = float(text)
-    except ValueError:
-        return text
-    return int(number) if number.is_integer() and "." not in text else number
 
 
 def write(sweep: Sweep, out: Path) -> list[str]:
