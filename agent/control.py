@@ -32,14 +32,17 @@ so this is also the stable JSON schema):
   "message": str}}``.
 - ``view`` args ``{job: str}`` → a job view (rules in ``agent.jobs``): ``{"job": str,
   "generation": int, "fingerprint": str, "members": [{"name", "addr", "port",
-  "store_port": int, "registered_ms": int, "group": str, "status": alive|suspect}]}``,
-  members oldest registration first.
+  "store_port": int, "registered_ms": int, "group": str, "status": alive|suspect,
+  "ranks": int}]}``, members (nodes) oldest registration first; ``ranks`` is the node's
+  number of local ranks.
 - ``watch`` args ``{job: str, register?: {store_port?: int, heartbeat_pause_ms?: int,
-  heartbeat_threshold?: float, first_heartbeat_estimate_ms?: int}}`` → an ``ok`` frame
-  ``{"node": <this agent's name>, "job": str}``, then a ``{"view": <view>}`` frame now and at
-  every change. The client may send ``{"heartbeat": {"step": int}}`` and
-  ``{"group": str}`` frames on the same connection; with ``register`` the connection is
-  the job registration and closing it unregisters.
+  heartbeat_threshold?: float, first_heartbeat_estimate_ms?: int, local_rank?: int,
+  local_world_size?: int}}`` → an ``ok`` frame ``{"node": <this agent's name>, "job":
+  str}``, then a ``{"view": <view>}`` frame now and at every change. The client may send
+  ``{"heartbeat": {"step": int}}``, ``{"group": str}`` and ``{"lost": [str]}`` (peers its
+  collectives lost: the agent probes them at once) frames on the same connection; with
+  ``register`` the connection is this local rank's registration (the node joins the view
+  once all ``local_world_size`` ranks have registered) and closing it unregisters.
 """
 
 from __future__ import annotations
@@ -84,6 +87,9 @@ class JobMember:
     registered_ms: int
     group: str
     status: str
+    ranks: int = 1
+    """The node's local world size: its trainer processes in this job (global ranks follow
+    join age, then local rank)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +100,7 @@ class JobMember:
             "registered_ms": self.registered_ms,
             "group": self.group,
             "status": self.status,
+            "ranks": self.ranks,
         }
 
     @classmethod
@@ -106,6 +113,7 @@ class JobMember:
             int(d["registered_ms"]),
             str(d["group"]),
             str(d["status"]),
+            int(d.get("ranks", 1)),
         )
 
 

@@ -6,22 +6,40 @@ metadata, so views need no extra protocol (DESIGN.md: additions ride memberlist'
 extension points):
 
     key   ``swim.job/<job>``
-    value ``<registered_ms>,<store_port>,<health>,<group>``
+    value ``<registered_ms>,<store_port>,<health>,<group>,<ranks>``
 
-- ``registered_ms``: wall-clock milliseconds when the registration was made, set once by
-  the agent. Every peer sees the same value, so ordering by ``(registered_ms, name)`` gives
-  the same "join age" order everywhere, whatever the clock skew between hosts.
-- ``store_port``: a TCP port where the registrant serves its rendezvous store (0: none).
-- ``health``: ``ok`` or ``hung``. The agent scores the registrant's per-step heartbeats
-  with Phi accrual (Hayashibara et al.; ``phi/``) and flips it to ``hung`` when a worker
-  stops stepping on a live host, which SWIM alone cannot see (DESIGN.md "Phi accrual").
-- ``group``: an opaque token the registrant sets for the process group it is in (at most
+A node runs ``ranks`` training processes (*local ranks*, one per GPU; torchrun's
+``LOCAL_RANK``/``LOCAL_WORLD_SIZE``), each on its own ``watch`` connection. The node is one
+member of the job: its tag appears only once every local rank ``0..ranks-1`` has
+registered, and disappears as soon as any of them unregisters (its process died) or
+stops heartbeating. So a dead, left or hung node, or one hung GPU worker on a live node,
+takes all of the node's ranks out of the view at once. Why the whole node: a GPU worker
+that stops on a live host usually means trouble with the host (a stuck GPU, an NVLink or
+driver fault), its node-mates are likely next; and the layouts that matter here shard a
+model *within* a node (HSDP), where one missing rank leaves the node's replica incomplete
+anyway. A rank-granular exclusion would be correct only for pure data parallelism and is
+not offered.
+
+- ``registered_ms``: wall-clock milliseconds when the node's registration became complete
+  (its last local rank registered), set once by the agent. Every peer sees the same value,
+  so ordering by ``(registered_ms, name)`` gives the same "join age" order everywhere,
+  whatever the clock skew between hosts. A node whose registration broke and completed
+  again is a new member (a new ``registered_ms``).
+- ``store_port``: a TCP port where local rank 0 serves its rendezvous store (0: none).
+- ``health``: ``ok`` or ``hung``. The agent scores each local rank's per-step heartbeats
+  with Phi accrual (Hayashibara et al.; ``phi/``) and flips the node to ``hung`` while any
+  of them stops stepping on a live host, which SWIM alone cannot see (docs/design.md
+  "Phi accrual").
+- ``group``: an opaque token local rank 0 sets for the process group it is in (at most
   ``MAX_GROUP_CHARS``), so peers can tell that a member has moved to a newer group.
+- ``ranks``: the node's local world size (``1..MAX_LOCAL_RANKS``). A four-field value
+  (agents before multi-rank jobs) means one rank.
 
 The *view* of a job is every member that is alive or suspect (SWIM §4.2: a suspect has not
-been declared failed yet) and carries a healthy registration, ordered by join age. Its
-``fingerprint`` hashes the ordered (name, registered_ms) pairs: equal on every node that
-sees the same member set. ``generation`` is this agent's count of fingerprint changes: it
+been declared failed yet) and carries a healthy registration, ordered by join age; global
+ranks follow that order and, within a node, the local rank. Its ``fingerprint`` hashes the
+ordered (name, registered_ms, ranks) triples: equal on every node that sees the same
+member set. ``generation`` is this agent's count of fingerprint changes: it
 numbers the views one client sees, it is not comparable across nodes.
 
 Everything here is pure (no trio, no sockets): the control server owns the I/O.
@@ -47,6 +65,12 @@ HEALTH_OK = "ok"
 HEALTH_HUNG = "hung"
 MAX_WATCHED_JOBS = 256
 """Jobs with a generation counter on one agent; the oldest is forgotten beyond it."""
+MAX_LOCAL_RANKS = 64
+"""Local ranks per node and job: 8 GPUs is the common node, 64 leaves room for CPU jobs and
+future hosts while bounding a node's registration state."""
+MAX_REGISTRATIONS = 256
+"""Registered training processes per agent, all jobs together (each holds a connection, a
+Phi detector and a health check)."""
 DEFAULT_HEARTBEAT_PAUSE_MS = 30_000
 """Silence tolerated on top of the mean step time before a worker counts as hung: a
 checkpoint or an evaluation pass must not get a node excluded."""
@@ -81,22 +105,27 @@ class JobTag:
     store_port: int
     health: str
     group: str
+    ranks: int = 1
 
     def encode(self) -> str:
-        return f"{self.registered_ms},{self.store_port},{self.health},{self.group}"
+        return f"{self.registered_ms},{self.store_port},{self.health},{self.group},{self.ranks}"
 
     @classmethod
     def decode(cls, value: str) -> JobTag | None:
         """Parse a peer's tag; a malformed one (hostile or a future format) is ignored."""
         parts = value.split(",")
-        if len(parts) != 4:
+        if len(parts) == 4:
+            parts.append("1")  # an agent from before multi-rank jobs
+        if len(parts) != 5:
             return None
-        registered, port, health, group = parts
-        if not (registered.isdigit() and port.isdigit()) or health not in (HEALTH_OK, HEALTH_HUNG):
+        registered, port, health, group, ranks = parts
+        if not (registered.isdigit() and port.isdigit() and ranks.isdigit()):
+            return None
+        if health not in (HEALTH_OK, HEALTH_HUNG) or not 1 <= int(ranks) <= MAX_LOCAL_RANKS:
             return None
         if int(port) > 65_535 or len(group) > MAX_GROUP_CHARS or not GROUP_CHARS.match(group):
             return None
-        return cls(int(registered), int(port), health, group)
+        return cls(int(registered), int(port), health, group, int(ranks))
 
 
 def job_members(job: str, members: Iterable[Member], tags_of: Any) -> list[JobMember]:
@@ -120,6 +149,7 @@ def job_members(job: str, members: Iterable[Member], tags_of: Any) -> list[JobMe
                 tag.registered_ms,
                 tag.group,
                 m.state.name.lower(),
+                tag.ranks,
             )
         )
     found.sort(key=lambda j: (j.registered_ms, j.name))
@@ -129,7 +159,9 @@ def job_members(job: str, members: Iterable[Member], tags_of: Any) -> list[JobMe
 def fingerprint(members: Iterable[JobMember]) -> str:
     h = hashlib.sha256()
     for m in members:
-        h.update(f"{m.name}@{m.registered_ms};".encode())
+        # one-rank members hash as before multi-rank jobs, so mixed agents still agree
+        ranks = "" if m.ranks == 1 else f"*{m.ranks}"
+        h.update(f"{m.name}@{m.registered_ms}{ranks};".encode())
     return h.hexdigest()[:16]
 
 
@@ -166,12 +198,16 @@ def view(
 
 @dataclass
 class Registration:
-    """One local registrant: its tag and the Phi detector over its heartbeats."""
+    """One local rank's registration: its place in the node and the Phi detector over its
+    heartbeats."""
 
     job: str
-    tag: JobTag
+    local_rank: int
+    local_world_size: int
+    store_port: int
     threshold: float
     detector: PhiAccrualDetector
+    group: str = ""
     last_step: int = -1
     heartbeats: int = 0
 
@@ -179,14 +215,16 @@ class Registration:
     def create(
         cls,
         job: str,
-        registered_ms: int,
         store_port: object = 0,
         heartbeat_pause_ms: object = DEFAULT_HEARTBEAT_PAUSE_MS,
         heartbeat_threshold: object = DEFAULT_HEARTBEAT_THRESHOLD,
         first_heartbeat_estimate_ms: object = 1000,
+        local_rank: object = 0,
+        local_world_size: object = 1,
     ) -> Registration:
-        if not isinstance(store_port, int) or not 0 <= store_port <= 65_535:
-            raise JobError(f"store_port must be an int in 0..65535, got {store_port!r}")
+        port = _int_in("store_port", store_port, 0, 65_535)
+        size = _int_in("local_world_size", local_world_size, 1, MAX_LOCAL_RANKS)
+        rank = _int_in("local_rank", local_rank, 0, size - 1)
         if not isinstance(heartbeat_threshold, int | float) or not heartbeat_threshold > 0:
             raise JobError(f"heartbeat_threshold must be > 0, got {heartbeat_threshold!r}")
         try:
@@ -199,8 +237,14 @@ class Registration:
             )
         except (TypeError, ValueError) as exc:
             raise JobError(f"bad heartbeat settings: {exc}") from None
-        tag = JobTag(registered_ms, store_port, HEALTH_OK, "")
-        return cls(check_job(job), tag, float(heartbeat_threshold), PhiAccrualDetector(config))
+        return cls(
+            check_job(job),
+            rank,
+            size,
+            port,
+            float(heartbeat_threshold),
+            PhiAccrualDetector(config),
+        )
 
     def heartbeat(self, step: object, now_ms: int) -> None:
         if isinstance(step, int) and not isinstance(step, bool):
@@ -214,3 +258,87 @@ class Registration:
 
     def health_at(self, now_ms: int) -> str:
         return HEALTH_HUNG if self.phi(now_ms) >= self.threshold else HEALTH_OK
+
+
+def _int_in(what: str, value: object, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise JobError(f"{what} must be an int in {lo}..{hi}, got {value!r}")
+    return value
+
+
+@dataclass
+class NodeJob:
+    """This node's registration in one job: its local ranks so far, and since when it has
+    been complete (every local rank registered)."""
+
+    local_world_size: int
+    ranks: dict[int, Registration] = field(default_factory=dict)
+    complete_since_ms: int | None = None
+
+    def tag(self, now_ms: int) -> JobTag | None:
+        """The tag to gossip now, or None while the node is incomplete."""
+        if self.complete_since_ms is None:
+            return None
+        first = self.ranks[0]
+        hung = any(r.health_at(now_ms) == HEALTH_HUNG for r in self.ranks.values())
+        return JobTag(
+            self.complete_since_ms,
+            first.store_port,
+            HEALTH_HUNG if hung else HEALTH_OK,
+            first.group,
+            self.local_world_size,
+        )
+
+    def hung_ranks(self, now_ms: int) -> list[int]:
+        return sorted(r for r, reg in self.ranks.items() if reg.health_at(now_ms) == HEALTH_HUNG)
+
+
+@dataclass
+class LocalJobs:
+    """Every local registration on this agent, by job (pure; the control server owns the
+    connections and the clock). Validate, then mutate: a refused registration changes
+    nothing."""
+
+    jobs: dict[str, NodeJob] = field(default_factory=dict)
+
+    def count(self) -> int:
+        return sum(len(j.ranks) for j in self.jobs.values())
+
+    def __contains__(self, job: object) -> bool:
+        return job in self.jobs
+
+    def add(self, reg: Registration, wall_ms: int) -> None:
+        """Admit one local rank; the node's registration completes with its last rank."""
+        node_job = self.jobs.get(reg.job)
+        if node_job is not None and node_job.local_world_size != reg.local_world_size:
+            raise JobError(
+                f"job {reg.job!r}: this node registers {node_job.local_world_size} local "
+                f"ranks, not {reg.local_world_size}"
+            )
+        if node_job is not None and reg.local_rank in node_job.ranks:
+            raise JobError(
+                f"job {reg.job!r} is already registered on this node"
+                + (f" for local rank {reg.local_rank}" if reg.local_world_size > 1 else "")
+            )
+        if self.count() >= MAX_REGISTRATIONS:
+            raise JobError(f"at most {MAX_REGISTRATIONS} registrations per agent")
+        if node_job is None:
+            node_job = self.jobs[reg.job] = NodeJob(reg.local_world_size)
+        node_job.ranks[reg.local_rank] = reg
+        if len(node_job.ranks) == node_job.local_world_size:
+            node_job.complete_since_ms = wall_ms
+
+    def remove(self, reg: Registration) -> None:
+        """A local rank left: the node's registration is broken until it completes again
+        (then as a new member)."""
+        node_job = self.jobs.get(reg.job)
+        if node_job is None or node_job.ranks.get(reg.local_rank) is not reg:
+            return
+        del node_job.ranks[reg.local_rank]
+        node_job.complete_since_ms = None
+        if not node_job.ranks:
+            del self.jobs[reg.job]
+
+    def tag(self, job: str, now_ms: int) -> JobTag | None:
+        node_job = self.jobs.get(job)
+        return None if node_job is None else node_job.tag(now_ms)

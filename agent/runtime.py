@@ -38,7 +38,7 @@ from agent.config import AgentConfig, AgentConfigError, parse_host_port
 from agent.config import load as load_config
 from agent.control_server import ControlServer
 from agent.departed import Departed
-from agent.jobs import TAG_PREFIX, Generations
+from agent.jobs import TAG_PREFIX, Generations, LocalJobs
 from phi import PhiConfig, PhiRegistry, RegistryFullError
 from swim import Address, MemberEvent, Node, NodeStateType, Output, StreamRequest, Timer
 from swim.effects import EventKind, JoinResult, Member
@@ -151,7 +151,10 @@ class Agent:
         self._status_ltimes: dict[str, int] = {}
         self.departed = Departed(config.reconnect_timeout_ms, config.tombstone_timeout_ms)
         self.generations = Generations()
-        self.local_jobs: set[str] = set()
+        self.local_jobs = LocalJobs()
+        """This node's training-process registrations (agent/watch.py serves them)."""
+        self.job_tag_lock = trio.Lock()
+        """Held while a job tag is recomputed and published (agent/watch.py)."""
         self._changed = trio.Event()
 
     # --- lifecycle ------------------------------------------------------------------------

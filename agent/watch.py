@@ -1,16 +1,23 @@
 """The ``view`` and ``watch`` control operations (schema in ``agent.control``; the job rules
 in ``agent.jobs``).
 
-``watch`` holds one connection per training process:
+``watch`` holds one connection per training process (one per local rank):
 - the agent pushes ``{"view": ...}`` whenever the job's view changes (first frame at once);
-- with ``register``, the connection *is* the registration: the job tag is set when it opens
-  and removed when it closes, so a crashed trainer on a live host leaves the view as soon
+- with ``register``, the connection *is* the local rank's registration: once every local
+  rank of the node has registered the job tag is set, and it is removed as soon as any of
+  them closes, so a crashed trainer on a live host takes its node out of the view as soon
   as its socket closes (gossip then carries the change);
 - the client sends ``{"heartbeat": {"step": int}}`` per training step and
-  ``{"group": str}`` when it enters a process group; the agent scores heartbeats with Phi
-  accrual and flags the registration ``hung`` when they stop (the tag's health field).
-Bounded: one registration per job per agent, ``MAX_WATCHERS`` connections, frame sizes by
-the control framing. A bad frame closes that connection only.
+  ``{"group": str}`` when it enters a process group (local rank 0's is gossiped); the agent
+  scores heartbeats with Phi accrual per rank and flags the node ``hung`` while any rank's
+  stop (the tag's health field);
+- ``{"lost": [node, ...]}``: the trainer's collectives lost these peers (a connection
+  error). Evidence, not a verdict: the agent probes them at once (``Agent.probe_now``)
+  instead of at their round-robin turn, and only the probe cycle can suspect them.
+Bounded: ``MAX_REGISTRATIONS`` registrations and ``MAX_WATCHERS`` connections per agent,
+``MAX_LOST_NAMES`` names per report, frame sizes by the control framing. A bad frame
+closes that connection only. The job tag is recomputed from ``agent.local_jobs`` and set
+under one lock, so concurrent ranks cannot publish a stale tag over a newer one.
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ from agent import serf
 from agent.control import ControlError, FrameDecoder, encode_frame, ok
 from agent.jobs import (
     HEALTH_OK,
+    MAX_REGISTRATIONS,
     JobError,
-    JobTag,
     Registration,
     check_group,
     check_job,
@@ -42,7 +49,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("swim.agent")
 HEALTH_CHECK_S = 0.05
 """How often a registration's phi is compared with its threshold."""
-MAX_WATCHERS = 64
+MAX_WATCHERS = MAX_REGISTRATIONS + 64
+"""Every registration plus observers (tools, the torchrun backend's own views)."""
+MAX_LOST_NAMES = 64
+"""Peers named in one ``lost`` report (a trainer's group; the agent bounds its own probes)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -68,18 +78,14 @@ async def serve_watch(agent: Agent, stream: trio.SocketStream, args: dict[str, A
         raise ControlError("register must be a map")
     reg = None
     if register is not None:
-        if job in agent.local_jobs:
-            raise ControlError(f"job {job!r} is already registered on this node")
-        if len(agent.local_jobs) >= MAX_WATCHERS:
-            raise ControlError(f"at most {MAX_WATCHERS} registrations per agent")
         try:
-            reg = Registration.create(job, int(time.time() * 1000), **register)
+            reg = Registration.create(job, **register)
         except TypeError as exc:
             raise ControlError(f"bad register arguments: {exc}") from None
-        agent.local_jobs.add(job)
+        agent.local_jobs.add(reg, int(time.time() * 1000))  # JobError: refused, nothing kept
     try:
         if reg is not None:
-            await _set_tag(agent, reg)
+            await _sync_tag(agent, job)
         await stream.send_all(encode_frame(ok({"node": agent._node().name, "job": job})))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_push_views, agent, stream, job)
@@ -91,14 +97,24 @@ async def serve_watch(agent: Agent, stream: trio.SocketStream, args: dict[str, A
         pass
     finally:
         if reg is not None:
-            agent.local_jobs.discard(job)
+            agent.local_jobs.remove(reg)
             with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await agent.update_tags({}, [tag_key(job)])
-            log.info("job %s: registration closed", job)
+                await _sync_tag(agent, job)
+            log.info("job %s: local rank %d unregistered", job, reg.local_rank)
 
 
-async def _set_tag(agent: Agent, reg: Registration) -> None:
-    await agent.update_tags({tag_key(reg.job): reg.tag.encode()}, [])
+async def _sync_tag(agent: Agent, job: str) -> None:
+    """Publish what ``agent.local_jobs`` says the node's tag is now (or remove it)."""
+    key = tag_key(job)
+    async with agent.job_tag_lock:
+        tag = agent.local_jobs.tag(job, _now_ms())
+        value = None if tag is None else tag.encode()
+        if value == agent.tags.get(key):
+            return
+        if value is None:
+            await agent.update_tags({}, [key])
+        else:
+            await agent.update_tags({key: value}, [])
 
 
 async def _push_views(agent: Agent, stream: trio.SocketStream, job: str) -> None:
@@ -113,19 +129,21 @@ async def _push_views(agent: Agent, stream: trio.SocketStream, job: str) -> None
 
 
 async def _watch_health(agent: Agent, reg: Registration) -> None:
+    health = HEALTH_OK
     while True:
         await trio.sleep(HEALTH_CHECK_S)
-        health = reg.health_at(_now_ms())
-        if health != reg.tag.health:
+        now = _now_ms()
+        if reg.health_at(now) != health:
+            health = reg.health_at(now)
             log.warning(
-                "job %s: local worker %s (phi %.1f after step %d)",
+                "job %s: local rank %d %s (phi %.1f after step %d)",
                 reg.job,
-                "recovered" if health == HEALTH_OK else "stopped heartbeating: flagged hung",
-                reg.phi(_now_ms()),
+                reg.local_rank,
+                "recovered" if health == HEALTH_OK else "stopped heartbeating: node flagged hung",
+                reg.phi(now),
                 reg.last_step,
             )
-            reg.tag = JobTag(reg.tag.registered_ms, reg.tag.store_port, health, reg.tag.group)
-            await _set_tag(agent, reg)
+            await _sync_tag(agent, reg.job)
 
 
 async def _read_client(agent: Agent, stream: trio.SocketStream, reg: Registration | None) -> None:
@@ -147,15 +165,28 @@ async def _read_client(agent: Agent, stream: trio.SocketStream, reg: Registratio
                 reg.heartbeat(beat.get("step") if isinstance(beat, dict) else None, _now_ms())
             if "group" in frame:
                 try:
-                    group = check_group(frame["group"])
+                    reg.group = check_group(frame["group"])
                 except JobError as exc:
                     log.warning("watch: ignoring a bad group: %s", exc)
                     continue
-                if group != reg.tag.group:
-                    reg.tag = JobTag(
-                        reg.tag.registered_ms, reg.tag.store_port, reg.tag.health, group
-                    )
-                    await _set_tag(agent, reg)
+                if reg.local_rank == 0:
+                    await _sync_tag(agent, reg.job)
+            if "lost" in frame:
+                await _report_lost(agent, reg, frame["lost"])
+
+
+async def _report_lost(agent: Agent, reg: Registration, names: object) -> None:
+    if (
+        not isinstance(names, list)
+        or len(names) > MAX_LOST_NAMES
+        or not all(isinstance(n, str) for n in names)
+    ):
+        log.warning(
+            "watch: ignoring a bad lost report (a list of at most %d names)", MAX_LOST_NAMES
+        )
+        return
+    result = await agent.probe_now(names)
+    log.info("job %s: local rank %d lost %s: probing %s", reg.job, reg.local_rank, names, result)
 
 
 def _now_ms() -> int:

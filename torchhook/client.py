@@ -3,18 +3,25 @@
 No torch and no trio here: a blocking Unix-socket client (``agent.control`` framing) and
 one reader thread per ``Membership``. Rules (the agent side is ``agent/watch.py``):
 
-- one ``watch`` connection per process; with ``register=True`` that connection *is* the
-  node's registration for the job (closing it, or the process dying, unregisters);
-- every ``View`` is complete: its members, oldest registration first, the same order on
-  every node that sees the same member set, and a ``fingerprint`` of that set;
-  ``generation`` numbers the views this process saw (local, monotonic);
+- one ``watch`` connection per process; with ``register=True`` that connection *is* this
+  local rank's registration for the job (closing it, or the process dying, unregisters);
+  a node with ``local_world_size`` ranks (torchrun's ``LOCAL_WORLD_SIZE``, one process per
+  GPU) joins views once all of its local ranks have registered, and leaves them when any
+  of them unregisters or hangs (agent/jobs.py says why the whole node);
+- every ``View`` is complete: its members (nodes), oldest registration first, the same
+  order on every node that sees the same member set, and a ``fingerprint`` of that set;
+  ``generation`` numbers the views this process saw (local, monotonic); global ranks
+  follow the member order, then the local rank (``View.ranks_of``);
 - listeners run on the reader thread and must not block (they set flags, fail futures);
-- ``heartbeat(step)`` once per training step lets the agent flag a hung worker.
+- ``heartbeat(step)`` once per training step lets the agent flag a hung worker;
+- ``report_lost(names)`` tells the agent that this process's collectives lost these peers
+  (evidence: the agent probes them at once, only its detector decides).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 from collections.abc import Callable, Mapping
@@ -57,6 +64,20 @@ class View:
     def member(self, name: str) -> JobMember | None:
         return next((m for m in self.members if m.name == name), None)
 
+    @property
+    def world_size(self) -> int:
+        """Every local rank of every member."""
+        return sum(m.ranks for m in self.members)
+
+    def ranks_of(self, name: str) -> range:
+        """``name``'s global ranks in this view: after every older member's ranks."""
+        first = 0
+        for m in self.members:
+            if m.name == name:
+                return range(first, first + m.ranks)
+            first += m.ranks
+        raise KeyError(f"{name!r} is not in view {self.generation} of {self.job!r}")
+
 
 class MembershipClosed(ControlError):
     """The connection to the agent is gone: no more views will arrive."""
@@ -83,8 +104,16 @@ class Membership:
         heartbeat_threshold: float = 8.0,
         first_heartbeat_estimate_ms: int = 1000,
         connect_timeout_s: float = 10.0,
+        local_rank: int | None = None,
+        local_world_size: int | None = None,
     ) -> None:
+        """``local_rank``/``local_world_size`` default to torchrun's ``LOCAL_RANK`` and
+        ``LOCAL_WORLD_SIZE``, else 0 and 1 (one process per node)."""
         self.job = job
+        self.local_rank = _env_int("LOCAL_RANK", 0) if local_rank is None else local_rank
+        self.local_world_size = (
+            _env_int("LOCAL_WORLD_SIZE", 1) if local_world_size is None else local_world_size
+        )
         self.path = Path(control) if control is not None else default_control_path()
         self._cond = threading.Condition()
         self._send_lock = threading.Lock()
@@ -98,6 +127,8 @@ class Membership:
                 "heartbeat_pause_ms": heartbeat_pause_ms,
                 "heartbeat_threshold": heartbeat_threshold,
                 "first_heartbeat_estimate_ms": first_heartbeat_estimate_ms,
+                "local_rank": self.local_rank,
+                "local_world_size": self.local_world_size,
             }
         self._sock = _connect(self.path, connect_timeout_s)
         self._decoder = FrameDecoder()
@@ -189,6 +220,10 @@ class Membership:
     def set_group(self, group: str) -> None:
         self._send({"group": group})
 
+    def report_lost(self, names: list[str]) -> None:
+        """This process's collectives lost these peers: ask the agent to probe them now."""
+        self._send({"lost": list(names)})
+
     def _send(self, frame: Mapping[str, Any]) -> None:
         data = encode_frame(frame)
         with self._send_lock:
@@ -226,3 +261,13 @@ def _connect(path: Path, timeout_s: float) -> socket.socket:
             "(set control= or SWIM_CONTROL to its socket)"
         ) from exc
     return sock
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ControlError(f"{name} must be an integer, got {value!r}") from None

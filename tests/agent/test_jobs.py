@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from agent.control import ControlClient, ControlError
+from agent.control import ControlClient, ControlError, JobMember
 from agent.jobs import (
     HEALTH_HUNG,
+    MAX_LOCAL_RANKS,
     Generations,
     JobError,
     JobTag,
+    LocalJobs,
     Registration,
     check_group,
     check_job,
@@ -35,8 +37,13 @@ from torchhook.client import Membership, MembershipClosed, View
     [
         ("1700000000000,29500,ok,", JobTag(1700000000000, 29500, "ok", "")),
         ("5,0,hung,abc.1", JobTag(5, 0, "hung", "abc.1")),
+        ("5,0,ok,,8", JobTag(5, 0, "ok", "", 8)),  # a node with 8 local ranks
+        ("5,0,ok,g,1", JobTag(5, 0, "ok", "g")),  # four fields mean one rank
         ("5,0,ok", None),  # too few fields
-        ("5,0,ok,a,b", None),  # too many
+        ("5,0,ok,a,b", None),  # ranks not a count
+        ("5,0,ok,a,1,1", None),  # too many
+        ("5,0,ok,,0", None),  # no ranks
+        (f"5,0,ok,,{MAX_LOCAL_RANKS + 1}", None),  # over the bound
         ("-5,0,ok,", None),  # not a count
         ("5,70000,ok,", None),  # not a port
         ("5,0,maybe,", None),  # unknown health
@@ -96,13 +103,80 @@ def test_bad_group_and_registration() -> None:
     with pytest.raises(JobError):
         check_group("x" * 33)
     with pytest.raises(JobError, match="store_port"):
-        Registration.create("j", 1, store_port=70_000)
+        Registration.create("j", store_port=70_000)
     with pytest.raises(JobError, match="heartbeat"):
-        Registration.create("j", 1, heartbeat_pause_ms=-1)
+        Registration.create("j", heartbeat_pause_ms=-1)
+    for size in (0, MAX_LOCAL_RANKS + 1, True, "2"):
+        with pytest.raises(JobError, match="local_world_size"):
+            Registration.create("j", local_world_size=size)
+    for rank in (-1, 2, None):
+        with pytest.raises(JobError, match="local_rank"):
+            Registration.create("j", local_rank=rank, local_world_size=2)
+
+
+def test_a_node_joins_with_all_its_local_ranks_and_leaves_with_any() -> None:
+    jobs = LocalJobs()
+    rank = {
+        r: Registration.create("j", store_port=100 + r, local_rank=r, local_world_size=3)
+        for r in range(3)
+    }
+    jobs.add(rank[1], wall_ms=10)
+    jobs.add(rank[0], wall_ms=20)
+    assert jobs.tag("j", 0) is None, "incomplete: rank 2 has not registered"
+    before = jobs.count()
+    for bad in (
+        Registration.create("j", local_rank=1, local_world_size=3),  # rank 1 again
+        Registration.create("j", local_rank=0, local_world_size=2),  # another size
+    ):
+        with pytest.raises(JobError):
+            jobs.add(bad, wall_ms=25)
+    assert jobs.count() == before and jobs.tag("j", 0) is None, "a refusal changes nothing"
+    jobs.add(rank[2], wall_ms=30)
+    # complete: since the last rank came; local rank 0's store port and group
+    assert jobs.tag("j", 0) == JobTag(30, 100, "ok", "", 3)
+    rank[1].group = "not-gossiped"
+    rank[0].group = "g7"
+    assert jobs.tag("j", 0) == JobTag(30, 100, "ok", "g7", 3)
+    # one rank stops heartbeating: the whole node is hung
+    for t in range(0, 1000, 100):
+        for r in rank.values():
+            r.heartbeat(t // 100, t)
+    for t in range(1000, 60_000, 100):
+        rank[0].heartbeat(t // 100, t)
+        rank[1].heartbeat(t // 100, t)
+    tag = jobs.tag("j", 60_000)
+    assert tag is not None and tag.health == HEALTH_HUNG
+    # one rank leaves: the node leaves; it returns as a new member
+    jobs.remove(rank[2])
+    assert jobs.tag("j", 0) is None
+    fresh = Registration.create("j", local_rank=2, local_world_size=3)
+    jobs.add(fresh, wall_ms=90)
+    tag = jobs.tag("j", 60_000)
+    assert tag is not None and tag.registered_ms == 90 and tag.health == "ok"
+    for r in (rank[0], rank[1], fresh):
+        jobs.remove(r)
+    assert "j" not in jobs and jobs.count() == 0
+    jobs.remove(fresh)  # twice: nothing happens
+
+
+def test_view_ranks_and_fingerprints_of_multi_rank_nodes() -> None:
+    one = [JobMember("a", "h", 1, 2, 10, "", "alive"), JobMember("b", "h", 1, 2, 20, "", "alive")]
+    # one-rank members hash exactly as agents before multi-rank jobs did (mixed clusters)
+    import hashlib
+
+    old = hashlib.sha256(b"a@10;b@20;").hexdigest()[:16]
+    assert fingerprint(one) == old
+    eight = [JobMember("a", "h", 1, 2, 10, "", "alive", 8), one[1]]
+    assert fingerprint(eight) != old
+    view = View("j", 1, fingerprint(eight), (eight[0], one[1]))
+    assert view.world_size == 9
+    assert view.ranks_of("a") == range(0, 8) and view.ranks_of("b") == range(8, 9)
+    with pytest.raises(KeyError):
+        view.ranks_of("c")
 
 
 def test_registration_is_hung_only_after_heartbeats_stop() -> None:
-    reg = Registration.create("j", 1, heartbeat_pause_ms=500, first_heartbeat_estimate_ms=100)
+    reg = Registration.create("j", heartbeat_pause_ms=500, first_heartbeat_estimate_ms=100)
     assert reg.health_at(10**9) == "ok", "no heartbeat yet: loading is not a hang"
     for t in range(0, 1000, 100):
         reg.heartbeat(t // 100, t)
@@ -227,3 +301,36 @@ async def test_streams_outlive_the_idle_timeout(tmp_path: Path, monkeypatch) -> 
             reg.close()
         finally:
             watch.close()
+
+
+@pytest.mark.trio
+async def test_a_multi_rank_node_is_one_member_of_every_view(tmp_path: Path) -> None:
+    async with cluster(tmp_path, 2) as agents:
+        await until(lambda: all(len(a.node.members()) == 2 for a in agents), 20, agents)
+        rank = functools.partial(Membership, "mr", control=tmp_path / "n0.sock", local_world_size=2)
+        other = await trio.to_thread.run_sync(
+            lambda: Membership("mr", control=tmp_path / "n1.sock")
+        )
+        r0 = await trio.to_thread.run_sync(lambda: rank(local_rank=0))
+        r1 = None
+        try:
+            await trio.sleep(0.5)
+            assert other.view.names == ("n1",), "n0 is incomplete with one of two ranks"
+            with pytest.raises(ControlError, match="local rank 0"):
+                await trio.to_thread.run_sync(lambda: rank(local_rank=0))
+            r1 = await trio.to_thread.run_sync(lambda: rank(local_rank=1))
+            view = await trio.to_thread.run_sync(
+                lambda: other.wait(lambda v: v.names == ("n1", "n0"), 10)
+            )
+            assert [m.ranks for m in view.members] == [1, 2] and view.world_size == 3
+            assert view.ranks_of("n0") == range(1, 3)
+            # the ranks on n0 see the same view through their own agent
+            assert r1.wait(lambda v: v.fingerprint == view.fingerprint, 10).names == view.names
+            # one local rank gone (its process died): the whole node leaves every view
+            r1.close()
+            await trio.to_thread.run_sync(lambda: other.wait(lambda v: v.names == ("n1",), 10))
+            assert r0.wait(lambda v: v.names == ("n1",), 10).world_size == 1
+        finally:
+            for m in (other, r0, r1):
+                if m is not None:
+                    m.close()
