@@ -2,7 +2,7 @@
 torchrun with the swim rendezvous vs torchrun with stock c10d.
 
 In-process elastic DDP: four nodes on loopback, each a real agent and one trainer
-(examples/elastic_ddp.py) in one process group (tests/torchhook/nodes.py). Node n3 fails
+(examples/elastic_ddp.py) in one process group (torchhook/localnodes.py). Node n3 fails
 on purpose at the next step after a fault file appears: it SIGKILLs or SIGSTOPs its whole
 process group (agent included) at a step boundary (``kill``, ``stop``) or inside backward
 (``kill-in-backward``), logging the wall time first. From the trainers' step logs:
@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import torchrun_recovery
-from tests.torchhook.nodes import Node, start_nodes, until
+from torchhook.localnodes import TrainingNode as Node
+from torchhook.localnodes import start_nodes, until
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = "examples/elastic_ddp.py"
@@ -71,7 +72,7 @@ def measure_ddp(
             started = time.monotonic()
             for n in nodes:
                 extra = ["--fault", fault, "--fault-file", str(fault_file)] if n is victim else []
-                n.start_trainer(
+                n.start_trainers(
                     SCRIPT,
                     *("--job", "bench", "--steps", "1000000", "--step-sleep", "0.02"),
                     *("--pg-timeout", "60", "--min-nodes", "3", *extra),
@@ -99,7 +100,7 @@ def measure_ddp(
 
             try:
                 until(lambda: all(at3(n) for n in survivors), window_s, "survivors at world 3")
-            except AssertionError:
+            except TimeoutError:
                 return row
             after = [r for n in survivors for r in at3(n)]
             first = min(float(r["t"]) for r in after)

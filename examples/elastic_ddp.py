@@ -1,14 +1,18 @@
-"""In-process elastic DDP on CPU/gloo: one trainer per node, membership from the local agent.
+"""In-process elastic DDP on CPU/gloo: trainers on nodes, membership from each node's agent.
 
     SWIM_CONTROL=/run/swim/agent.sock python examples/elastic_ddp.py --job demo --log steps.jsonl
+
+One process per local rank: with several per node, start them with ``LOCAL_RANK`` and
+``LOCAL_WORLD_SIZE`` set (as torchrun does) or pass ``--local-rank``/``--local-world-size``.
 
 Every process starts from its own random init on purpose: consistency comes from the group
 (DDP broadcasts from rank 0). The global batch of each step is fixed (``--global-batch``)
 and split over the ranks, so the loss curve does not depend on the world size. Runs until
 ``--steps`` or until the step written in ``--stop-file`` (a test writes it), then prints a
 checksum of parameters and optimizer state. ``--fault`` makes this node fail on purpose
-at ``--fault-step``: it kills or stops its whole process group (agent included, when the
-caller started them in one) inside backward, or at the step boundary.
+at ``--fault-step``: local rank 0 kills or stops its whole process group (the node: agent
+and every local rank, when the caller started them in one) inside backward, or at the step
+boundary.
 """
 
 from __future__ import annotations
@@ -78,8 +82,10 @@ def reference(steps: int, global_batch: int, seed: int) -> list[float]:
     return losses
 
 
-def node_seed(name: str) -> int:
-    return zlib.crc32(name.encode())
+def rank_seed(node: str, local_rank: int) -> int:
+    """A different init on every process on purpose: consistency must come from the group
+    (a test recomputes the first rank 0's init from its node's name)."""
+    return zlib.crc32(f"{node}/{local_rank}".encode())
 
 
 def fault(kind: str, log: Any) -> None:
@@ -122,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-nodes", type=int, default=1)
     ap.add_argument("--pg-timeout", type=float, default=60.0)
     ap.add_argument("--heartbeat-pause-ms", type=int, default=30_000)
+    ap.add_argument("--local-rank", type=int, default=None, help="default: LOCAL_RANK or 0")
+    ap.add_argument(
+        "--local-world-size", type=int, default=None, help="default: LOCAL_WORLD_SIZE or 1"
+    )
     ap.add_argument("--reference", action="store_true", help="print the failure-free curve")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -134,10 +144,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from agent.control import ControlClient
 
-    # a different init on every node on purpose (consistency must come from the group);
-    # seeded by the node's name so a test can recompute the first leader's init
     node = ControlClient(args.control).request("info")["node"]
-    model = build_model(node_seed(node))
+    local_rank = args.local_rank if args.local_rank is not None else _env("LOCAL_RANK", 0)
+    model = build_model(rank_seed(node, local_rank))
     opt = optimizer_for(model)
     el = ElasticDDP(
         model,
@@ -147,11 +156,14 @@ def main(argv: list[str] | None = None) -> int:
         min_nodes=args.min_nodes,
         pg_timeout_s=args.pg_timeout,
         heartbeat_pause_ms=args.heartbeat_pause_ms,
+        local_rank=local_rank,
+        local_world_size=args.local_world_size,
     )
+    faulty = el.local_rank == 0  # one process of the node brings the whole node down
     log = args.log.open("a") if args.log else None
 
     def emit(record: dict[str, Any]) -> None:
-        record.update(t=time.time(), node=el.node, pid=os.getpid())
+        record.update(t=time.time(), node=el.node, local_rank=el.local_rank, pid=os.getpid())
         line = json.dumps(record)
         if log is not None:
             log.write(line + "\n")
@@ -163,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         x, y = batch(el.step, args.global_batch)
         opt.zero_grad()
         loss = nn.functional.mse_loss(ddp(x[lo:hi]), y[lo:hi])
-        if el.step == args.fault_step and args.fault.endswith("in-backward"):
+        if faulty and el.step == args.fault_step and args.fault.endswith("in-backward"):
             loss.register_hook(lambda grad: fault(args.fault, log))
         loss.backward()
         opt.step()
@@ -177,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         if args.fault_file is not None and args.fault_file.exists() and args.fault_step > el.step:
             args.fault_step = el.step + 1  # the next step, so the fault lands mid-training
-        if el.step == args.fault_step and args.fault in ("kill", "stop"):
+        if faulty and el.step == args.fault_step and args.fault in ("kill", "stop"):
             fault(args.fault, log)
         loss = el.run_step(train_step)
         step = el.step - 1  # the step that ran (a new member learns the count on joining)
@@ -188,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rank": el.rank,
                 "world": el.world_size,
                 "leader": el.order[0],
+                "source": el.last_plan.source if el.last_plan else None,
                 "formations": el.reconfigurations,
                 "formation_s": round(el.last_formation_s, 4),
                 "verdict_t": el.verdict_time,
@@ -201,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     el.exit(0)
     return 0
+
+
+def _env(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else default
 
 
 if __name__ == "__main__":

@@ -1,45 +1,51 @@
-"""In-process elastic DDP on gloo, driven by the local agent's job view.
+"""In-process elastic DDP, driven by the local agent's job view.
 
-When a member of the current group dies, the survivors leave the collective in flight,
-form a new process group among themselves and keep training in the same processes; a new
-node joins at a step boundary. The recipe and every pitfall it avoids are measured facts
-from ``shared/research/torch-elastic.md`` (§0, B3, B4, "Recipe", "Pitfalls"):
+When a node of the current group dies, the survivors leave the collective in flight, form
+a new process group among themselves and keep training in the same processes; a new node
+joins at a step boundary. A node runs one trainer process per local rank (one per GPU,
+torchrun's ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``); the view lists nodes, global ranks follow
+(node join age, local rank), and a node enters and leaves with all of its ranks (agent
+``jobs.py`` says why). The rules of the moving parts live next to them:
+``torchhook.strategy`` (pure: layouts, shrink or reform, teardown, where the state comes
+from), ``torchhook.formation`` (agreeing through stores), ``torchhook.groups`` (c10d
+plumbing per backend). This module is the training loop's side:
 
-- Escape comes from the membership verdict, never from gloo, which cannot abort
-  (Pitfall 1): DDP gradients go through a comm hook whose Future a watcher fails when the
-  view drops a member (B4), and our own collectives wait in short slices that check the
-  verdict (B3). The PG timeout (``pg_timeout_s``) is only a backstop (Pitfall 9).
-- A group whose op may still be stuck is never destructed (that blocks until the op times
-  out, Pitfall 4): it goes to a graveyard, and ``exit()`` leaves with ``os._exit``.
-  Exceptions from a dead group are not kept (Pitfall 3); ``torch._dynamo`` is imported
-  before the first group exists (B4's pinned-PG leak).
-- Every formation uses a new store (Pitfall 6), hosted by the view's oldest member
-  (Pitfall 7): each trainer serves a small "directory" TCPStore whose port travels in its
-  job registration; the leader creates a fresh store per formation and publishes its port
-  in its directory under the view's fingerprint.
-- Members agree on the group through the view fingerprint; a member with a different view
-  waits for the same keys in vain, notices the view change and retries with the latest
-  one (Pitfall 8). All ranks switch at the same step: a control all-reduce (MAX) of
-  "my view differs from the group" opens every step (Horovod's check_host_updates, A2).
-- State comes from the member with the highest step (ties: the oldest), which becomes
-  rank 0: DDP's constructor broadcasts parameters and buffers from it, and we broadcast
-  optimizer state, step, torch RNG and the caller's extra state (Pitfall 10). A member
-  that was stopped and comes back carries an old step and so never overwrites the group.
-- Split brain: a member of a previous group forms a new one only with a strict majority of
-  that group (``quorum="majority"``, as torchft recommends, A2), so a partitioned minority
-  waits instead of training on its own.
+- Escape comes from the membership verdict, never from gloo, which cannot abort: DDP
+  gradients go through a comm hook whose Future a watcher fails when the view drops a
+  member of the group, and our own collectives wait in short slices that check the
+  verdict. The group timeout (``pg_timeout_s``) is only a backstop.
+- A peer's crash reaches the ranks wired to it as a connection error long before any
+  probe times out. That is evidence, not a verdict: the trainer tells its agent which
+  peers it lost (``Membership.report_lost``) and the agent probes them at once; only the
+  agent's detector can drop them from the view.
+- Exceptions from a dead group are not kept (their frames pin the group and keep its
+  sockets open); ``torch._dynamo`` is imported before the first group exists (the lazy
+  import in the first ``DDP()`` pins that group forever).
+- All ranks switch at the same step: a control all-reduce (MAX) of "my view differs from
+  the group" opens every step (Horovod's ``check_host_updates``).
+- State comes from the lowest rank with the newest step (``strategy.decide``): it
+  broadcasts parameters and buffers, optimizer state, step, torch RNG and the caller's
+  extra state. A rank that was stopped and comes back carries an old step and so never
+  overwrites the group. Rank 0 is the oldest node's local rank 0 (stable while it lives).
+- Split brain: a member of a previous group forms a new one only with a strict majority
+  of that group's nodes (``quorum="majority"``, as torchft recommends), so a partitioned
+  minority waits instead of training on its own.
+- Backends: ``gloo`` (CPU; a fresh group per formation) and ``nccl`` (one GPU per local
+  rank, ``cuda:<local_rank>``; a failed group is shrunk in place when every survivor
+  holds it and the backend supports shrinking, else aborted and formed afresh; a regrow
+  is always a fresh group at a step boundary). The NCCL path has not run on a GPU here.
 
 Data: the global batch of each step is fixed; ``shard(global_batch_size)`` gives this
 rank's contiguous slice for the current world size, so a re-shard is implicit and, with a
 batch divisible by every world size in use, the loss curve equals a failure-free run.
-One trainer process per node registers in a job (the agent holds one registration per
-job per node).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -50,48 +56,50 @@ from typing import Any, TypeVar
 import torch
 
 # imported before any process group exists: the lazy import in the first DDP() pins that
-# group forever and keeps its sockets open (research B4)
+# group forever and keeps its sockets open
 import torch._dynamo
 import torch.distributed as dist
 from torch import nn
-from torch._C._distributed_c10d import PrefixStore, TCPStore
+from torch._C._distributed_c10d import TCPStore
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from torchhook.client import Membership, View
+from torchhook.client import Membership, MembershipClosed, View
+from torchhook.formation import Formation, Retry
+from torchhook.groups import MembershipChanged, ProcessGroups
+from torchhook.strategy import (
+    Layout,
+    Plan,
+    RankInfo,
+    decide,
+    teardown_of,
+    tears_down_at_failure,
+)
+
+__all__ = ["ElasticDDP", "MembershipChanged"]
 
 log = logging.getLogger("torchhook.elastic")
 T = TypeVar("T")
-WAIT_SLICE = timedelta(milliseconds=20)
-POLL_S = 0.01
-DIRECTORY_OP = timedelta(seconds=1)
-"""A directory request to a stopped host blocks for this long before the view is rechecked."""
-GLOO_FAILURES = ("gloo", "Connection closed by peer", "Connection reset by peer", "Timed out")
-RETRY_BACKOFF_S = 0.2
-STORE_CONNECT = timedelta(seconds=0.5)
-"""Connecting to a formation store or a directory: TCPStore retries a refused connection
-until this runs out, and a gloo error can start a formation on a view that still lists a
-dead leader; a short attempt, retried through the view, costs at most this after the
-verdict (BENCHMARKS.md saw 3 s with 3 s)."""
+FAILURE_MARKS = (
+    "gloo",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Timed out",
+    "NCCL",
+)
+"""A dead peer surfaces as an untyped RuntimeError (gloo) whose text says so."""
+PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
+"""The peer in a gloo connection error: ``Connection closed by peer [10.0.0.7]:41234``."""
+MAX_LOST_REPORT = 64
+RETRY_WAIT_S = 0.2
+"""After a failed formation on an unchanged view: wait this long for a new view."""
 HEARTBEAT_EVERY_S = 0.1
 """Heartbeats from wait loops are spaced out; one per step is always sent."""
 
 
-class MembershipChanged(RuntimeError):
-    """Raised out of a collective that was abandoned because the view dropped a member."""
-
-
-class QuorumLost(RuntimeError):
-    """This member cannot reach a majority of its last group (it is the minority side)."""
-
-
-class _Retry(Exception):
-    """A formation attempt that must start over with the latest view."""
-
-
 class ElasticDDP:
-    """Owns the process group, the DDP wrapper and the step counter of one trainer.
+    """Owns the process group, the DDP wrapper and the step counter of one trainer process.
 
-    Usage::
+    Usage (one process per local rank)::
 
         el = ElasticDDP(model, optimizer, job="train")
         while el.step < total_steps:
@@ -116,17 +124,27 @@ class ElasticDDP:
         extra_state: Callable[[], Any] | None = None,
         load_extra_state: Callable[[Any], None] | None = None,
         store_host: str = "0.0.0.0",
+        local_rank: int | None = None,
+        local_world_size: int | None = None,
+        backend: str | None = None,
     ) -> None:
+        """``local_rank``/``local_world_size`` default to torchrun's ``LOCAL_RANK`` and
+        ``LOCAL_WORLD_SIZE`` (else 0 and 1). ``backend`` defaults to ``nccl`` when CUDA is
+        available, else ``gloo``; with NCCL the model is moved to ``cuda:<local_rank>``."""
         if quorum not in ("majority", "any"):
             raise ValueError(f"quorum must be 'majority' or 'any', got {quorum!r}")
         if min_nodes < 1:
             raise ValueError("min_nodes must be >= 1")
-        self.model = model
+        self.groups = ProcessGroups(
+            backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+            _local_rank(local_rank),
+        )
+        self.device = self.groups.device
+        self.model = model.to(self.device)
         self.optimizer = optimizer
         self.min_nodes = min_nodes
         self.quorum = quorum
         self.pg_timeout = timedelta(seconds=pg_timeout_s)
-        self.formation_timeout_s = formation_timeout_s
         self.join_timeout_s = join_timeout_s
         self._extra_state = extra_state
         self._load_extra_state = load_extra_state
@@ -135,33 +153,47 @@ class ElasticDDP:
         self.world_size = 0
         self.ddp: Any = None
         """The wrapped model the step function gets (a DDP module; None between groups)."""
+        self.layout: Layout | None = None
+        """The current group's nodes and their ranks."""
         self.group_names: tuple[str, ...] = ()
         self.order: tuple[str, ...] = ()
-        self._group_ids: frozenset[tuple[str, int]] = frozenset()
+        """Node names in rank order (``order[0]`` holds rank 0)."""
         self.group_token = ""
+        self.last_plan: Plan | None = None
+        self._group_ids: frozenset[tuple[str, int]] = frozenset()
+        self._seen: set[tuple[str, int]] = set()
+        self._addrs: dict[str, str] = {}
         self._confirmed: set[str] = set()
+        self._has_state = False
+        self._held_failed = False
         self._last_beat = 0.0
         self.reconfigurations = 0
         self.last_formation_s = 0.0
         self.verdict_time: float | None = None
         """Wall clock when the view last dropped a member of our group (for measurements)."""
-        self._directory = TCPStore(
-            store_host, 0, is_master=True, wait_for_workers=False, timeout=self.pg_timeout
-        )
         self._formation_store: TCPStore | None = None
-        self._dir_clients: dict[tuple[str, int], TCPStore] = {}
-        self._graveyard: list[Any] = []
         self._lock = threading.Lock()
         self._pending: list[torch.futures.Future[torch.Tensor]] = []
         self._broken = False
         self._running = False
+        self.formation = Formation(
+            lambda: self.membership.view,
+            local_rank=_local_rank(local_rank),
+            beat=self._beat,
+            timeout_s=formation_timeout_s,
+            store_host=store_host,
+            op_timeout=self.pg_timeout,
+        )
         self.membership = Membership(
             job,
             control=control,
-            store_port=self._directory.port,
+            store_port=self.formation.directory_port,
             heartbeat_pause_ms=heartbeat_pause_ms,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
         )
         self.node = self.membership.node
+        self.local_rank = self.membership.local_rank
         self.membership.add_listener(self._on_view)
 
     # --- the training-loop API --------------------------------------------------------
@@ -182,16 +214,17 @@ class ElasticDDP:
             self._ensure_group()
             try:
                 if self._control_says_switch():
-                    self._teardown(stuck=False)
+                    self._abandon(failed=False)
                     continue
-                assert self.ddp is not None
                 result = fn(self.ddp)
             except Exception as exc:
                 if not self._group_failed(exc):
                     raise
+                lost = None if self._broken else self._lost_peers(str(exc))
+                # do not keep the exception: its frames pin the dead group
                 del exc
-                # do not keep the exception: its frames pin the dead group (Pitfall 3)
-                self._teardown(stuck=True)
+                self._report_lost(lost)
+                self._abandon(failed=True)
                 continue
             self.step += 1
             self._beat(force=True)
@@ -204,9 +237,9 @@ class ElasticDDP:
 
     def exit(self, code: int = 0) -> None:
         """Leave the process. With a stuck group in the graveyard a normal exit would block
-        until its op times out (Pitfall 4), so this uses ``os._exit``."""
+        until its op times out, so this uses ``os._exit``."""
         self.membership.close()
-        if self._graveyard:
+        if self.groups.graveyard:
             logging.shutdown()
             os._exit(code)
         if dist.is_initialized():
@@ -225,7 +258,7 @@ class ElasticDDP:
         if not self._running:
             return
         ids = {(m.name, m.registered_ms) for m in view.members}
-        lost = self._group_ids - ids
+        lost = self._lost(ids)
         # a peer that showed our group's token and now shows another has moved on without
         # us (we were stopped, or cut off); one that never showed ours is only late gossip
         moved = False
@@ -244,6 +277,14 @@ class ElasticDDP:
                 else "the group moved on without us"
             )
 
+    def _lost(self, ids: set[tuple[str, int]]) -> set[tuple[str, int]]:
+        """Group nodes that this rank's view showed and no longer shows. The group formed
+        on the leader's view, which may list a node that our view does not show yet: that
+        is late gossip, not a loss."""
+        with self._lock:  # the watcher thread and the training thread both ask
+            self._seen |= ids & self._group_ids
+            return self._seen - ids
+
     def _fail_pending(self, why: str) -> None:
         with self._lock:
             self._broken = True
@@ -255,29 +296,32 @@ class ElasticDDP:
 
     def _group_failed(self, exc: BaseException) -> bool:
         """After an exception in a step: did the group fail (verdict, or a peer gone)?
-
-        A peer's crash reaches the ranks wired to it as a gloo error before any verdict
-        (B3); re-forming at once is right, because formation waits for a consistent view.
-        Anything else is the caller's bug and propagates. The gloo errors have no type of
-        their own (Pitfall 11), hence the message test."""
+        Anything else is the caller's bug and propagates. Gloo's errors have no type of
+        their own (and an interrupted DDP hook surfaces as "Unable to cast ... to
+        Tensor"), hence the flag first and the text last."""
         if self._broken or isinstance(exc, dist.DistError):
             return True
         text = str(exc)
-        return any(mark in text for mark in GLOO_FAILURES)
+        return any(mark in text for mark in FAILURE_MARKS)
+
+    def _lost_peers(self, error: str) -> list[str]:
+        """Nodes of the group that a connection error names (by address), else all others
+        (on one host, or when the data network is not the gossip network)."""
+        others = [n for n in self.order if n != self.node]
+        hosts = set(PEER_ADDRESS.findall(error))
+        named = [n for n in others if self._addrs.get(n) in hosts]
+        return (named or others)[:MAX_LOST_REPORT]
+
+    def _report_lost(self, lost: list[str] | None) -> None:
+        if not lost:
+            return
+        with contextlib.suppress(MembershipClosed):
+            self.membership.report_lost(lost)
 
     # --- collectives ------------------------------------------------------------------
 
     def _wait(self, work: Any) -> None:
-        while True:
-            if self._broken:
-                raise MembershipChanged("membership changed during a collective")
-            try:
-                work.wait(WAIT_SLICE)
-                return
-            except RuntimeError as exc:
-                if "timed out" not in str(exc).lower():
-                    raise
-            self._beat()
+        self.groups.wait(work, lambda: self._broken, self._beat)
 
     def _comm_hook(self, _state: object, bucket: Any) -> torch.futures.Future[torch.Tensor]:
         out: torch.futures.Future[torch.Tensor] = torch.futures.Future()
@@ -305,11 +349,34 @@ class ElasticDDP:
 
     def _control_says_switch(self) -> bool:
         """Step boundary: does any member see a view that differs from the group?"""
-        view = self.membership.view
-        differs = {(m.name, m.registered_ms) for m in view.members} != self._group_ids
-        flag = torch.tensor([1 if differs else 0], dtype=torch.int32)
+        ids = {(m.name, m.registered_ms) for m in self.membership.view.members}
+        differs = bool(ids - self._group_ids or self._lost(ids))
+        flag = torch.tensor([1 if differs else 0], dtype=torch.int32, device=self.device)
         self._wait(dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True))
         return bool(flag.item())
+
+    # --- leaving a group --------------------------------------------------------------
+
+    def _abandon(self, *, failed: bool) -> None:
+        """Stop using the group. Gloo releases it at once after a failure (its closed
+        sockets make peers not wired to the dead rank fail too); otherwise the group is
+        kept until the next plan says whether to shrink it or tear it down."""
+        self._running = False
+        self.ddp = None
+        self._held_failed = self._held_failed or failed
+        self._on_abandon(failed)
+        if failed and tears_down_at_failure(self.groups.backend):
+            self._release()
+
+    def _release(self) -> None:
+        self.groups.teardown(
+            teardown_of(self.groups.backend, self._held_failed), self._formation_store
+        )
+        self._formation_store = None
+        self._held_failed = False
+
+    def _on_abandon(self, failed: bool) -> None:
+        """Subclasses drop their own objects that use the group (FSDP modules)."""
 
     # --- forming a group --------------------------------------------------------------
 
@@ -324,17 +391,21 @@ class ElasticDDP:
             try:
                 self._form(view)
                 break
-            except (_Retry, RuntimeError) as exc:
+            except (Retry, RuntimeError) as exc:
                 # a peer that died during formation surfaces as a store or gloo error; the
                 # first line says which (torch appends a C++ stack trace)
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 log.info("formation of %s retried: %s", view.fingerprint, first)
                 del exc
-                self._teardown(stuck=True)
-                if self.membership.view.fingerprint == view.fingerprint:
-                    time.sleep(RETRY_BACKOFF_S)  # same view: do not spin on a dead leader
+                self._abandon(failed=True)
+                self._await_new_view(view.fingerprint)
         self.reconfigurations += 1
         self.last_formation_s = time.monotonic() - started
+
+    def _await_new_view(self, fingerprint: str) -> None:
+        """After a failed formation: do not spin on a dead leader, but go on at a new view."""
+        with contextlib.suppress(TimeoutError):
+            self.membership.wait(lambda v: v.fingerprint != fingerprint, RETRY_WAIT_S)
 
     def _wait_for_usable_view(self, deadline: float) -> View:
         def usable(v: View) -> bool:
@@ -359,177 +430,108 @@ class ElasticDDP:
         return 2 * kept > len(self.group_names)
 
     def _form(self, view: View) -> None:
-        deadline = time.monotonic() + self.formation_timeout_s
-        leader = view.members[0]
-        key = f"formation/{view.fingerprint}"
-        if leader.name == self.node:
-            store = self._host_formation(key)
-        else:
-            store = self._join_formation(view, key, deadline)
-        log.debug("formation %s: store ready", view.fingerprint)
-        try:
-            token = store.get("token").decode()
-            order = self._exchange_steps(store, view, deadline)
-            rank = order.index(self.node)
-            log.debug("formation %s: steps exchanged", view.fingerprint)
-            dist.init_process_group(
-                "gloo",
-                store=PrefixStore("pg", store),
-                rank=rank,
-                world_size=len(order),
-                timeout=self.pg_timeout,
-            )
-        finally:
-            if leader.name == self.node:
-                self._directory.delete_key(key)
-        log.debug("formation %s: process group up", view.fingerprint)
-        self._start_group(view, order, rank, token)
-
-    def _host_formation(self, key: str) -> TCPStore:
-        self._formation_store = TCPStore(
-            "0.0.0.0",
-            0,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=self.formation_timeout_s),
+        agreed = self.formation.agree(
+            view, self.node, self.local_rank, self._rank_info(), self._decide
         )
-        # a fresh token per formation, even for the same members (Pitfall 6)
-        self._formation_store.set("token", os.urandom(8).hex())
-        self._directory.set(key, str(self._formation_store.port))
-        return self._formation_store
+        plan = agreed.plan
+        log.debug("formation on %s: plan %s", view.fingerprint, plan)
+        if plan.action == "shrink":
+            self.groups.shrink(list(plan.exclude))
+            self._held_failed = False
+        else:
+            self._release()
+            self.groups.init(agreed.store, agreed.rank, agreed.layout.world_size, self.pg_timeout)
+        self._formation_store = agreed.store
+        log.debug("formation on %s: process group up", view.fingerprint)
+        self._start_group(view, agreed.layout, agreed.rank, agreed.token, plan)
 
-    def _join_formation(self, view: View, key: str, deadline: float) -> TCPStore:
-        leader = view.members[0]
-        directory = self._directory_of(leader.addr, leader.store_port)
-        try:
-            self._poll(lambda: directory.check([key]), view, deadline, f"leader {leader.name}")
-        except _Retry:
-            # a broken connection stays broken: connect afresh next time
-            self._dir_clients.pop((leader.addr, leader.store_port), None)
-            raise
-        port = int(directory.get(key))
-        store = self._connect_store(leader.addr, port, "formation store")
-        store.set_timeout(timedelta(seconds=self.formation_timeout_s))
-        return store
+    def _rank_info(self) -> RankInfo:
+        held = self.groups.held
+        return RankInfo(
+            self.group_token if held else "",
+            self.layout if held else None,
+            self.step,
+            self._has_state,
+        )
 
-    def _directory_of(self, addr: str, port: int) -> TCPStore:
-        client = self._dir_clients.get((addr, port))
-        if client is None:
-            client = self._connect_store(addr, port, "directory")
-            client.set_timeout(DIRECTORY_OP)
-            self._dir_clients[(addr, port)] = client
-        return client
+    def _decide(self, layout: Layout, infos: list[RankInfo]) -> Plan:
+        return decide(
+            layout,
+            infos,
+            backend=self.groups.backend,
+            supports_shrinking=self.groups.supports_shrinking(),
+        )
 
-    def _connect_store(self, addr: str, port: int, what: str) -> TCPStore:
-        """A TCPStore client, built on a helper thread while this one keeps beating.
-
-        The constructor's handshake has no deadline: a leader whose process is stopped
-        (SIGSTOP; the kernel still accepts the connection) would hold us, and our
-        heartbeats, until it resumes, and the agent would flag us hung too. After
-        ``STORE_CONNECT`` we give up on it (the thread ends when the peer resumes or dies)
-        and retry through the view, which by then drops the stopped leader."""
-        result: list[Any] = []
-
-        def connect() -> None:
-            try:
-                result.append(TCPStore(addr, port, is_master=False, timeout=STORE_CONNECT))
-            except (RuntimeError, OSError) as exc:
-                result.append(exc)
-
-        thread = threading.Thread(target=connect, name=f"connect-{what}", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + STORE_CONNECT.total_seconds()
-        while thread.is_alive() and time.monotonic() < deadline:
-            thread.join(POLL_S)
-            self._beat()
-        if not result:
-            raise _Retry(f"{what} at {addr}:{port}: no answer within {STORE_CONNECT}")
-        if isinstance(result[0], BaseException):
-            raise _Retry(f"{what} at {addr}:{port}: {result[0]}")
-        store: TCPStore = result[0]
-        return store
-
-    def _exchange_steps(self, store: TCPStore, view: View, deadline: float) -> list[str]:
-        """Publish our step; wait for everyone's; rank 0 is the highest step (ties: oldest)."""
-        store.set(f"step/{self.node}", str(self.step))
-        keys = [f"step/{n}" for n in view.names]
-        self._poll(lambda: store.check(keys), view, deadline, "every member's step")
-        steps = {n: int(store.get(f"step/{n}")) for n in view.names}
-        source = max(view.names, key=lambda n: (steps[n], -view.names.index(n)))
-        return [source, *(n for n in view.names if n != source)]
-
-    def _poll(self, ready: Callable[[], bool], view: View, deadline: float, what: str) -> None:
-        while True:
-            try:
-                if ready():
-                    return
-            except (RuntimeError, OSError) as exc:
-                raise _Retry(f"waiting for {what}: {exc}") from None
-            if self.membership.view.fingerprint != view.fingerprint:
-                raise _Retry("the view changed")
-            if time.monotonic() > deadline:
-                raise _Retry(f"timed out waiting for {what}")
-            self._beat()
-            time.sleep(POLL_S)
-
-    def _start_group(self, view: View, order: list[str], rank: int, token: str) -> None:
-        self.rank, self.world_size = rank, len(order)
-        self.order = tuple(order)
-        log.debug("group %s: setting up the model", token)
-        self.ddp = self._setup_model()
-        self.group_names = tuple(view.names)
-        self._group_ids = frozenset((m.name, m.registered_ms) for m in view.members)
+    def _start_group(self, view: View, layout: Layout, rank: int, token: str, plan: Plan) -> None:
+        self.rank, self.world_size = rank, layout.world_size
+        self.layout = layout
+        self.order = self.group_names = tuple(n.name for n in layout.nodes)
+        self._group_ids = layout.ids
+        self._seen = {(m.name, m.registered_ms) for m in view.members} & layout.ids
+        self._addrs = {m.name: m.addr for m in view.members}
         self.group_token = token
+        self.last_plan = plan
         self._confirmed = set()
         with self._lock:
             self._broken = False
-        self._running = True
+        self._running = True  # from here a verdict can interrupt the setup's collectives
+        log.debug("group %s: setting up the model", token)
+        self.ddp = self._setup_model(plan)
+        self._has_state = True
         self.membership.set_group(self.group_token)
         log.info(
-            "group %s: rank %d of %d %s at step %d",
+            "group %s: rank %d of %d (%s) at step %d, %s from rank %d",
             self.group_token,
             rank,
-            len(order),
-            order,
+            layout.world_size,
+            " ".join(f"{n.name}x{n.ranks}" for n in layout.nodes),
             self.step,
+            plan.action,
+            plan.source,
         )
 
-    def _setup_model(self) -> Any:
+    def _setup_model(self, plan: Plan) -> Any:
         """Make model and optimizer consistent in the new group; returns what ``run_step``
-        hands to the step function. Subclasses (FSDP) override this."""
+        hands to the step function. Subclasses (FSDP, HSDP) override this."""
         for p in self.model.parameters():
             p.grad = None
-        ddp = DDP(self.model)  # broadcasts parameters and buffers from rank 0
+        # the source is not always rank 0 (the newest step wins), so we broadcast
+        # parameters and buffers ourselves, interruptibly, instead of DDP's init sync
+        works = [
+            dist.broadcast(t.data, plan.source, async_op=True)
+            for t in [*self.model.parameters(), *self.model.buffers()]
+        ]
+        for work in works:
+            self._wait(work)
+        device_ids = [self.device] if self.device.type == "cuda" else None
+        ddp = DDP(self.model, device_ids=device_ids, init_sync=False)
         # a lambda: DDP inspects annotations, which __future__ annotations turn into strings
         ddp.register_comm_hook(None, lambda state, bucket: self._comm_hook(state, bucket))
-        self._sync_state()
+        self._sync_state(plan.source)
         return ddp
 
-    def _sync_state(self) -> None:
+    def _sync_state(self, source: int) -> None:
         payload: list[Any] = [None]
-        if self.rank == 0:
+        if self.rank == source:
             payload[0] = {
                 "optimizer": self.optimizer.state_dict(),
                 "step": self.step,
                 "rng": torch.get_rng_state(),
                 "extra": self._extra_state() if self._extra_state else None,
             }
-        dist.broadcast_object_list(payload, src=0)
+        device = self.device if self.device.type == "cuda" else None
+        dist.broadcast_object_list(payload, src=source, device=device)
         state = payload[0]
-        if self.rank != 0:
+        if self.rank != source:
             self.optimizer.load_state_dict(state["optimizer"])
             self.step = int(state["step"])
             torch.set_rng_state(state["rng"])
             if self._load_extra_state is not None:
                 self._load_extra_state(state["extra"])
 
-    def _teardown(self, *, stuck: bool) -> None:
-        self._running = False
-        self.ddp = None
-        if dist.is_initialized():
-            if stuck:
-                # an abandoned op may still run in it: destructing it would block (Pitfall 4)
-                self._graveyard.append((dist.group.WORLD, self._formation_store))
-            dist.destroy_process_group()
-        self._formation_store = None
-        self.rank, self.world_size = -1, 0
+
+def _local_rank(given: int | None) -> int:
+    if given is not None:
+        return given
+    value = os.environ.get("LOCAL_RANK", "")
+    return int(value) if value.isdigit() else 0

@@ -63,6 +63,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchhook.elastic import ElasticDDP
 from torchhook.fsdp import Checkpointer, shard
+from torchhook.strategy import Plan
 
 __all__ = ["ElasticFSDP"]
 
@@ -160,13 +161,13 @@ class ElasticFSDP(ElasticDDP):
             except (Exception, CheckpointException) as exc:
                 log.warning("last checkpoint not finished: %s", exc)
                 del exc
-                self._graveyard.append(self.checkpointer)
+                self.groups.graveyard.append(self.checkpointer)
         self.checkpointer = None
         super().exit(code)
 
     # --- hooks into ElasticDDP ----------------------------------------------------------
 
-    def _setup_model(self) -> Any:
+    def _setup_model(self, plan: Plan) -> Any:
         self._drop_model()
         began = time.monotonic()
         ckpt = Checkpointer(
@@ -202,17 +203,16 @@ class ElasticFSDP(ElasticDDP):
     def _group_failed(self, exc: BaseException) -> bool:
         return isinstance(exc, _SaveStuck) or super()._group_failed(exc)
 
-    def _teardown(self, *, stuck: bool) -> None:
+    def _on_abandon(self, failed: bool) -> None:
         ckpt, self.checkpointer = self.checkpointer, None
         if ckpt is not None:
-            if stuck:
+            if failed:
                 # its group may have a save stuck on the dead rank: never destruct it
                 # (Pitfalls 4); exit() then leaves with os._exit
-                self._graveyard.append(ckpt)
+                self.groups.graveyard.append(ckpt)
             else:
                 self._save_before_switch(ckpt)
         self._drop_model()
-        super()._teardown(stuck=stuck)
 
     # --- checkpoints ------------------------------------------------------------------
 
@@ -242,7 +242,7 @@ class ElasticFSDP(ElasticDDP):
         except (Exception, CheckpointException) as exc:
             log.warning("no checkpoint before the switch (rollback instead): %s", exc)
             del exc
-            self._graveyard.append(ckpt)
+            self.groups.graveyard.append(ckpt)
 
     def _fresh_mesh(self, device_type: str) -> DeviceMesh:
         """A 1-D mesh over the new group, named uniquely (the same name on every rank).

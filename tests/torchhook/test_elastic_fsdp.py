@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.torchhook.nodes import ROOT, Node, start_nodes, until
+from torchhook.localnodes import ROOT, TrainingNode, start_nodes, until
 
 pytest.importorskip("torch", reason="the torch hook needs torch (pip install '.[torch]')")
 
@@ -41,7 +41,7 @@ def _args(tmp_path: Path, pg_timeout_s: float) -> list[str]:
     ]  # fmt: skip
 
 
-def _training_at(node: Node, world: int) -> bool:
+def _training_at(node: TrainingNode, world: int) -> bool:
     steps = node.steps()
     return len(steps) >= 3 and all(r["world"] == world for r in steps[-3:])
 
@@ -55,7 +55,7 @@ def _reference(steps: int) -> list[float]:
     return losses
 
 
-def _check(survivors: list[Node], victim: Node, stop_at: int) -> dict[str, Any]:
+def _check(survivors: list[TrainingNode], victim: TrainingNode, stop_at: int) -> dict[str, Any]:
     fault = next(r for r in victim.records() if "fault" in r)
     fault_step = max(r["step"] for r in victim.steps()) + 1  # steps completed at the kill
     assert fault_step % EVERY != 0, "the fault must land between checkpoints"
@@ -83,7 +83,7 @@ def _check(survivors: list[Node], victim: Node, stop_at: int) -> dict[str, Any]:
             assert rel < LOSS_RTOL, (n.name, r, ref[r["step"]])
             worst = max(worst, rel)
     assert len({r["resumed"] for r in first_new}) == 1, "all survivors resumed the same step"
-    saved = complete_checkpoints(survivors[0].steps_path.parent / "ckpt")
+    saved = complete_checkpoints(survivors[0].steps_path().parent / "ckpt")
     assert saved and saved[-1].world_size == 3 and saved[-1].step <= stop_at, saved
     first = min(r["t"] for r in first_new)
     return {
@@ -110,7 +110,7 @@ def test_node_killed_survivors_reshard_roll_back_and_match_reference(
     try:
         for n in nodes:
             extra = ["--fault", fault, "--fault-file", str(fault_file)] if n.name == "n3" else []
-            n.start_trainer(SCRIPT, *_args(tmp_path, pg_timeout_s), *extra, timeout_s=150)
+            n.start_trainers(SCRIPT, *_args(tmp_path, pg_timeout_s), *extra, timeout_s=150)
         survivors, victim = nodes[:3], nodes[3]
         until(lambda: all(_training_at(n, 4) for n in nodes), 60, "4-node group trains")
         fault_file.touch()
@@ -118,11 +118,9 @@ def test_node_killed_survivors_reshard_roll_back_and_match_reference(
         until(lambda: all(_training_at(n, 3) for n in survivors), 45, "survivors train at 3")
         stop_at = max(r["step"] for n in survivors for r in n.steps()) + 4
         (tmp_path / "stop").write_text(str(stop_at))
-        until(lambda: all(n.final() is not None for n in survivors), 30, "survivors finish")
+        until(lambda: all(None not in n.finals() for n in survivors), 30, "survivors finish")
         for n in survivors:
-            assert n.trainer is not None and n.trainer.wait(20) == 0, n.trainer_log.read_text()[
-                -3000:
-            ]
+            assert all(t.wait(20) == 0 for t in n.trainers), n.tail()
         result = _check(survivors, victim, stop_at)
         print(json.dumps({"fault": fault, "pg_timeout_s": pg_timeout_s, **result}))
     finally:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.torchhook.nodes import ROOT
+from torchhook.localnodes import ROOT
 
 pytest.importorskip("torch", reason="the torch demo needs torch (pip install '.[torch]')")
 pytestmark = pytest.mark.slow

@@ -1,0 +1,178 @@
+"""Training "nodes" on one host, for the torch demo, the tests and the benchmarks.
+
+A node is one real agent process and ``ranks`` real trainer processes (one per local rank,
+started with ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` as torchrun would), all in one process
+group led by the agent, so a node can be killed or stopped as a whole (a dead or hung
+host), or one trainer alone (a hung GPU worker on a live host). Every trainer is bounded
+by ``timeout -s KILL``; ``stop`` kills the process group and reaps every process by pid.
+
+Trainers write one JSON line per step to their own log (``steps_path(local_rank)``); the
+helpers read them back. torch is never imported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agent.control import ControlClient, ControlError
+from agent.demo import agent_command, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+POLL_S = 0.05
+
+
+def until(predicate: Callable[[], object], timeout_s: float, what: str) -> float:
+    """Poll ``predicate`` until it is true; returns the seconds it took, raises
+    ``TimeoutError`` naming ``what`` otherwise."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(POLL_S)
+    raise TimeoutError(f"{what}: not within {timeout_s} s")
+
+
+class TrainingNode:
+    def __init__(
+        self,
+        name: str,
+        workdir: Path,
+        join_port: int | None,
+        profile: str = "local",
+        ranks: int = 1,
+    ) -> None:
+        self.name = name
+        self.workdir = workdir
+        self.ranks = ranks
+        self.port = free_port()
+        self.control = workdir / f"{name}.sock"
+        self.agent_log = workdir / f"{name}.agent.log"
+        args = agent_command(name, self.port, self.control, profile, join_port)
+        with self.agent_log.open("wb") as out:
+            self.agent = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, process_group=0
+            )
+        self.pgid = self.agent.pid
+        self.trainers: list[subprocess.Popen[bytes]] = []
+
+    def ready(self) -> bool:
+        if self.agent.poll() is not None:
+            raise RuntimeError(f"agent {self.name} exited with {self.agent.returncode}")
+        try:
+            ControlClient(self.control, timeout_s=2).request("info")
+            return True
+        except ControlError:
+            return False
+
+    def wait_ready(self, timeout_s: float = 20) -> None:
+        until(self.ready, timeout_s, f"agent {self.name} ready")
+
+    def steps_path(self, local_rank: int = 0) -> Path:
+        suffix = "" if self.ranks == 1 else f".r{local_rank}"
+        return self.workdir / f"{self.name}{suffix}.steps.jsonl"
+
+    def trainer_log(self, local_rank: int = 0) -> Path:
+        suffix = "" if self.ranks == 1 else f".r{local_rank}"
+        return self.workdir / f"{self.name}{suffix}.trainer.log"
+
+    def start_trainers(self, script: str | Path, *args: str, timeout_s: float = 240) -> None:
+        """One process per local rank, each with ``--control``, ``--log`` and ``args``."""
+        for local_rank in range(self.ranks):
+            # --foreground: stay in the node's process group (timeout makes its own otherwise)
+            cmd = [
+                *("timeout", "--foreground", "-s", "KILL", str(timeout_s)),
+                *(sys.executable, str(script), "--control", str(self.control)),
+                *("--log", str(self.steps_path(local_rank)), *args),
+            ]
+            env = {
+                **os.environ,
+                "LOCAL_RANK": str(local_rank),
+                "LOCAL_WORLD_SIZE": str(self.ranks),
+            }
+            with self.trainer_log(local_rank).open("ab") as out:
+                self.trainers.append(
+                    subprocess.Popen(
+                        cmd,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        cwd=ROOT,
+                        process_group=self.pgid,
+                        env=env,
+                    )
+                )
+
+    def records(self, local_rank: int = 0) -> list[dict[str, Any]]:
+        path = self.steps_path(local_rank)
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):  # a torn last line
+                out.append(json.loads(line))
+        return out
+
+    def all_records(self) -> list[dict[str, Any]]:
+        return [r for lr in range(self.ranks) for r in self.records(lr)]
+
+    def steps(self, local_rank: int = 0) -> list[dict[str, Any]]:
+        return [r for r in self.records(local_rank) if "loss" in r]
+
+    def finals(self) -> list[dict[str, Any] | None]:
+        """Each local rank's final record (None where it has none yet)."""
+        return [
+            next((r for r in self.records(lr) if r.get("final")), None) for lr in range(self.ranks)
+        ]
+
+    def trainer_pid(self, local_rank: int = 0) -> int:
+        """The trainer itself (not its ``timeout`` wrapper), from its step log."""
+        return int(self.steps(local_rank)[-1]["pid"])
+
+    def trainers_done(self) -> bool:
+        return all(t.poll() is not None for t in self.trainers)
+
+    def tail(self, chars: int = 3000) -> str:
+        return "\n".join(
+            f"--- {self.trainer_log(lr).name}\n{self.trainer_log(lr).read_text()[-chars:]}"
+            for lr in range(self.ranks)
+            if self.trainer_log(lr).exists()
+        )
+
+    def signal_all(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, sig)
+
+    def stop(self) -> None:
+        """SIGKILL the whole node (a stopped process dies of SIGKILL too) and reap it."""
+        self.signal_all(signal.SIGCONT)
+        self.signal_all(signal.SIGKILL)
+        for proc in (*self.trainers, self.agent):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+
+
+def start_nodes(
+    names: list[str], workdir: Path, profile: str = "local", ranks: int = 1
+) -> list[TrainingNode]:
+    """Agents of ``names``, the later ones joining the first; all ready, or all stopped."""
+    nodes: list[TrainingNode] = []
+    try:
+        first = TrainingNode(names[0], workdir, None, profile, ranks)
+        nodes.append(first)
+        first.wait_ready()
+        nodes += [TrainingNode(n, workdir, first.port, profile, ranks) for n in names[1:]]
+        for node in nodes:
+            node.wait_ready()
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
+    return nodes
