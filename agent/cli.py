@@ -4,6 +4,7 @@
     swimctl members [--status S] [--json]
     swimctl join ADDR...        swimctl leave        swimctl force-leave NODE
     swimctl info [--json]       swimctl monitor      swimctl tags --set k=v --delete k
+    swimctl probe NODE... [--json]
     swimctl keys --list | --install KEY | --use KEY | --remove KEY
     swimctl demo [--torch]      (a local cluster of real agents; agent/demo.py, torch_demo.py)
 
@@ -188,6 +189,27 @@ def force_leave(ctx: click.Context, node: str) -> None:
     """Mark a failed member as left, so it is forgotten instead of waited for."""
     result = _call(ctx, "force_leave", node=node)
     click.echo(f"{result['node']}: {result['status']}")
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("nodes", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def probe(ctx: click.Context, nodes: tuple[str, ...], as_json: bool) -> None:
+    """Probe members now instead of at their round-robin turn (e.g. a job lost them).
+
+    Only the probe can make them suspect: a live member answers and stays alive. Exit
+    status 1 when no probe started (each refusal is printed with its reason)."""
+    result = _call(ctx, "probe", nodes=list(nodes))
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        for name in result["started"]:
+            click.echo(f"{name}: probing")
+        for name, reason in result["refused"].items():
+            click.echo(f"Warning: {name}: not probed ({reason})", err=True)
+    if not result["started"]:
+        sys.exit(1)
 
 
 @main.command(context_settings=CONTEXT)

@@ -25,6 +25,15 @@ so this is also the stable JSON schema):
 - ``leave`` → ``{"left": bool}``; the agent then exits.
 - ``force_leave`` args ``{node: str}`` → ``{"node": str, "status": str}``.
 - ``tags`` args ``{set: {str: str}, delete: [str]}`` → ``{"tags": {str: str}}``.
+- ``probe`` args ``{nodes: [str]}`` (1 to ``MAX_PROBE_NODES`` member names) →
+  ``{"started": [str], "refused": {str: reason}}``: probe these members at once instead of
+  at their round-robin turn, because something outside the protocol (a trainer's collective
+  lost its connection to them) suggests they failed. Evidence, not a verdict: only the probe
+  itself can make them suspect (rules in swim/probe.py). Repeated names count once.
+  ``reason``: ``self``; ``unknown``; ``not_alive`` (suspect: its suspicion is running; dead
+  or left); ``probing`` (a probe of it is in flight); ``rate_limited`` (probed urgently less
+  than one probe interval ago); ``too_many`` (the agent's urgent probes in flight are at
+  their bound, 4).
 - ``keys`` args ``{action: list|install|use|remove, key?: base64 str}`` →
   ``{"keys": [base64], "primary": base64|null}``.
 - ``monitor`` → event frames ``{"event": {"type": joined|updated|suspect|alive|dead|left|
@@ -67,12 +76,17 @@ OPS = (
     "leave",
     "force_leave",
     "tags",
+    "probe",
     "keys",
     "monitor",
     "view",
     "watch",
 )
 STREAMING_OPS = ("monitor", "watch")
+MAX_PROBE_NODES = 64
+"""Names in one ``probe`` request: a trainer reports the peers its collectives lost, which
+is a few; the bound keeps one request's work in the node task small (the agent's urgent
+probes in flight are bounded lower still, swim/probe.py ``MAX_URGENT_PROBES``)."""
 
 
 @dataclass(frozen=True, slots=True)

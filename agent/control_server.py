@@ -27,6 +27,7 @@ import trio
 
 from agent import serf
 from agent.control import (
+    MAX_PROBE_NODES,
     STREAMING_OPS,
     ControlError,
     FrameDecoder,
@@ -157,6 +158,8 @@ class ControlServer:
                 "suspicions_raised": st.suspicions_raised,
                 "refutations": st.refutations,
                 "deaths_declared": st.deaths_declared,
+                "urgent_probes": dict(st.urgent_probes),
+                "urgent_probes_failed": st.urgent_probes_failed,
                 "dropped": dict(st.dropped),
                 "broadcast_queue": node.broadcast_queue_depth,
                 "stalls": agent.stalls,
@@ -190,6 +193,13 @@ class ControlServer:
         if not isinstance(delete or [], list) or not all(isinstance(k, str) for k in delete or []):
             raise ControlError("delete must be a list of tag names")
         return {"tags": await self.agent.update_tags(set or {}, delete or [])}
+
+    async def _op_probe(self, nodes: list[str]) -> dict[str, Any]:
+        if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) for n in nodes):
+            raise ControlError("probe needs a non-empty list of member names")
+        if len(nodes) > MAX_PROBE_NODES:
+            raise ControlError(f"probe takes at most {MAX_PROBE_NODES} names, got {len(nodes)}")
+        return await self.agent.probe_now(nodes)
 
     async def _op_view(self, job: str) -> dict[str, Any]:
         return job_view(self.agent, job)

@@ -26,6 +26,9 @@ Metric names (all prefixed ``swim_``; counters end in ``_total``; base units):
 - ``swim_messages_received_total{type}``, ``swim_messages_sent_total{type}``
 - ``swim_dropped_inputs_total{reason}`` (every ``DropReason``, zeros included)
 - ``swim_streams_opened_total``, ``swim_streams_failed_total``, ``swim_push_pulls_total``
+- ``swim_urgent_probes_total{outcome}`` (``Node.probe_now`` requests: ``started`` or the
+  refusal reason, every ``UrgentProbeOutcome`` value, zeros included),
+  ``swim_urgent_probes_failed_total``
 - ``swim_member_phi{member}`` (bounded, see below), ``swim_member_phi_max``,
   ``swim_member_phi_omitted`` gauges
 - ``swim_probe_rtt_seconds`` histogram
@@ -186,6 +189,13 @@ _SCALARS: tuple[_Scalar, ...] = (
         lambda n: n.stats.suspicion_verifications,
     ),
     _Scalar(
+        "swim_urgent_probes_failed",
+        "Urgent probes (a member reported lost, probed at once) that got no answer by their "
+        "deadline; also counted in swim_probes_failed_total.",
+        True,
+        lambda n: n.stats.urgent_probes_failed,
+    ),
+    _Scalar(
         "swim_health_score",
         "Lifeguard local health multiplier (0 = healthy; higher = this node is slow and "
         "stretches its probe timeouts).",
@@ -327,9 +337,21 @@ class _NodeCollector:
             reasons.update(stats.dropped)
             for reason, count in sorted(reasons.items()):
                 dropped.add_metric([reason], count)
+        urgent = CounterMetricFamily(
+            "swim_urgent_probes",
+            "Requests to probe a member at once (a trainer reported it lost), by outcome: "
+            "started, or why it was refused.",
+            labels=["outcome"],
+        )
+        if sampled:
+            outcomes = dict.fromkeys((o.value for o in swim.UrgentProbeOutcome), 0)
+            outcomes.update(stats.urgent_probes)
+            for outcome, count in sorted(outcomes.items()):
+                urgent.add_metric([outcome], count)
         yield received
         yield sent
         yield dropped
+        yield urgent
 
         yield from self._phi_families(sampled=sampled)
 

@@ -26,7 +26,7 @@ import os
 import random
 import signal
 import socket
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,11 +36,21 @@ import agent.systemd as systemd
 from agent import serf, serf_queries
 from agent.config import AgentConfig, AgentConfigError, parse_host_port
 from agent.config import load as load_config
+from agent.control import MAX_PROBE_NODES
 from agent.control_server import ControlServer
 from agent.departed import Departed
 from agent.jobs import TAG_PREFIX, Generations, LocalJobs
 from phi import PhiConfig, PhiRegistry, RegistryFullError
-from swim import Address, MemberEvent, Node, NodeStateType, Output, StreamRequest, Timer
+from swim import (
+    Address,
+    MemberEvent,
+    Node,
+    NodeStateType,
+    Output,
+    StreamRequest,
+    Timer,
+    UrgentProbeOutcome,
+)
 from swim.effects import EventKind, JoinResult, Member
 from swim.node import LEAVE_FANOUT
 from swim.security import KeyringError
@@ -306,6 +316,40 @@ class Agent:
             return tags
 
         result: dict[str, str] = await self.command(run)
+        return result
+
+    async def probe_now(self, names: Sequence[str]) -> dict[str, Any]:
+        """Probe these members at once instead of at their round-robin turn: a trainer's
+        collectives lost them, which is evidence, not a verdict (``Node.probe_now``; only
+        the probe can make them suspect). Runs in the node task. Repeated names count once;
+        more than ``MAX_PROBE_NODES`` names, or a name that is not a string, raise
+        ``ValueError``. Returns ``{"started": [name], "refused": {name: reason}}``, reasons
+        as ``swim.UrgentProbeOutcome`` values (schema: the ``probe`` op, agent/control.py).
+        """
+        if len(names) > MAX_PROBE_NODES:
+            raise ValueError(f"probe takes at most {MAX_PROBE_NODES} names, got {len(names)}")
+        if not all(isinstance(name, str) for name in names):
+            raise ValueError("probe takes member names (strings)")
+        wanted = list(dict.fromkeys(names))
+        node = self._node()
+
+        def run(now: int) -> dict[str, Any]:
+            started: list[str] = []
+            refused: dict[str, str] = {}
+            for name in wanted:
+                outcome, out = node.probe_now(name, now)
+                self._apply(out)
+                if outcome is UrgentProbeOutcome.STARTED:
+                    started.append(name)
+                else:
+                    refused[name] = outcome.value
+            return {"started": started, "refused": refused}
+
+        result: dict[str, Any] = await self.command(run)
+        if result["started"]:
+            log.info("probing %s at once (reported lost)", ", ".join(result["started"]))
+        if result["refused"]:
+            log.debug("not probing at once: %s", result["refused"])
         return result
 
     def notify_changed(self) -> None:

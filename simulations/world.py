@@ -41,7 +41,7 @@ from typing import Any
 import swim
 from simulations.network import Latency, Network
 from simulations.world_types import InputChecker, Listener, SlowSpec, SlowState, Traffic
-from swim import Address, Config, MemberEvent, Node, Output, StreamRequest
+from swim import Address, Config, MemberEvent, Node, Output, StreamRequest, UrgentProbeOutcome
 from swim.wire import WireError
 
 K_PACKET = 0
@@ -248,6 +248,16 @@ class World:
     def set_meta(self, idx: int, meta: bytes) -> None:
         node = self.nodes[idx]
         self._apply(idx, node, node.set_meta(meta, self.now_ms))
+
+    def probe_now(self, idx: int, name: str) -> UrgentProbeOutcome | None:
+        """Member ``idx`` probes ``name`` at once (``Node.probe_now``): what a trainer's
+        report of a lost peer makes its agent do. None if ``idx`` is down."""
+        if not self.up[idx]:
+            return None
+        node = self.nodes[idx]
+        outcome, out = node.probe_now(name, self.now_ms)
+        self._apply(idx, node, out)
+        return outcome
 
     def set_slow(self, idx: int, spec: SlowSpec | None) -> None:
         """Make a member slow (or healthy again with None)."""

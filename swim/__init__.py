@@ -17,6 +17,7 @@ from swim.effects import (
     StreamKind,
     StreamRequest,
     Timer,
+    UrgentProbeOutcome,
     UserMessage,
 )
 from swim.messages import Address, NodeStateType
@@ -43,5 +44,6 @@ __all__ = [
     "StreamKind",
     "StreamRequest",
     "Timer",
+    "UrgentProbeOutcome",
     "UserMessage",
 ]

@@ -102,6 +102,24 @@ class ProbeResult:
     """``direct``, ``indirect`` or ``tcp``."""
 
 
+class UrgentProbeOutcome(Enum):
+    """What ``Node.probe_now`` did with a request (rules in ``swim.probe``)."""
+
+    STARTED = "started"
+    SELF = "self"
+    """We do not probe ourselves."""
+    UNKNOWN = "unknown"
+    """No member by that name in the table."""
+    NOT_ALIVE = "not_alive"
+    """Suspect (its suspicion is already running) or dead/left (nothing to probe)."""
+    PROBING = "probing"
+    """A probe of it (round-robin or urgent) is already in flight."""
+    RATE_LIMITED = "rate_limited"
+    """It was probed urgently less than one probe interval ago."""
+    TOO_MANY = "too_many"
+    """``MAX_URGENT_PROBES`` urgent probes are already in flight."""
+
+
 @dataclass(frozen=True, slots=True)
 class Notice:
     """Something a person running the node should be able to read in its logs."""
@@ -189,7 +207,9 @@ class NodeStats:
     messages_out: Counter[str] = field(default_factory=Counter)
     dropped: Counter[str] = field(default_factory=Counter)
     probes_sent: int = 0
+    """Direct pings sent by probes, round-robin and urgent."""
     probes_failed: int = 0
+    """Probes, round-robin and urgent, that got no answer by their deadline."""
     indirect_probes_sent: int = 0
     tcp_fallback_probes: int = 0
     tcp_fallback_rescues: int = 0
@@ -203,3 +223,7 @@ class NodeStats:
     streams_opened: int = 0
     streams_failed: int = 0
     push_pulls: int = 0
+    urgent_probes: Counter[str] = field(default_factory=Counter)
+    """``Node.probe_now`` requests by ``UrgentProbeOutcome`` value: started or refused why."""
+    urgent_probes_failed: int = 0
+    """Urgent probes that got no answer by their deadline (also in ``probes_failed``)."""

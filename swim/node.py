@@ -3,8 +3,9 @@
 Rules (DESIGN.md; h11/foca style):
 - Inputs: ``handle_datagram``, ``handle_stream`` (a complete stream message someone sent
   us), ``handle_stream_response`` (the answer on a stream we opened), ``handle_timer``, and
-  commands (``join``, ``leave``, ``set_meta``, user messages, keyring changes). Each takes
-  ``now_ms`` and returns an ``Output``; nothing else leaves the node.
+  commands (``join``, ``leave``, ``set_meta``, ``probe_now``, user messages, keyring
+  changes). Each takes ``now_ms`` and returns an ``Output`` (``probe_now`` also its
+  outcome); nothing else leaves the node.
 - ``bootstrap(snapshot)`` starts a node already joined to a shared ``MembershipSnapshot``
   (simulators): no events, no join traffic; the node stores only what it changes later
   (``swim.table``), and push-pulls between such nodes share their codec work
@@ -39,7 +40,15 @@ from typing import cast
 from swim import wire
 from swim.config import META_MAX_BYTES, Config
 from swim.context import Context
-from swim.effects import Member, NodeStats, Output, StreamKind, Timer, UserMessage
+from swim.effects import (
+    Member,
+    NodeStats,
+    Output,
+    StreamKind,
+    Timer,
+    UrgentProbeOutcome,
+    UserMessage,
+)
 from swim.membership import LEAVE_NOTIFY, SUSPICION_TIMER, Membership, MemberState
 from swim.messages import (
     Ack,
@@ -249,6 +258,17 @@ class Node:
         if member.state != NodeStateType.LEFT:
             self._members.force_left(name)
         return self._finish()
+
+    def probe_now(self, name: str, now_ms: int) -> tuple[UrgentProbeOutcome, Output]:
+        """Probe ``name`` now instead of at its round-robin turn: evidence from outside the
+        protocol (a trainer lost its connection to it) makes the probe earlier, never the
+        verdict; only the probe's own failure makes the member suspect. Refused (nothing
+        sent, counted in ``stats.urgent_probes``) for ourselves, an unknown or not-alive
+        member, one being probed, one probed urgently less than a probe interval ago, or
+        with ``MAX_URGENT_PROBES`` in flight. Rules: ``swim.probe``."""
+        self._ctx.begin(now_ms)
+        outcome = self._prober.probe_now(name)
+        return outcome, self._finish()
 
     def set_push_pull_state(self, state: bytes) -> None:
         """Application state sent after the member list in every push-pull (memberlist

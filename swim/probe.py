@@ -18,16 +18,41 @@ Rules (SWIM §4; hashicorp/memberlist @ 1b4c746 state.go ``probe``/``probeNode``
   (or +1 without nack-capable helpers) and the target becomes suspect.
 - A helper relays the ack under the requester's sequence number, and sends a nack if no ack
   came within its own probe timeout. Relays in flight are bounded.
+
+Urgent probes (``Node.probe_now``; ours, not memberlist's): outside evidence that a member
+failed — a trainer's collective lost its connection to it, tens of ms after a crash, when
+the round robin may reach it only n probe intervals later — moves that member's probe
+earlier. It is evidence, not a verdict:
+- An urgent probe is memberlist's ``probeNode`` cycle unchanged (the ping, the adaptive
+  timeout, indirect pings with nacks, the TCP fallback, the health-scaled deadline, and the
+  same conclusion: an answer −1 health and an RTT sample; a failure +missing nacks and
+  suspect), started now and run beside the round-robin probe, which it never delays,
+  replaces or reorders. So SWIM's safety is kept: a member becomes suspect only when it
+  answered neither a direct ping, nor the helpers' pings, nor a TCP ping, and dead only
+  after the Lifeguard suspicion window it can refute within; a wrong report costs one probe
+  of a live member, which acks it. A hung member is probed the same way, urgent or not.
+- Refused, with nothing sent and the refusal counted in ``stats.urgent_probes`` by reason
+  (``UrgentProbeOutcome``), checked in this order: ourselves; an unknown member; a member
+  that is not alive (a suspect's suspicion is already running, and the round robin pings it
+  with the buddy accusation; dead or left has nothing to probe); a member whose probe is in
+  flight (round-robin or urgent); one probed urgently less than one probe interval ago (a
+  trainer stuck in an error loop cannot make its agent flood a member with pings); and any
+  request while ``MAX_URGENT_PROBES`` are in flight.
+- The round robin is not told about urgent probes: it may pick a member an urgent probe is
+  already pinging, and both run to their own conclusion, as two members probing it would.
+- O(1) work per request: a table lookup, a scan of at most ``MAX_URGENT_PROBES`` probes, and
+  a time-ordered history of urgent starts that is trimmed from its old end.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
 from swim import formulas, wire
 from swim.context import Context
-from swim.effects import ProbeResult, StreamKind
+from swim.effects import ProbeResult, StreamKind, UrgentProbeOutcome
 from swim.membership import Membership, MemberState
 from swim.messages import Ack, Address, IndirectPing, Nack, NodeStateType, Ping, Suspect
 from swim.wire import DropReason
@@ -40,6 +65,12 @@ SUSPICION_VERIFY = "suspicion_verify"
 VERIFY_COPIES = 2
 """Copies of the last-chance accusation + ping (``verify_suspect``): at 10% loss one round
 trip fails 19% of the time, two independent ones 3.6%."""
+MAX_URGENT_PROBES = 4
+"""Urgent probes in flight at once. A crash costs a survivor's collectives one peer (one
+member per host) or a few (a switch, a rack), so 4 covers a real report; the bound caps the
+extra traffic of a burst of reports at 4 × (1 ping + ``indirect_checks`` requests + 1 TCP
+ping) per probe interval, beside the round robin's one probe. Refused reports are not lost
+members: the round robin still reaches them."""
 
 
 class Transport(Protocol):
@@ -67,6 +98,7 @@ class _Probe:
     tcp_stream: int | None = None
     tcp_ok: bool = False
     deadline_passed: bool = False
+    urgent: bool = False
 
 
 @dataclass(slots=True)
@@ -87,6 +119,11 @@ class Prober:
         self._seq_no = 0
         self._probe: _Probe | None = None
         self._tick_pending = False
+        self._urgent: dict[int, _Probe] = {}
+        """Urgent probes in flight by sequence number (at most ``MAX_URGENT_PROBES``)."""
+        self._urgent_started: OrderedDict[str, int] = OrderedDict()
+        """When each member was last probed urgently, oldest first; entries older than one
+        probe interval are trimmed as new ones come, so it holds only the rate-limited."""
         self._relays: dict[int, _Relay] = {}
         self.ack_payload = b""
 
@@ -111,6 +148,10 @@ class Prober:
         target = self._members.next_probe_target()
         if target is None:
             return
+        self._probe = self._send_probe(target)
+
+    def _send_probe(self, target: MemberState, urgent: bool = False) -> _Probe:
+        """The ping and the two timers of state.go ``probeNode``."""
         ctx = self._ctx
         seq_no = self.next_seq_no()
         interval_ms = self._members.scale_ms(ctx.config.probe_interval_ms)
@@ -131,14 +172,63 @@ class Prober:
             ),
             ctx.set_timer(PROBE_DEADLINE, interval_ms, seq_no),
         ]
-        self._probe = _Probe(
-            seq_no, target.name, target.address, ctx.now_ms, ctx.now_ms + interval_ms, timers
+        return _Probe(
+            seq_no,
+            target.name,
+            target.address,
+            ctx.now_ms,
+            ctx.now_ms + interval_ms,
+            timers,
+            urgent=urgent,
         )
+
+    def probe_now(self, name: str) -> UrgentProbeOutcome:
+        """Start an urgent probe of ``name`` now, or say why not (rules: module docstring)."""
+        outcome = self._check_urgent(name)
+        self._ctx.stats.urgent_probes[outcome.value] += 1
+        if outcome is not UrgentProbeOutcome.STARTED:
+            return outcome
+        now = self._ctx.now_ms
+        window_ms = self._ctx.config.probe_interval_ms
+        started = self._urgent_started
+        while started and now - next(iter(started.values())) >= window_ms:
+            started.popitem(last=False)
+        started.pop(name, None)
+        started[name] = now
+        target = self._members.get(name)
+        assert target is not None  # checked above
+        probe = self._send_probe(target, urgent=True)
+        self._urgent[probe.seq_no] = probe
+        return outcome
+
+    def _check_urgent(self, name: str) -> UrgentProbeOutcome:
+        if name == self._members.local_name:
+            return UrgentProbeOutcome.SELF
+        target = self._members.get(name)
+        if target is None:
+            return UrgentProbeOutcome.UNKNOWN
+        if target.state != NodeStateType.ALIVE:
+            return UrgentProbeOutcome.NOT_ALIVE
+        if self.probing == name or any(p.target == name for p in self._urgent.values()):
+            return UrgentProbeOutcome.PROBING
+        last_ms = self._urgent_started.get(name)
+        if last_ms is not None and self._ctx.now_ms - last_ms < self._ctx.config.probe_interval_ms:
+            return UrgentProbeOutcome.RATE_LIMITED
+        if len(self._urgent) >= MAX_URGENT_PROBES:
+            return UrgentProbeOutcome.TOO_MANY
+        return UrgentProbeOutcome.STARTED
+
+    def _find(self, seq_no: int) -> _Probe | None:
+        """The probe in flight, round-robin or urgent, with this sequence number."""
+        probe = self._probe
+        if probe is not None and probe.seq_no == seq_no:
+            return probe
+        return self._urgent.get(seq_no) if self._urgent else None
 
     def on_probe_timeout(self, seq_no: int) -> None:
         """No direct ack in time: ask helpers, and try TCP (state.go HANDLE_REMOTE_FAILURE)."""
-        probe = self._probe
-        if probe is None or probe.seq_no != seq_no:
+        probe = self._find(seq_no)
+        if probe is None:
             return
         ctx = self._ctx
         target = self._members.get(probe.target)
@@ -172,8 +262,8 @@ class Prober:
             ctx.stats.tcp_fallback_probes += 1
 
     def on_probe_deadline(self, seq_no: int) -> None:
-        probe = self._probe
-        if probe is None or probe.seq_no != seq_no:
+        probe = self._find(seq_no)
+        if probe is None:
             return
         probe.deadline_passed = True
         if probe.tcp_stream is not None and not probe.tcp_ok:
@@ -185,13 +275,15 @@ class Prober:
         self._conclude(probe)
 
     def on_tcp_grace(self, seq_no: int) -> None:
-        probe = self._probe
-        if probe is not None and probe.seq_no == seq_no:
+        probe = self._find(seq_no)
+        if probe is not None:
             self._conclude(probe)
 
     def on_tcp_result(self, stream_id: int, ack: Ack | None) -> None:
         probe = self._probe
         if probe is None or probe.tcp_stream != stream_id:
+            probe = next((p for p in self._urgent.values() if p.tcp_stream == stream_id), None)
+        if probe is None:
             return
         probe.tcp_stream = None
         probe.tcp_ok = ack is not None and ack.seq_no == probe.seq_no
@@ -214,6 +306,8 @@ class Prober:
             self._end(probe, -1)
             return
         ctx.stats.probes_failed += 1
+        if probe.urgent:
+            ctx.stats.urgent_probes_failed += 1
         delta = formulas.probe_failure_awareness_delta(
             probe.expected_nacks if ctx.config.lifeguard_nacks else 0, probe.nacks
         )
@@ -221,9 +315,11 @@ class Prober:
         # probe, which must see the suspicion (memberlist runs it after probeNode returns).
         target = self._members.get(probe.target)
         if target is not None and not target.dead_or_left():
-            ctx.notice(
-                "info", "probe_failed", f"suspect {probe.target} has failed, no acks received"
-            )
+            if probe.urgent:
+                kind, how = "urgent_probe_failed", " (urgent probe)"
+            else:
+                kind, how = "probe_failed", ""
+            ctx.notice("info", kind, f"suspect {probe.target} has failed, no acks received{how}")
             self._members.apply_suspect(
                 Suspect(target.incarnation, target.name, self._members.local_name)
             )
@@ -233,6 +329,9 @@ class Prober:
         for timer_id in probe.timer_ids:
             self._ctx.cancel_timer(timer_id)
         self._members.apply_health_delta(health_delta)
+        if probe.urgent:
+            del self._urgent[probe.seq_no]
+            return
         self._probe = None
         if self._tick_pending:
             self._start_probe()
@@ -312,8 +411,8 @@ class Prober:
             reply = wire.encode_message(Ack(relay.requester_seq))
             self._transport.send(relay.reply_to, reply, self._members.by_address(relay.reply_to))
             return
-        probe = self._probe
-        if probe is None or probe.seq_no != ack.seq_no:
+        probe = self._find(ack.seq_no)
+        if probe is None:
             return
         via = "direct" if source == probe.target_address else "indirect"
         rtt_ms = self._ctx.now_ms - probe.sent_ms
@@ -323,11 +422,12 @@ class Prober:
         self._end(probe, -1)
 
     def on_nack(self, nack: Nack) -> None:
-        probe = self._probe
-        if probe is not None and probe.seq_no == nack.seq_no:
+        probe = self._find(nack.seq_no)
+        if probe is not None:
             probe.nacks += 1
             self._ctx.stats.nacks_received += 1
 
     @property
     def probing(self) -> str | None:
+        """The round-robin probe's target, if one is in flight."""
         return None if self._probe is None else self._probe.target

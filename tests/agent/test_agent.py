@@ -318,3 +318,68 @@ async def test_a_stalled_node_reads_its_socket_before_firing_overdue_timers(
         await until(lambda: sum(a.node.stats.dropped.values()) >= 5, 5)
         info = await trio.to_thread.run_sync(ControlClient(tmp_path / "n0.sock").request, "info")
         assert info["stats"]["stalls"] == a.agent.stalls
+
+
+async def test_probe_op_suspects_a_killed_member_at_once_and_answers_refusals(
+    tmp_path: Path,
+) -> None:
+    """A survivor told right after a crash that it lost the victim probes it at once, and
+    that probe (not a report) makes it suspect; bad names get reasons, bad input an error."""
+    async with cluster(tmp_path, 4, profile="fast") as agents:
+        await all_alive(agents, {f"n{i}" for i in range(4)})
+        client = ControlClient(tmp_path / "n0.sock")
+
+        async def probe(**args: object) -> dict[str, object]:
+            got: dict[str, object] = await trio.to_thread.run_sync(
+                functools.partial(client.request, "probe", **args)
+            )
+            return got
+
+        assert await probe(nodes=["ghost", "n0", "ghost"]) == {
+            "started": [],
+            "refused": {"ghost": "unknown", "n0": "self"},
+        }
+        cases: list[tuple[dict[str, object], str]] = [
+            ({"nodes": "n1"}, "non-empty list of member names"),
+            ({"nodes": []}, "non-empty list of member names"),
+            ({"nodes": [1]}, "non-empty list of member names"),
+            ({"nodes": [f"x{i}" for i in range(65)]}, "at most 64 names"),
+            ({}, "bad arguments"),
+        ]
+        for args, message in cases:
+            with pytest.raises(ControlError, match=message):
+                await probe(**args)
+        # a live member is probed, answers, and stays alive
+        assert await probe(nodes=["n1"]) == {"started": ["n1"], "refused": {}}
+        again = await probe(nodes=["n1"])  # within one probe interval: in flight or limited
+        assert again["started"] == [] and again["refused"] in (
+            {"n1": "probing"},
+            {"n1": "rate_limited"},
+        )
+        survivor = agents[0]
+        agents[3].scope.cancel()  # the process dies: no leave, its sockets close
+        got = await probe(nodes=["n3"])
+        # (started, unless n0's round robin picked n3 in the few ms since the crash)
+        assert got in (
+            {"started": ["n3"], "refused": {}},
+            {"started": [], "refused": {"n3": "probing"}},
+        )
+        await until(
+            lambda: survivor.state_of("n3") in (NodeStateType.SUSPECT, NodeStateType.DEAD),
+            10,
+            agents,
+        )
+        stats = survivor.node.stats
+        started = got["started"]
+        assert isinstance(started, list)
+        if started:
+            await until(lambda: stats.urgent_probes_failed == 1, 5, agents)
+        # n1's urgent probe, which ended before n3's, was answered: only n3's failed
+        assert stats.urgent_probes_failed == len(started)
+        members = await trio.to_thread.run_sync(client.request, "members")
+        assert {m["name"]: m["status"] for m in members}["n3"] in ("suspect", "dead")
+        assert {m["name"]: m["status"] for m in members}["n1"] == "alive"
+        info = await trio.to_thread.run_sync(client.request, "info")
+        assert info["stats"]["urgent_probes"]["unknown"] == 1
+        assert info["stats"]["urgent_probes"]["self"] == 1
+        assert info["stats"]["urgent_probes_failed"] == stats.urgent_probes_failed

@@ -154,6 +154,7 @@ def test_every_scalar_stat_is_exported() -> None:
         "refutations": "swim_refutations_total",
         "deaths_declared": "swim_deaths_declared_total",
         "suspicion_timeouts_degraded": "swim_suspicion_timeouts_degraded_total",
+        "urgent_probes_failed": "swim_urgent_probes_failed_total",
         "streams_opened": "swim_streams_opened_total",
         "streams_failed": "swim_streams_failed_total",
         "push_pulls": "swim_push_pulls_total",
@@ -168,6 +169,25 @@ def test_every_scalar_stat_is_exported() -> None:
     found = samples(AgentMetrics(node, no_phi))
     for i, (attr, metric) in enumerate(names.items(), start=1):
         assert value(found, metric) == 100 + i, attr
+
+
+def test_urgent_probes_by_outcome_zeros_included() -> None:
+    node = make_node()
+    metrics = AgentMetrics(node, no_phi)
+    found = samples(metrics)
+    outcomes = {o.value for o in swim.UrgentProbeOutcome}
+    assert {dict(labels)["outcome"] for labels in series(found, "swim_urgent_probes_total")} == (
+        outcomes
+    )
+    assert set(series(found, "swim_urgent_probes_total").values()) == {0}
+    node.handle_datagram(PEER, packet(Alive(1, "b", PEER.ip_bytes, PEER.port)), now_ms=1)
+    for name in ("b", "b", "ghost", "a"):
+        node.probe_now(name, now_ms=2)
+    found = samples(metrics)
+    urgent = partial(value, found, "swim_urgent_probes_total")
+    assert (urgent(outcome="started"), urgent(outcome="probing")) == (1, 1)
+    assert (urgent(outcome="unknown"), urgent(outcome="self")) == (1, 1)
+    assert urgent(outcome="too_many") == 0
 
 
 def test_probe_rtt_histogram() -> None:

@@ -109,6 +109,16 @@ def test_swimctl_against_live_agents(tmp_path: Path) -> None:
         assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
         keys = _swimctl(agents[1], "keys", "--list")
         assert keys.returncode == 1 and "encryption is not enabled" in keys.stderr
+        probed = _swimctl(agents[0], "probe", "agent-1", "--json")
+        assert probed.returncode == 0, probed.stderr
+        assert json.loads(probed.stdout) == {"started": ["agent-1"], "refused": {}}
+        probed = _swimctl(agents[0], "probe", "agent-2", "ghost")
+        assert probed.returncode == 0 and probed.stdout.strip() == "agent-2: probing"
+        assert "ghost: not probed (unknown)" in probed.stderr
+        refused = _swimctl(agents[0], "probe", "ghost", "agent-0")
+        assert refused.returncode == 1 and refused.stdout == ""
+        assert "ghost: not probed (unknown)" in refused.stderr
+        assert "agent-0: not probed (self)" in refused.stderr
         nobody = subprocess.run(
             [
                 sys.executable,
