@@ -2,7 +2,7 @@
 torchrun with the swim rendezvous vs torchrun with stock c10d.
 
 In-process elastic DDP: four nodes on loopback, each a real agent and one trainer
-(examples/elastic_ddp.py) in one process group (torchhook/localnodes.py). Node n3 fails
+(examples/elastic_ddp.py) in one process group (agent/training_nodes.py). Node n3 fails
 on purpose at the next step after a fault file appears: it SIGKILLs or SIGSTOPs its whole
 process group (agent included) at a step boundary (``kill``, ``stop``) or inside backward
 (``kill-in-backward``), logging the wall time first. From the trainers' step logs:
@@ -31,9 +31,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from agent.training_nodes import TrainingNode as Node
+from agent.training_nodes import start_nodes, until
 from bench import torchrun_recovery
-from torchhook.localnodes import TrainingNode as Node
-from torchhook.localnodes import start_nodes, until
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = "examples/elastic_ddp.py"

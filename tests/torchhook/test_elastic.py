@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from torchhook.localnodes import ROOT, TrainingNode, start_nodes, until
+from agent.training_nodes import ROOT, TrainingNode, start_nodes, until
 
 pytest.importorskip("torch", reason="the torch hook needs torch (pip install '.[torch]')")
 pytestmark = pytest.mark.slow

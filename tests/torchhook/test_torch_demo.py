@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from torchhook.localnodes import ROOT
+from agent.training_nodes import ROOT
 
 pytest.importorskip("torch", reason="the torch demo needs torch (pip install '.[torch]')")
 pytestmark = pytest.mark.slow
