@@ -326,6 +326,14 @@ async def test_a_multi_rank_node_is_one_member_of_every_view(tmp_path: Path) -> 
             assert view.ranks_of("n0") == range(1, 3)
             # the ranks on n0 see the same view through their own agent
             assert r1.wait(lambda v: v.fingerprint == view.fingerprint, 10).names == view.names
+            # a rank whose collective lost n1 tells its agent, which probes n1 at once (n1
+            # answers: evidence is not a verdict); garbage reports are ignored
+            before = sum(agents[0].node.stats.urgent_probes.values())
+            r0.report_lost(["n1", 7])  # type: ignore[list-item]
+            r0.report_lost(["n1"])
+            await until(lambda: sum(agents[0].node.stats.urgent_probes.values()) > before, 5)
+            assert agents[0].node.stats.urgent_probes["started"] >= 1
+            assert agents[0].state_of("n1") == NodeStateType.ALIVE
             # one local rank gone (its process died): the whole node leaves every view
             r1.close()
             await trio.to_thread.run_sync(lambda: other.wait(lambda v: v.names == ("n1",), 10))
