@@ -28,8 +28,8 @@ not offered.
 - ``store_port``: a TCP port where local rank 0 serves its rendezvous store (0: none).
 - ``health``: ``ok`` or ``hung``. The agent scores each local rank's per-step heartbeats
   with Phi accrual (Hayashibara et al.; ``phi/``) and flips the node to ``hung`` while any
-  of them stops stepping on a live host, which SWIM alone cannot see (docs/design.md
-  "Phi accrual").
+  of them stops stepping on a live host, which SWIM alone cannot see (docs/training.md
+  §1).
 - ``group``: an opaque token local rank 0 sets for the process group it is in (at most
   ``MAX_GROUP_CHARS``), so peers can tell that a member has moved to a newer group.
 - ``ranks``: the node's local world size (``1..MAX_LOCAL_RANKS``). A four-field value

@@ -8,14 +8,14 @@ cannot go on from memory. Every new group therefore
 1. builds a **fresh** module (``build_model``), shards it with :func:`torchhook.fsdp.shard`
    on a mesh over the new group, builds a **fresh** optimizer (``build_optimizer``);
 2. loads the newest complete checkpoint with :meth:`Checkpointer.load_latest`, which
-   reshards it to the new world size (research ``shared/research/torch-elastic.md`` §0
-   item 4 and §B5: DCP saves at world 4 and loads at world 3, losses equal the reference);
+   reshards it to the new world size (DCP saves at world 4 and loads at world 3, losses
+   equal the reference; docs/training.md §5);
 3. sets ``step`` to that checkpoint's step on every rank (rank 0 chooses the checkpoint and
    broadcasts it, so all ranks agree). The steps taken after it are lost: the rollback.
    Without any checkpoint the group starts again from step 0 with ``build_model``'s init.
 
 Old FSDP objects are never reused: FSDP2/DTensor objects keep the group they were built on
-alive (§B5, Pitfalls 3), so the old module and optimizer are dropped on teardown and a new
+alive (docs/training.md §5), so the old module and optimizer are dropped on teardown and a new
 :class:`Checkpointer` (with its own checkpoint group) is made per group.
 
 Checkpoints: after every successful step whose count is a multiple of
@@ -26,14 +26,14 @@ the current step synchronously, so a regrow loses nothing; a failure rolls back 
 last complete checkpoint.
 
 Escape from a dead peer: FSDP's all-gathers and reduce-scatters run inside forward and
-backward and cannot be failed by the verdict the way a DDP comm hook can (Pitfall 1), and
+backward and cannot be failed by the verdict the way a DDP comm hook can (gloo cannot abort), and
 the socket cascade does not reach non-neighbour ranks because the FSDP objects pin the
-dead group (§B5 "Conclusions": escape must come from the verdict or a short PG timeout).
+dead group: escape must come from the verdict or a short PG timeout.
 So a member blocked inside an FSDP collective leaves only by the PG timeout, which is why
 ``pg_timeout_s`` defaults to 15 s here (60 s for DDP). A death at a step boundary (in the
 control all-reduce or our own ``all_reduce``) is escaped by the verdict as with DDP. Keep
 ``pg_timeout_s`` above the longest single collective of a healthy step (gloo timeouts are
-per operation, Pitfalls 9); it also bounds the checkpoint group and each wait for a save.
+per operation); it also bounds the checkpoint group and each wait for a save.
 
 Requirements on the caller:
 
@@ -208,7 +208,7 @@ class ElasticFSDP(ElasticDDP):
         if ckpt is not None:
             if failed:
                 # its group may have a save stuck on the dead rank: never destruct it
-                # (Pitfalls 4); exit() then leaves with os._exit
+                # (it would block until the op times out); exit() leaves with os._exit
                 self.groups.graveyard.append(ckpt)
             else:
                 self._save_before_switch(ckpt)
@@ -258,7 +258,7 @@ class ElasticFSDP(ElasticDDP):
         return init_device_mesh(device_type, (self.world_size,), mesh_dim_names=(name,))
 
     def _drop_model(self) -> None:
-        # drop our references to the old group's FSDP objects (they pin it, §B5)
+        # drop our references to the old group's FSDP objects (they pin it)
         self.model, self.optimizer = self._no_model, self._no_optimizer
 
 

@@ -1,6 +1,6 @@
 """Agreeing on a new process group through stores: who, under which token, by which plan.
 
-Rules (the pitfalls are torch 2.13 facts, summarised in docs/design.md "torch facts"):
+Rules (the pitfalls are torch 2.13 facts, summarised in docs/training.md §5):
 
 - Every formation uses a fresh store (reusing keys across groups breaks them), hosted by
   the view's oldest node's local rank 0, the *leader* (a store in a fixed trainer would

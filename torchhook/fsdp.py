@@ -6,18 +6,19 @@ that), build a fresh module, call :func:`shard` on it and :meth:`Checkpointer.lo
 which reloads the newest complete checkpoint resharded to the new world size, and train on
 from that step. The steps taken since that checkpoint are lost (rollback).
 
-Measured on torch 2.13.0+cpu, gloo, 2 cores (``/work/shared/research/torch-elastic.md``):
+Measured on torch 2.13.0+cpu, gloo, 2 cores (docs/training.md §5 has these facts with
+their sources):
 
-- §0 item 4 and §B5: ``fully_shard`` per Linear and on the root works on a CPU mesh with
+- ``fully_shard`` per Linear and on the root works on a CPU mesh with
   gloo; DCP saves at world 4 and loads at world 3 (shards 16×4 → 22/22/20) and the losses
   after resume equal an unsharded single-process reference.
-- §B5: FSDP2/DTensor objects keep references to the process group they were built on after
+- FSDP2/DTensor objects keep references to the process group they were built on after
   ``del model``, so the old group's sockets stay open. Never reuse a sharded module or its
   optimizer across groups: rebuild both, then load.
-- "Pitfalls" 4 and 9: destroying a group with a stuck op blocks until that op times out,
+- Destroying a group with a stuck op blocks until that op times out,
   and the group timeout is the backstop. Every wait here is bounded by ``timeout_s`` and
   the checkpoint group is created with that timeout.
-- "Recipe", last paragraph: for FSDP2 the order is fresh module → ``init_device_mesh`` →
+- For FSDP2 the order is fresh module → ``init_device_mesh`` →
   ``fully_shard`` → load the last checkpoint.
 
 Rules of this module:
@@ -46,34 +47,19 @@ Rules of this module:
 - When the default group has been replaced (shrink), the checkpointer drops its old
   checkpoint group and any in-flight save without waiting: that save may be stuck on the
   dead rank. Its thread ends when the old group's timeout (``timeout_s``) fires, and the
-  interpreter's exit waits for it; leave with ``os._exit`` if that is too long
-  ("Recipe", Exit).
+  interpreter's exit waits for it; leave with ``os._exit`` if that is too long.
 
-HSDP layout
------------
-With HSDP the mesh is two-dimensional, replicate × shard::
-
-    mesh = init_device_mesh("cuda", (replicas, gpus_per_replica),
-                            mesh_dim_names=("replicate", "shard"))
-    shard(model, mesh)   # fully_shard(..., mesh=mesh) on a 2-D mesh is HSDP
-
-Every replica holds a full copy of the model, sharded over its own ranks. Place one replica
-per node (or per failure domain). When a node dies, only the replicate dimension has to
-shrink: the surviving replicas still hold every shard in memory, so they form a group with
-one replica fewer and keep training from the current step, with no rollback and no
-checkpoint read. A replica that joins later copies its state from a healthy peer. This is
-what torchft does: its fault tolerance covers only the replicated dimension, and a fault
-inside a replica group restarts that group (research doc §A2, §B5 "Conclusions", §0
-item 4). Pure FSDP (a 1-D mesh over all ranks) has no second copy of a shard, so losing any
-rank loses part of the model and optimizer state, and recovery must roll back to the last
-checkpoint with :meth:`Checkpointer.load_latest`.
-
-Checked by hand on CPU/gloo (not in the test suite): :func:`shard` on a 2×2 mesh trains to
-the reference losses, and a :class:`Checkpointer` save from it loads into 1-D FSDP at world
-3. Not implemented here: the in-memory shrink itself. The survivors still need fresh FSDP
-objects on the new mesh (§B5: the old ones pin the old group), so each must copy its local
-shards and optimizer state out of the old objects into the new ones; with an unchanged
-shard-group size the local shards keep their shape.
+HSDP
+----
+With HSDP every node holds a full copy of the model, sharded over its own ranks
+(replicate across nodes × shard within a node). When a node dies only the replicate
+dimension shrinks: the survivors still hold every shard in memory and go on from the
+current step, with no rollback and no checkpoint read (torchft's fault tolerance covers
+the replicated dimension only, for the same reason). ``torchhook.elastic_hsdp`` does
+that, with :func:`shard` on the node's part of a ``nodes × ranks`` mesh. Pure FSDP (a 1-D
+mesh over all ranks) has no second copy of a shard, so losing any rank loses part of the
+model and optimizer state, and recovery must roll back to the last checkpoint with
+:meth:`Checkpointer.load_latest` (``torchhook.elastic_fsdp``).
 """
 
 from __future__ import annotations

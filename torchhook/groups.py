@@ -1,7 +1,7 @@
 """Process-group plumbing for the elastic hooks: create, shrink, tear down, wait.
 
 What to do is decided in ``torchhook.strategy`` (pure); this module does it with c10d.
-Rules, each from torch 2.13's c10d (summarised in docs/design.md "torch facts"):
+Rules, each from torch 2.13's c10d (summarised in docs/training.md §5):
 
 - One default group at a time. ``init`` creates it on a fresh store prefix (reusing keys
   across groups breaks them). With NCCL each local rank drives its own GPU:
@@ -23,7 +23,7 @@ Rules, each from torch 2.13's c10d (summarised in docs/design.md "torch facts"):
   orders the current CUDA stream after the op and returns at once), then ``wait`` to order
   the stream. Between slices: ``broken()`` raises, ``beat()`` keeps the heartbeat going.
 
-NCCL environment that matters (set by the launcher; docs/design.md says why):
+NCCL environment that matters (set by the launcher; docs/training.md §3 says why):
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING=0`` (our verdict aborts; the watchdog must not tear the
 process down first), ``TORCH_NCCL_BLOCKING_WAIT`` unset (a blocking wait cannot be
 interrupted), ``TORCH_NCCL_USE_COMM_NONBLOCKING=1`` (a communicator being created with a

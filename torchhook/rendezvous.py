@@ -3,7 +3,7 @@
     torchrun --rdzv-backend=swim --rdzv-endpoint=SEED_HOST:PORT --rdzv-id=JOB \\
              --nnodes=MIN:MAX --max-restarts=N ...      (SWIM_CONTROL=<local agent socket>)
 
-Registration (the torchrun contract is research/torch-elastic.md §A1; Pitfall 14):
+Registration (torch's ``rendezvous/registry.py`` and ``api.py``, 2.13):
 ``create_handler`` is the zero-argument target of the ``torchrun.handlers`` entry point
 (torch's ``rendezvous/registry.py`` *calls* the loaded object, so it returns the creator).
 
@@ -28,34 +28,35 @@ Round protocol, on the leader's store (keys ``current``, ``r<N>/arrived``, ``r<N
 2. If ``r<N>/sealed`` exists and lists this node in a round it has not used yet, that round
    is the result. If it is sealed otherwise (without us, or it is the round we are leaving),
    advance with ``compare_set(current, N, N+1)``: conditional on the old value, so racing
-   nodes cannot increment twice (research §B6, the toy backend's second bug), then reread.
+   nodes cannot increment twice (a double increment makes ``store.get`` wait forever),
+   then reread.
 3. Otherwise append our name to ``r<N>/arrived`` and watch the view. The round may be
    sealed by anyone once every member of its view (the oldest ``max_nodes`` of them) has
    arrived and there are at least ``min_nodes``. When there is still room (fewer than
    ``max_nodes``), or nodes arrived that the sealer's view does not show yet (gossip lag),
    the condition must hold for a short last call first (``last_call_timeout``, 1 s, not
-   c10d's 30 s; Pitfall 13), except in a round that only drops members of the previous
+   c10d's 30 s), except in a round that only drops members of the previous
    one (the survivors of a failure have nobody new to wait for). The seal is
    ``compare_set(r<N>/sealed, "", members)``: one writer wins, everyone reads its list.
    Requiring *every view member* (not a count) is what stops a late joiner from forming a
-   parallel job (split brain, §B6's first bug): a running member is in the late joiner's
+   parallel job (split brain): a running member is in the late joiner's
    view, so the late joiner cannot seal without it, and the running member comes because
    ``num_nodes_waiting()`` reports the joiner.
 4. Every wait is bounded by ``join_timeout`` (default 600 s) and wakes on each new view
    (or 50 ms); a leader change abandons the round and starts over on the new leader.
 
-``num_nodes_waiting()`` (called by torchrun every ``--monitor-interval``; §A1) returns view
+``num_nodes_waiting()`` (called by torchrun every ``--monitor-interval``) returns view
 members not in the current round (up to the room left below ``max_nodes``) plus round
 members that left the view (dead, left, hung or unregistered). The second term is what makes
 the stock agent restart survivors at once when a node dies or hangs: torchrun has no
-scale-down path of its own (pytorch#111646; §A1, §B6 measured a hung node blocking survivors
+scale-down path of its own (pytorch#111646; a hung node blocks the survivors
 for the 30 min gloo timeout without it). It reads only the in-memory view: it never blocks.
 
 Stores (``use_agent_store`` is False). With True, workers would connect to the handler's
 store without a prefix (torch ``distributed/rendezvous.py`` ``_create_c10d_store``: "We
 create a new TCPStore for every retry"), but ours outlives rounds, and reusing keys across
-groups breaks them (Pitfall 6); §B6 also saw c10d's shared store hang on scale-up. So, as
-in §B6's working toy, torchrun's control store is ``PrefixStore("swim/<job>/r<N>")`` on
+groups breaks them (docs/training.md §5); c10d's shared store was also seen to hang on
+scale-up here. So torchrun's control store is ``PrefixStore("swim/<job>/r<N>")`` on
 the leader's store, and ``RendezvousStoreInfo.build`` under that prefix makes worker rank 0
 host a fresh TCPStore on a fresh port for every round.
 
@@ -74,7 +75,7 @@ from typing import Any
 
 
 def create_handler() -> RendezvousHandlerCreator:
-    """The ``torchrun.handlers`` entry point: returns the creator (§A1, Pitfall 14).
+    """The ``torchrun.handlers`` entry point: returns the creator (the registry calls it).
 
     Defined above the torch imports on purpose: importing torch's rendezvous package loads
     every ``torchrun.handlers`` entry point, this one included, so when this module is
@@ -130,7 +131,7 @@ class Settings:
 
     @classmethod
     def from_params(cls, params: RendezvousParameters) -> Settings:
-        """``--rdzv-conf`` values arrive as strings (§A1)."""
+        """``--rdzv-conf`` values arrive as strings."""
         return cls(
             float(params.get("join_timeout", DEFAULT_JOIN_TIMEOUT_S)),
             float(params.get("last_call_timeout", DEFAULT_LAST_CALL_S)),

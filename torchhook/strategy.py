@@ -62,7 +62,7 @@ gradient reduction, some did not).
 
 Sources: research on torch 2.13's c10d (``shrink_group``, ``_abort_process_group``,
 gloo's no-op abort, destroy blocking on a stuck op) and torchft's per-step commit
-(``should_commit``), summarised with their public references in docs/design.md.
+(``should_commit``), summarised with their public references in docs/training.md §5.
 """
 
 from __future__ import annotations
