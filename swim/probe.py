@@ -40,6 +40,12 @@ earlier. It is evidence, not a verdict:
   request while ``MAX_URGENT_PROBES`` are in flight.
 - The round robin is not told about urgent probes: it may pick a member an urgent probe is
   already pinging, and both run to their own conclusion, as two members probing it would.
+- An urgent probe concludes as soon as every path it tried has failed (its direct timeout
+  passed, every helper it asked nacked, its TCP ping failed — a refused connection fails
+  at once) instead of waiting out the probe interval for a late ack: the outside evidence
+  already makes a failure likely, and a member suspected a little early keeps the whole
+  suspicion window to refute. A helper that cannot nack (protocol < 4), or a TCP ping
+  still open, keeps the probe waiting for its deadline as memberlist's does.
 - O(1) work per request: a table lookup, a scan of at most ``MAX_URGENT_PROBES`` probes, and
   a time-ordered history of urgent starts that is trimmed from its old end.
 """
@@ -99,6 +105,10 @@ class _Probe:
     tcp_ok: bool = False
     deadline_passed: bool = False
     urgent: bool = False
+    helpers: int = 0
+    """Helpers asked for an indirect ping (0 until the direct timeout passed)."""
+    asked: bool = False
+    """The direct timeout passed and the other paths were tried."""
 
 
 @dataclass(slots=True)
@@ -254,12 +264,15 @@ class Prober:
             )
             self._transport.send(peer.address, wire.encode_message(request), peer)
             ctx.stats.indirect_probes_sent += 1
+            probe.helpers += 1
         if not ctx.config.disable_tcp_pings and target.protocol_max >= 3:
             ping = wire.encode_message(self._self_ping(seq_no, target.name))
             probe.tcp_stream = self._transport.open_stream(
                 target.address, ping, StreamKind.PING, probe.deadline_ms
             )
             ctx.stats.tcp_fallback_probes += 1
+        probe.asked = True
+        self._conclude_if_every_path_failed(probe)
 
     def on_probe_deadline(self, seq_no: int) -> None:
         probe = self._find(seq_no)
@@ -288,6 +301,17 @@ class Prober:
         probe.tcp_stream = None
         probe.tcp_ok = ack is not None and ack.seq_no == probe.seq_no
         if probe.deadline_passed:
+            self._conclude(probe)
+        else:
+            self._conclude_if_every_path_failed(probe)
+
+    def _conclude_if_every_path_failed(self, probe: _Probe) -> None:
+        """An urgent probe ends as soon as every path it tried has failed: the direct
+        timeout passed, every helper nacked (all of them nack-capable), and the TCP ping,
+        if one was opened, failed. A round-robin probe waits out its deadline instead."""
+        if not probe.urgent or not probe.asked or probe.tcp_ok or probe.tcp_stream is not None:
+            return
+        if probe.expected_nacks == probe.helpers == probe.nacks:
             self._conclude(probe)
 
     def _conclude(self, probe: _Probe) -> None:
@@ -426,6 +450,7 @@ class Prober:
         if probe is not None:
             probe.nacks += 1
             self._ctx.stats.nacks_received += 1
+            self._conclude_if_every_path_failed(probe)
 
     @property
     def probing(self) -> str | None:

@@ -379,3 +379,45 @@ def test_a_reported_member_that_hangs_briefly_is_suspected_and_refutes() -> None
     assert EventKind.DEAD not in {kind for _, kind in about}
     assert world.nodes[VICTIM].stats.refutations >= 1
     assert all(_state(world, i, target) == ALIVE for i in world.live_indices())
+
+
+@pytest.mark.parametrize("missing_nack", [False, True])
+def test_an_urgent_probe_concludes_once_every_path_failed(missing_nack: bool) -> None:
+    """Every helper nacked and the TCP ping was refused: suspect now, not at the deadline.
+    One helper silent: the probe waits for its deadline, as a round-robin probe does."""
+    a = _group()
+    out, ping = _urgent(a, "b", 100)
+    indirect = _fire(a, out, PROBE_TIMEOUT)
+    helpers = [p.dest for p in indirect.packets]
+    [tcp] = indirect.streams
+    refused = a.take(a.node.handle_stream_response(tcp.stream_id, None, 130, "refused"))
+    assert refused.events == []
+    answering = helpers[:-1] if missing_nack else helpers
+    last = Output()
+    for i, helper in enumerate(answering):
+        last = a.receive(helper, Nack(ping.seq_no), now_ms=140 + i)
+    if missing_nack:
+        assert a.member("b").state == ALIVE, "a silent helper may still relay a late ack"
+        last = _fire(a, out, PROBE_DEADLINE)
+    assert [(e.kind, e.member.name) for e in last.events] == [(EventKind.SUSPECT, "b")]
+    deadline = 100 + a.node.config.probe_interval_ms
+    assert (a.member("b").state_change_ms < deadline) is not missing_nack
+    assert a.node.stats.urgent_probes_failed == 1
+
+
+def test_a_round_robin_probe_still_waits_for_its_deadline() -> None:
+    a = make_peer("a", 1)
+    a.learn(*(alive(n, i) for i, n in enumerate(NAMES, start=2)))
+    a.drain(5)
+    tick = a.take(a.node.handle_timer(next(t for t in a.timers if t.kind == PROBE_TICK), 100))
+    [packet] = tick.packets
+    ping = decode(packet.data)[0]
+    assert isinstance(ping, Ping)
+    indirect = _fire(a, tick, PROBE_TIMEOUT)
+    for helper in (p.dest for p in indirect.packets):
+        a.receive(helper, Nack(ping.seq_no), now_ms=140)
+    for tcp in indirect.streams:
+        a.take(a.node.handle_stream_response(tcp.stream_id, None, 150, "refused"))
+    assert a.member(ping.node).state == ALIVE
+    done = _fire(a, tick, PROBE_DEADLINE)
+    assert [(e.kind, e.member.name) for e in done.events] == [(EventKind.SUSPECT, ping.node)]
