@@ -1,17 +1,18 @@
 """torchrun recovery after a node fault: the ``swim`` rendezvous backend vs stock ``c10d``.
 
-Three "nodes" on loopback, each one torchrun (``--nnodes=2:3 --nproc-per-node=1``) running
-examples/torchrun_train.py, plus, for swim, one agent. A node's processes share one marker
-in their environment, so the whole node (agent, torchrun, and the workers torchrun starts in
-sessions of their own) is signalled at once: SIGKILL = crashed host, SIGSTOP = hung host.
-The measure is the time from the fault to the first training step completed in a new group
-without the victim, read from the workers' step logs (one JSON line per step).
+Three "nodes" on loopback, each one torchrun (``--nnodes=2:3 --nproc-per-node=N``, N = 1
+by default) running examples/torchrun_train.py, plus, for swim, one agent. A node's processes
+share one marker in their environment, so the whole node (agent, torchrun, and the workers
+torchrun starts in sessions of their own) is signalled at once: SIGKILL = crashed host,
+SIGSTOP = hung host. The measure is the time from the fault to the first training step
+completed in a new group without the victim (world 3N → 2N), read from the workers' step
+logs (one JSON line per step and worker).
 
 Research/torch-elastic.md §B6 found stock c10d recovering from a SIGKILL in ~38 s and not at
 all from a SIGSTOP within 40 s (gloo's 30 min timeout, pytorch#111646); the observation
 window here is bounded the same way.
 
-    python -m bench.torchrun_recovery [--window-s 40] [--c10d-kill-window-s 90]
+    python -m bench.torchrun_recovery [--nproc-per-node 1] [--window-s 40] [--c10d-kill-window-s 90]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +40,7 @@ MARK = "SWIM_BENCH_NODE"
 POLL_S = 0.1
 Backend = Literal["swim", "c10d"]
 Scenario = Literal["kill", "stop"]
+Worker = tuple[str, int]  # (node name, local rank)
 
 
 class Node:
@@ -54,13 +57,17 @@ class Node:
         endpoint: str,
         profile: str = "local",
         nnodes: str = "2:3",
+        nproc_per_node: int = 1,
         max_restarts: int = 50,
         agent_port: int | None = None,
         rdzv_conf: str = "",
         env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
+        self.nproc_per_node = nproc_per_node
         self.mark = f"{uuid.uuid4().hex}-{name}"
+        # one file for all the node's workers: each record is one O_APPEND write, so lines
+        # of different workers do not interleave
         self.steps = workdir / f"steps-{name}.jsonl"
         self.control = workdir / f"{name}.sock"
         self.port = agent_port if agent_port is not None else free_port()
@@ -110,7 +117,7 @@ class Node:
             f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={job}",
             f"--nnodes={nnodes}",
-            "--nproc-per-node=1",
+            f"--nproc-per-node={self.nproc_per_node}",
             f"--max-restarts={restarts}",
             "--monitor-interval=0.1",
             "--local-addr=127.0.0.1",
@@ -120,6 +127,10 @@ class Node:
         self._spawn(
             [*args, str(TRAIN), "--trainer-node", self.name, "--steps-file", str(self.steps)]
         )
+
+    def workers(self) -> set[Worker]:
+        """The (node, local rank) pairs this node's torchrun starts in every group."""
+        return {(self.name, i) for i in range(self.nproc_per_node)}
 
     def pids(self) -> list[int]:
         """Every live process of this node, found by its environment marker."""
@@ -198,20 +209,33 @@ def group_of(record: dict[str, Any]) -> tuple[str, int]:
     return (str(record["group"]), int(record["world"]))
 
 
+def worker_of(record: dict[str, Any]) -> Worker:
+    """Who logged ``record``; logs written before ``local_rank`` was recorded had one worker
+    per node."""
+    return (str(record["node"]), int(record.get("local_rank", 0)))
+
+
+def ranks_of(records: Iterable[dict[str, Any]]) -> dict[Worker, int]:
+    """Each worker's global rank in ``records`` (one group: a worker has one rank there)."""
+    return {worker_of(r): int(r["rank"]) for r in records}
+
+
 def wait_group(
     nodes: list[Node], names: set[str], timeout_s: float, after: float = 0.0, steps: int = 3
 ) -> list[dict[str, Any]]:
-    """Wait until exactly ``names`` train together (``steps`` steps each, in one group of
-    that size, logged after ``after``); returns that group's records."""
+    """Wait until exactly ``names`` train together: one group with all their workers and
+    nobody else, each worker having logged ``steps`` steps there after ``after``; returns
+    that group's records."""
+    workers = set().union(*(n.workers() for n in nodes if n.name in names))
 
     def found() -> list[dict[str, Any]] | None:
         by_group: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for r in read_steps(nodes):
-            if float(r["t"]) > after and int(r["world"]) == len(names):
+            if float(r["t"]) > after and int(r["world"]) == len(workers):
                 by_group.setdefault(group_of(r), []).append(r)
         for records in by_group.values():
-            counts = {n: sum(1 for r in records if r["node"] == n) for n in names}
-            if {r["node"] for r in records} == names and min(counts.values()) >= steps:
+            counts = Counter(worker_of(r) for r in records)
+            if set(counts) == workers and min(counts.values()) >= steps:
                 return records
         return None
 
@@ -220,7 +244,12 @@ def wait_group(
 
 
 def start_nodes(
-    workdir: Path, backend: Backend, profile: str, count: int, job: str = "bench"
+    workdir: Path,
+    backend: Backend,
+    profile: str,
+    count: int,
+    job: str = "bench",
+    nproc_per_node: int = 1,
 ) -> list[Node]:
     """``count`` nodes; swim's endpoint is node 0's agent, c10d's a store node 0 hosts."""
     nodes: list[Node] = []
@@ -236,6 +265,7 @@ def start_nodes(
                     job=job,
                     endpoint=f"127.0.0.1:{seed}",
                     profile=profile,
+                    nproc_per_node=nproc_per_node,
                     agent_port=seed if i == 0 else None,
                     rdzv_conf=conf,
                     env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if backend == "c10d" else None,
@@ -254,15 +284,18 @@ def measure(
     backend: Backend,
     *,
     victim: int = 2,
+    nproc_per_node: int = 1,
     start_timeout_s: float = 120.0,
     window_s: float = 40.0,
     workdir: Path | None = None,
 ) -> dict[str, Any]:
-    """Start 3 nodes, wait until they train at world 3, SIGKILL/SIGSTOP node ``victim`` and
-    time the first step of a new 2-node group (None if none within ``window_s``)."""
+    """Start 3 nodes, wait until they train at world 3N, SIGKILL/SIGSTOP node ``victim`` and
+    time the first step of a new 2-node group, world 2N (None if none within ``window_s``).
+    That step is the group's: every worker of it logged a step there, and the earliest
+    record counts, as no rank completes a step before all have sent their gradients."""
     with tempfile.TemporaryDirectory(prefix="swim-trbench-") as tmp:
         work = workdir or Path(tmp)
-        nodes = start_nodes(work, backend, profile, 3)
+        nodes = start_nodes(work, backend, profile, 3, nproc_per_node=nproc_per_node)
         try:
             started = time.monotonic()
             before = wait_group(nodes, {n.name for n in nodes}, start_timeout_s)
@@ -281,6 +314,8 @@ def measure(
                 "profile": profile if backend == "swim" else "-",
                 "scenario": scenario,
                 "backend": backend,
+                "nproc_per_node": nproc_per_node,
+                "world": f"{3 * nproc_per_node} → {2 * nproc_per_node}",
                 "startup_s": startup_s,
                 "recovery_s": recovery_s,
                 "window_s": window_s,
@@ -292,14 +327,15 @@ def measure(
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| backend | profile | fault | recovery (fault → first step at world 2) | startup |",
-        "|---|---|---|---|---|",
+        "| backend | profile | fault | world | recovery (fault → first step in the new group) "
+        "| startup |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         rec = r["recovery_s"]
         shown = f"{rec:.1f} s" if rec is not None else f"none within {r['window_s']:.0f} s"
         lines.append(
-            f"| {r['backend']} | {r['profile']} | {r['scenario']} | {shown} "
+            f"| {r['backend']} | {r['profile']} | {r['scenario']} | {r['world']} | {shown} "
             f"| {r['startup_s']:.1f} s |"
         )
     return "\n".join(lines)
@@ -307,6 +343,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--nproc-per-node", type=int, default=1, help="workers per node (torchrun's option)"
+    )
     parser.add_argument("--window-s", type=float, default=40.0)
     parser.add_argument(
         "--c10d-kill-window-s",
@@ -324,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
                 window = args.window_s
                 if (backend, scenario) == ("c10d", "kill"):
                     window = args.c10d_kill_window_s
-                row = measure(profile, scenario, backend, window_s=window)
+                row = measure(
+                    profile, scenario, backend, nproc_per_node=args.nproc_per_node, window_s=window
+                )
                 print(row, file=sys.stderr, flush=True)
                 rows.append(row)
     print(table(rows))

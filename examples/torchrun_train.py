@@ -4,9 +4,11 @@
              --nproc-per-node=1 --max-restarts=10 --monitor-interval=0.1 \\
              examples/torchrun_train.py --trainer-node NAME --steps-file steps.jsonl
 
-Each completed step appends one JSON line: wall time ``t``, ``node``, ``rank``, ``world``,
-``restart`` (TORCHELASTIC_RESTART_COUNT), ``step`` (counted per worker process) and
-``group`` (MASTER_ADDR:MASTER_PORT: a new one per rendezvous round with the swim backend).
+Each completed step appends one JSON line: wall time ``t``, ``node``, ``local_rank``
+(LOCAL_RANK: with several workers per node, the node's workers share one steps file),
+``rank``, ``world``, ``restart`` (TORCHELASTIC_RESTART_COUNT), ``step`` (counted per worker
+process) and ``group`` (MASTER_ADDR:MASTER_PORT: a new one per rendezvous round with the
+swim backend).
 Tests and bench/torchrun_recovery.py read these lines; nothing else is measured here.
 Option names avoid prefixes of torchrun's own (argparse would call ``--node`` ambiguous).
 Gradients are averaged with one gloo allreduce per step; ``--ddp`` wraps the model in DDP
@@ -48,6 +50,7 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     group = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     with open(args.steps_file, "a", buffering=1) as out:
         for step in range(args.steps):
             x = torch.randn(8, 16)
@@ -60,6 +63,7 @@ def main() -> None:
             record = {
                 "t": time.time(),
                 "node": args.trainer_node,
+                "local_rank": local_rank,
                 "rank": rank,
                 "world": world,
                 "restart": restart,

@@ -3,8 +3,9 @@
 In-process handlers (one per agent, the way torchrun holds one) check the round rules:
 ranks by join age, one increment per round, departures and joiners counted by
 ``num_nodes_waiting``, closing seen everywhere, a new leader after the old one's agent
-dies. The process tests run three torchrun "nodes" (bench/torchrun_recovery.py's ``Node``:
-agent + torchrun + worker, signalled as a whole) and assert on the workers' step logs.
+dies. The process tests run three torchrun "nodes" of two workers each
+(bench/torchrun_recovery.py's ``Node``: agent + torchrun + workers, signalled as a whole)
+and assert on every worker's step log.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from agent.demo import LocalAgent, start_cluster, wait_converged
-from bench.torchrun_recovery import Node, group_of, start_nodes, wait_group
+from bench.torchrun_recovery import (
+    Node,
+    group_of,
+    ranks_of,
+    start_nodes,
+    wait_group,
+    worker_of,
+)
 from torchhook.client import JobMember, View
 from torchhook.rendezvous import (
     Round,
@@ -184,10 +192,14 @@ def test_the_next_oldest_takes_over_when_the_leader_dies(agents: list[LocalAgent
 
 # --- real torchrun nodes ------------------------------------------------------------------
 
+# Real jobs run several workers per node: global ranks must stay contiguous per node, in node
+# rank order, through every regrouping.
+NPROC = 2
+
 
 @pytest.fixture
 def nodes(tmp_path: Path) -> Iterator[list[Node]]:
-    started = start_nodes(tmp_path, "swim", "local", 3, job=JOB)
+    started = start_nodes(tmp_path, "swim", "local", 3, job=JOB, nproc_per_node=NPROC)
     try:
         yield started
     finally:
@@ -195,35 +207,65 @@ def nodes(tmp_path: Path) -> Iterator[list[Node]]:
             n.close()
 
 
-def _names(nodes: list[Node], *indexes: int) -> set[str]:
-    return {nodes[i].name for i in indexes}
+def _by_name(nodes: list[Node], *names: str) -> list[Node]:
+    return [n for n in nodes if n.name in names]
+
+
+def _join_order(records: list[dict[str, Any]]) -> list[str]:
+    """The group's node names by node rank, i.e. join age (rank 0: the rendezvous leader).
+    Read off the group rather than assumed from start order: the torchruns start a second
+    apart, and which registers first is up to the scheduler."""
+    ranks = ranks_of(records)
+    return sorted({name for name, _ in ranks}, key=lambda name: ranks[(name, 0)])
+
+
+def _assert_group(records: list[dict[str, Any]], order: list[str]) -> None:
+    """Every worker of ``order``'s nodes trained in this group, node i's local rank j as
+    global rank i * NPROC + j, at world NPROC * len(order)."""
+    expected = {((name, j), i * NPROC + j) for i, name in enumerate(order) for j in range(NPROC)}
+    assert {(worker_of(r), int(r["rank"])) for r in records} == expected
+    assert {int(r["world"]) for r in records} == {NPROC * len(order)}
 
 
 @pytest.mark.slow
 def test_torchrun_survives_the_leader_crash_and_regrows(nodes: list[Node], tmp_path: Path) -> None:
-    before = wait_group(nodes, _names(nodes, 0, 1, 2), 120)
+    before = wait_group(nodes, {n.name for n in nodes}, 120)
+    order = _join_order(before)
+    _assert_group(before, order)
+
+    leader, *survivors = order
     fault = time.time()
-    nodes[0].signal(signal.SIGKILL)  # node rank 0: the rendezvous leader and store host
-    after = wait_group(nodes, _names(nodes, 1, 2), 60, after=fault)
+    _by_name(nodes, leader)[0].signal(signal.SIGKILL)  # rendezvous leader and store host
+    after = wait_group(nodes, set(survivors), 60, after=fault)
     assert {group_of(r) for r in before}.isdisjoint(group_of(r) for r in after)
-    assert {r["rank"] for r in after} == {0, 1}
+    _assert_group(after, survivors)  # the oldest survivor's workers are ranks 0, 1
 
     grown = time.time()
+    seed = _by_name(nodes, survivors[0])[0].port
     nodes.append(
-        Node("node3", tmp_path, backend="swim", job=JOB, endpoint=f"127.0.0.1:{nodes[1].port}")
+        Node(
+            "node3",
+            tmp_path,
+            backend="swim",
+            job=JOB,
+            endpoint=f"127.0.0.1:{seed}",
+            nproc_per_node=NPROC,
+        )
     )
-    regrown = wait_group(nodes, _names(nodes, 1, 2, 3), 90, after=grown)
-    # join age: node1 is the oldest survivor, node3 the newest
-    ranks = {r["node"]: r["rank"] for r in regrown}
-    assert ranks == {"node1": 0, "node2": 1, "node3": 2}
+    regrown = wait_group(nodes, {*survivors, "node3"}, 90, after=grown)
+    _assert_group(regrown, [*survivors, "node3"])  # the newest node's workers come last
 
 
 @pytest.mark.slow
 def test_torchrun_drops_a_hung_node(nodes: list[Node]) -> None:
-    wait_group(nodes, _names(nodes, 0, 1, 2), 120)
+    before = wait_group(nodes, {n.name for n in nodes}, 120)
+    order = _join_order(before)
+    _assert_group(before, order)
+
+    *rest, youngest = order
     fault = time.time()
-    nodes[2].signal(signal.SIGSTOP)  # hung host: sockets open, nothing answers
-    after = wait_group(nodes, _names(nodes, 0, 1), 60, after=fault)
-    assert {r["world"] for r in after} == {2}
+    _by_name(nodes, youngest)[0].signal(signal.SIGSTOP)  # hung host: sockets open, all mute
+    after = wait_group(nodes, set(rest), 60, after=fault)
+    _assert_group(after, rest)
     # membership restarts are not failures: torchrun's restart budget is untouched
-    assert {r["restart"] for r in after} == {0}
+    assert {int(r["restart"]) for r in after} == {0}
