@@ -304,14 +304,36 @@ def keys(
     "--torch",
     "torch_job",
     is_flag=True,
-    help="Instead: a 4-node elastic DDP job (needs torch); kill a node, watch it go on at 3.",
+    help="Instead: an elastic DDP job (needs torch); kill a node, watch it go on without it.",
 )
-def demo(agents: int, profile: str, torch_job: bool) -> None:
+@click.option(
+    "--nodes",
+    type=int,
+    default=None,
+    help="With --torch: how many nodes (agent + trainers each; 2 or more).  [default: 4]",
+)
+@click.option(
+    "--ranks-per-node",
+    type=int,
+    default=None,
+    help="With --torch: trainer processes per node, one per local rank (1..8).  [default: 1]",
+)
+def demo(
+    agents: int,
+    profile: str,
+    torch_job: bool,
+    nodes: int | None,
+    ranks_per_node: int | None,
+) -> None:
     """Start a local cluster of real agents, kill one, watch the others notice."""
     if torch_job:
         from agent.torch_demo import run_torch_demo
 
-        sys.exit(run_torch_demo(profile))
+        n, r = 4 if nodes is None else nodes, 1 if ranks_per_node is None else ranks_per_node
+        sys.exit(run_torch_demo(profile, n, r))
+    if nodes is not None or ranks_per_node is not None:
+        # the plain demo's size is --agents; silently ignoring these would mislead
+        raise click.UsageError("--nodes and --ranks-per-node go with --torch (else: --agents)")
     from agent.demo import run_demo
 
     sys.exit(run_demo(agents, profile))
