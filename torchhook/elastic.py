@@ -165,6 +165,8 @@ class ElasticDDP:
         self._addrs: dict[str, str] = {}
         self._confirmed: set[str] = set()
         self._has_state = False
+        self._applied_in = ""
+        """Token of the group in which this rank applied its last step or took its state."""
         self._held_failed = False
         self._last_beat = 0.0
         self.reconfigurations = 0
@@ -227,6 +229,7 @@ class ElasticDDP:
                 self._abandon(failed=True)
                 continue
             self.step += 1
+            self._applied_in = self.group_token
             self._beat(force=True)
             return result
 
@@ -395,10 +398,12 @@ class ElasticDDP:
                 # a peer that died during formation surfaces as a store or gloo error; the
                 # first line says which (torch appends a C++ stack trace)
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                log.info("formation of %s retried: %s", view.fingerprint, first)
+                unreachable = isinstance(exc, Retry) and exc.unreachable
+                log.info("formation on %s retried: %s", view.fingerprint, first)
                 del exc
                 self._abandon(failed=True)
-                self._await_new_view(view.fingerprint)
+                if unreachable:  # do not spin on a dead leader, but go on at a new view
+                    self._await_new_view(view.fingerprint)
         self.reconfigurations += 1
         self.last_formation_s = time.monotonic() - started
 
@@ -452,6 +457,7 @@ class ElasticDDP:
             self.layout if held else None,
             self.step,
             self._has_state,
+            self._applied_in,
         )
 
     def _decide(self, layout: Layout, infos: list[RankInfo]) -> Plan:
@@ -478,6 +484,7 @@ class ElasticDDP:
         log.debug("group %s: setting up the model", token)
         self.ddp = self._setup_model(plan)
         self._has_state = True
+        self._applied_in = token  # every rank of the group now holds the same state
         self.membership.set_group(self.group_token)
         log.info(
             "group %s: rank %d of %d (%s) at step %d, %s from rank %d",
@@ -495,27 +502,40 @@ class ElasticDDP:
         hands to the step function. Subclasses (FSDP, HSDP) override this."""
         for p in self.model.parameters():
             p.grad = None
-        # the source is not always rank 0 (the newest step wins), so we broadcast
-        # parameters and buffers ourselves, interruptibly, instead of DDP's init sync
-        works = [
-            dist.broadcast(t.data, plan.source, async_op=True)
-            for t in [*self.model.parameters(), *self.model.buffers()]
-        ]
-        for work in works:
-            self._wait(work)
+        self.step = plan.step
+        if plan.receivers:
+            # the source is not always rank 0 (the newest step wins), so we broadcast
+            # ourselves, interruptibly, instead of DDP's init sync from rank 0
+            self._broadcast_tensors([*self.model.parameters(), *self.model.buffers()], plan.source)
+            self._sync_state(plan.source)
         device_ids = [self.device] if self.device.type == "cuda" else None
         ddp = DDP(self.model, device_ids=device_ids, init_sync=False)
         # a lambda: DDP inspects annotations, which __future__ annotations turn into strings
         ddp.register_comm_hook(None, lambda state, bucket: self._comm_hook(state, bucket))
-        self._sync_state(plan.source)
         return ddp
 
+    def _broadcast_tensors(self, tensors: list[torch.Tensor], source: int) -> None:
+        """One broadcast per dtype of everything in ``tensors`` (in place), interruptible."""
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        flats = [(torch.cat([t.detach().reshape(-1) for t in ts]), ts) for ts in by_dtype.values()]
+        works = [dist.broadcast(flat, source, async_op=True) for flat, _ in flats]
+        for work in works:
+            self._wait(work)
+        with torch.no_grad():
+            for flat, ts in flats:
+                offset = 0
+                for t in ts:
+                    t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
     def _sync_state(self, source: int) -> None:
+        """Optimizer state, RNG and the caller's extra state, from the source."""
         payload: list[Any] = [None]
         if self.rank == source:
             payload[0] = {
                 "optimizer": self.optimizer.state_dict(),
-                "step": self.step,
                 "rng": torch.get_rng_state(),
                 "extra": self._extra_state() if self._extra_state else None,
             }
@@ -524,7 +544,6 @@ class ElasticDDP:
         state = payload[0]
         if self.rank != source:
             self.optimizer.load_state_dict(state["optimizer"])
-            self.step = int(state["step"])
             torch.set_rng_state(state["rng"])
             if self._load_extra_state is not None:
                 self._load_extra_state(state["extra"])

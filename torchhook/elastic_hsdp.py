@@ -134,7 +134,6 @@ class ElasticHSDP(ElasticDDP):
         self._kept: _Kept | None = None
         self._replicas: Any = None
         """This rank's replicate group: the same local rank on every node."""
-        self._applied_in = ""
         self._pending_in = ""
 
     # --- the training-loop API --------------------------------------------------------
@@ -152,7 +151,6 @@ class ElasticHSDP(ElasticDDP):
             self.optimizer.step()
             self.optimizer.zero_grad()
             self._pending_in = ""
-            self._applied_in = self.group_token
             return result
 
         return super().run_step(step)
@@ -179,7 +177,7 @@ class ElasticHSDP(ElasticDDP):
     def _rank_info(self) -> RankInfo:
         base = super()._rank_info()
         return RankInfo(
-            base.group, base.layout, base.step, base.has_state, self._applied_in, self._pending_in
+            base.group, base.layout, base.step, base.has_state, base.applied_in, self._pending_in
         )
 
     def _decide(self, layout: Layout, infos: list[RankInfo]) -> Plan:
@@ -224,7 +222,9 @@ class ElasticHSDP(ElasticDDP):
         self.model, self.optimizer = module, optimizer
         if not fresh:
             self._restore(plan, shards)
-        self._sync_step(plan.source)
+        self.step = plan.step
+        if plan.receivers:
+            self._sync_rng(plan.source)
         self._kept = None
         self._pending_in = ""  # rolled forward or superseded by the plan's step
         return module
@@ -275,14 +275,11 @@ class ElasticHSDP(ElasticDDP):
                 k: _like(p, v) if _is_shard_state(p, v) else v for k, v in copied.items()
             }
 
-    def _sync_step(self, source: int) -> None:
-        payload: list[Any] = [None]
-        if self.rank == source:
-            payload[0] = {"step": self.step, "rng": torch.get_rng_state()}
+    def _sync_rng(self, source: int) -> None:
+        payload: list[Any] = [torch.get_rng_state() if self.rank == source else None]
         device = self.device if self.device.type == "cuda" else None
         dist.broadcast_object_list(payload, src=source, device=device)
-        self.step = int(payload[0]["step"])
-        torch.set_rng_state(payload[0]["rng"])
+        torch.set_rng_state(payload[0])
 
     def _fresh_mesh(self, shards: int) -> DeviceMesh:
         """A ``nodes × ranks`` mesh over the new group, named uniquely (the same name on

@@ -62,7 +62,13 @@ RETRY_PLAN = "retry"
 
 
 class Retry(Exception):
-    """A formation attempt that must start over with the latest view."""
+    """A formation attempt that must start over with the latest view. ``unreachable``: the
+    leader could not be reached (dead, or stopped), so trying again before the view
+    changes would only spin."""
+
+    def __init__(self, why: str, *, unreachable: bool = False) -> None:
+        super().__init__(why)
+        self.unreachable = unreachable
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +179,7 @@ class Formation:
         me = view.member(node)
         assert me is not None
         if leader.store_port == 0:
-            raise Retry(f"the leader {leader.name} serves no directory")
+            raise Retry(f"the leader {leader.name} serves no directory", unreachable=True)
         directory = self._directory_of(leader.addr, leader.store_port)
         offer: dict[str, Any] = {}
 
@@ -239,9 +245,11 @@ class Formation:
             thread.join(POLL_S)
             self.beat()
         if not result:
-            raise Retry(f"{what} at {addr}:{port}: no answer within {STORE_CONNECT}")
+            raise Retry(
+                f"{what} at {addr}:{port}: no answer within {STORE_CONNECT}", unreachable=True
+            )
         if isinstance(result[0], BaseException):
-            raise Retry(f"{what} at {addr}:{port}: {result[0]}")
+            raise Retry(f"{what} at {addr}:{port}: {result[0]}", unreachable=True)
         store: TCPStore = result[0]
         return store
 
@@ -262,6 +270,6 @@ class Formation:
             if why is not None:
                 raise Retry(why)
             if time.monotonic() > deadline:
-                raise Retry(f"timed out waiting for {what}")
+                raise Retry(f"timed out waiting for {what}", unreachable=True)
             self.beat()
             time.sleep(POLL_S)

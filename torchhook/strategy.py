@@ -46,9 +46,12 @@ of one group differ by at most one step after a failure inside a step (some fini
 gradient reduction, some did not).
 
 - DDP (every rank holds everything): the target is the highest step of a rank that holds
-  state; its lowest such rank is the ``source``, and everyone takes parameters, optimizer
-  state, step and RNG from it. With no state anywhere (first formation), the source is
-  rank 0 and its initial parameters.
+  state; its lowest such rank is the ``source``. Ranks that applied that same step in the
+  same group as the source (``applied_in``) hold bit-identical state already (DDP's
+  invariant); everyone else is a *receiver* and takes parameters, buffers, optimizer state
+  and RNG from the source. After a failure between steps nobody receives, and the new
+  group needs no state transfer at all. With no state anywhere (first formation), the
+  source is rank 0 and everyone else takes its initial parameters.
 - HSDP (``shards=R``: rank j of every node holds shard j): the state of shard j can come
   from any node's rank j. A step is applied only after a commit vote that every rank
   reached (``pending_in``: the rank holds fully reduced gradients of its step, reduced in
@@ -172,7 +175,7 @@ class RankInfo:
     has_state: bool
     """Holds model and optimizer state (a fresh process does not)."""
     applied_in: str = ""
-    """HSDP: token of the group in which this rank applied its last step."""
+    """Token of the group in which this rank applied its last step (or took its state)."""
     pending_in: str = ""
     """HSDP: token of the group in which this rank fully reduced the gradients of ``step``
     without applying them ("" if it holds none)."""
@@ -212,11 +215,12 @@ class Plan:
     """The step every rank continues from."""
     restore: Restore
     source: int
-    """DDP: the rank whose full state everyone takes."""
+    """DDP: the rank whose full state the receivers take (HSDP: step and RNG)."""
     providers: tuple[int, ...] = ()
     """HSDP: per local rank j, the rank that holds shard j at ``step``."""
     receivers: tuple[int, ...] = ()
-    """HSDP: ranks that take their shard from its provider (behind or fresh)."""
+    """Ranks that take state from the source (DDP) or their shard's provider (HSDP):
+    behind, fresh, or not known to be identical."""
     roll_forward: tuple[int, ...] = ()
     """HSDP: ranks that first apply their pending step (they are one step behind)."""
 
@@ -305,12 +309,22 @@ def decide(
 
 
 def _ddp_state(action: Action, exclude: tuple[int, ...], infos: Sequence[RankInfo]) -> Plan:
+    everyone_else = tuple(range(1, len(infos)))
     holders = [r for r, info in enumerate(infos) if info.has_state]
     if not holders:
-        return Plan(action, exclude, 0, "fresh", 0)
+        return Plan(action, exclude, 0, "fresh", 0, receivers=everyone_else)
     step = max(infos[r].step for r in holders)
     source = min(r for r in holders if infos[r].step == step)
-    return Plan(action, exclude, step, "memory", source)
+    # the same step applied in the same group: bit-identical to the source already
+    token = infos[source].applied_in
+    receivers = tuple(
+        r for r in range(len(infos)) if r != source and not _same(infos[r], step, token)
+    )
+    return Plan(action, exclude, step, "memory", source, receivers=receivers)
+
+
+def _same(info: RankInfo, step: int, token: str) -> bool:
+    return info.has_state and info.step == step and bool(token) and info.applied_in == token
 
 
 def _hsdp_state(

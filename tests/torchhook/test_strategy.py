@@ -103,19 +103,31 @@ def _info(step: int, has_state: bool = True, applied: str = "", pending: str = "
     return RankInfo("", None, step, has_state, applied, pending)
 
 
+T_6 = _info(6, applied="T")
+T_10 = _info(10, applied="T")
+
+
 @pytest.mark.parametrize(
-    ("infos", "step", "restore", "source"),
+    ("infos", "step", "restore", "source", "receivers"),
     [
-        ([_info(0, False)] * 4, 0, "fresh", 0),  # first formation: rank 0's init
-        ([_info(5), _info(6), _info(6), _info(4)], 6, "memory", 1),  # mid-step failure
-        ([_info(3), _info(10), _info(0, False), _info(10)], 10, "memory", 1),  # back + new
+        ([_info(0, False)] * 4, 0, "fresh", 0, (1, 2, 3)),  # first formation: rank 0's init
+        # a failure between steps: every survivor applied step 6 in group T, nobody receives
+        ([_info(6, applied="T")] * 4, 6, "memory", 0, ()),
+        # mid-step failure: ranks 0 and 3 did not apply step 6
+        ([_info(5, applied="T"), T_6, T_6, _info(5, applied="T")], 6, "memory", 1, (0, 3)),
+        # back from a stop (old step), a newcomer, and a rank at 10 from another group
+        ([_info(3, applied="S"), T_10, _info(0, False), _info(10, applied="U")],
+         10, "memory", 1, (0, 2, 3)),
+        # no group token known: nobody is assumed identical to the source
+        ([_info(5), _info(6), _info(6), _info(4)], 6, "memory", 1, (0, 2, 3)),
     ],
-)
+)  # fmt: skip
 def test_ddp_state_comes_from_the_lowest_rank_with_the_newest_step(
-    infos: list[RankInfo], step: int, restore: str, source: int
+    infos: list[RankInfo], step: int, restore: str, source: int, receivers: tuple[int, ...]
 ) -> None:
     plan = decide(L(("a", 2), ("b", 2)), infos, backend="gloo", supports_shrinking=False)
     assert (plan.step, plan.restore, plan.source) == (step, restore, source)
+    assert plan.receivers == receivers
 
 
 AB2 = L(("a", 2), ("b", 2))
