@@ -1,4 +1,4 @@
-"""In-process elastic FSDP2 on CPU/gloo: one trainer per node, membership from the local agent.
+"""In-process elastic FSDP2 on CPU/gloo: trainers on nodes, membership from each node's agent.
 
     SWIM_CONTROL=/run/swim/agent.sock python examples/elastic_fsdp.py --job demo \\
         --checkpoint-dir /shared/ckpt --checkpoint-every 2 --log steps.jsonl
@@ -85,10 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         pg_timeout_s=args.pg_timeout,
         heartbeat_pause_ms=args.heartbeat_pause_ms,
     )
+    faulty = el.local_rank == 0  # one process brings the whole node down
     log = args.log.open("a") if args.log else None
 
     def emit(record: dict[str, Any]) -> None:
-        record.update(t=time.time(), node=el.node, pid=os.getpid())
+        record.update(t=time.time(), node=el.node, local_rank=el.local_rank, pid=os.getpid())
         line = json.dumps(record)
         if log is not None:
             log.write(line + "\n")
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         opt = el.optimizer
         opt.zero_grad()
         loss = nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi])
-        if el.step == args.fault_step and args.fault.endswith("in-backward"):
+        if faulty and el.step == args.fault_step and args.fault.endswith("in-backward"):
             loss.register_hook(lambda grad: fault(args.fault, log))  # type: ignore[no-untyped-call]
         torch.autograd.backward(loss)
         opt.step()
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             args.fault_step = el.step + 1
             while args.fault_step % args.checkpoint_every == 0:
                 args.fault_step += 1
-        if el.step == args.fault_step and args.fault in ("kill", "stop"):
+        if faulty and el.step == args.fault_step and args.fault in ("kill", "stop"):
             fault(args.fault, log)
         loss = el.run_step(train_step)
         step = el.step - 1  # the step that ran (after a rollback: a step of the new group)

@@ -108,6 +108,9 @@ class ElasticFSDP(ElasticDDP):
         join_timeout_s: float = 600.0,
         heartbeat_pause_ms: int = 30_000,
         store_host: str = "0.0.0.0",
+        local_rank: int | None = None,
+        local_world_size: int | None = None,
+        backend: str | None = None,
     ) -> None:
         if checkpoint_every < 1 or keep < 1:
             raise ValueError("checkpoint_every and keep must be >= 1")
@@ -126,6 +129,9 @@ class ElasticFSDP(ElasticDDP):
             join_timeout_s=join_timeout_s,
             heartbeat_pause_ms=heartbeat_pause_ms,
             store_host=store_host,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            backend=backend,
         )
         self._build_model = build_model
         self._build_optimizer = build_optimizer

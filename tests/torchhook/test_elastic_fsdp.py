@@ -1,10 +1,11 @@
 """In-process elastic FSDP2 with real agents, real trainer processes, gloo and DCP.
 
-Four nodes (agent + trainer each) train a sharded model with checkpoints every 2 steps
-into a shared directory. One node dies as a whole (SIGKILL of its process group, from
-inside its trainer, at a step that is not a checkpoint step). The three survivors form a
-group of 3 in the same processes, reload the newest complete checkpoint resharded to 3
-(rolling back the steps after it) and train on. Checked from the step logs: world sizes,
+Nodes (an agent and one trainer per local rank each; 4 × 1 and 3 × 2) train a model
+sharded over every rank, with checkpoints every 2 steps into a shared directory. One node
+dies as a whole (SIGKILL of its process group, from inside a trainer, at a step that is
+not a checkpoint step). The survivors form a smaller group in the same processes, reload
+the newest complete checkpoint resharded to the new world size (rolling back the steps
+after it) and train on. Checked from the step logs: world sizes,
 the resumed step is a checkpoint step before the fault, every step of the new group is run
 in order from it, and every logged loss equals the unsharded single-process reference.
 """
@@ -32,18 +33,20 @@ SEED = 7
 LOSS_RTOL = 1e-4
 
 
-def _args(tmp_path: Path, pg_timeout_s: float) -> list[str]:
+def _args(tmp_path: Path, pg_timeout_s: float, min_nodes: int) -> list[str]:
     return [
         "--job", "j", "--steps", "100000", "--stop-file", str(tmp_path / "stop"),
-        "--step-sleep", "0.02", "--pg-timeout", str(pg_timeout_s), "--min-nodes", "3",
+        "--step-sleep", "0.02", "--pg-timeout", str(pg_timeout_s), "--min-nodes", str(min_nodes),
         "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", str(EVERY),
         "--seed", str(SEED),
     ]  # fmt: skip
 
 
 def _training_at(node: TrainingNode, world: int) -> bool:
-    steps = node.steps()
-    return len(steps) >= 3 and all(r["world"] == world for r in steps[-3:])
+    return all(
+        len(s := node.steps(lr)) >= 3 and all(r["world"] == world for r in s[-3:])
+        for lr in range(node.ranks)
+    )
 
 
 def _reference(steps: int) -> list[float]:
@@ -55,20 +58,22 @@ def _reference(steps: int) -> list[float]:
     return losses
 
 
-def _check(survivors: list[TrainingNode], victim: TrainingNode, stop_at: int) -> dict[str, Any]:
+def _check(
+    survivors: list[TrainingNode], victim: TrainingNode, stop_at: int, before: int, after: int
+) -> dict[str, Any]:
     fault = next(r for r in victim.records() if "fault" in r)
     fault_step = max(r["step"] for r in victim.steps()) + 1  # steps completed at the kill
     assert fault_step % EVERY != 0, "the fault must land between checkpoints"
-    assert victim.steps()[-1]["world"] == 4  # earlier steps may be at 3 (before n3 joined)
+    assert victim.steps()[-1]["world"] == before  # earlier steps may be smaller (joining)
     ref = _reference(stop_at)
     worst = 0.0
     first_new: list[dict[str, Any]] = []
-    for n in survivors:
-        steps = n.steps()
-        assert steps[0]["world"] in (3, 4) and steps[-1]["world"] == 3, steps
-        at3 = [r for r in steps if r["world"] == 3 and r["t"] > fault["t"]]
-        resumed = {r["resumed"] for r in at3}
-        assert len(resumed) == 1, f"{n.name}: one formation at world 3, got {resumed}"
+    for n, lr in ((node, lr) for node in survivors for lr in range(node.ranks)):
+        steps = n.steps(lr)
+        assert steps[-1]["world"] == after, steps
+        shrunk = [r for r in steps if r["world"] == after and r["t"] > fault["t"]]
+        resumed = {r["resumed"] for r in shrunk}
+        assert len(resumed) == 1, f"{n.name}: one formation at world {after}, got {resumed}"
         (start,) = resumed
         # rollback: a checkpoint step of the old group, before the fault, then every step
         # in order from it
@@ -76,21 +81,21 @@ def _check(survivors: list[TrainingNode], victim: TrainingNode, stop_at: int) ->
             start,
             fault_step,
         )
-        assert [r["step"] for r in at3] == list(range(start, stop_at)), n.name
-        first_new.append(at3[0])
+        assert [r["step"] for r in shrunk] == list(range(start, stop_at)), n.name
+        first_new.append(shrunk[0])
         for r in steps:
             rel = abs(r["loss"] - ref[r["step"]]) / abs(ref[r["step"]])
             assert rel < LOSS_RTOL, (n.name, r, ref[r["step"]])
             worst = max(worst, rel)
     assert len({r["resumed"] for r in first_new}) == 1, "all survivors resumed the same step"
     saved = complete_checkpoints(survivors[0].steps_path().parent / "ckpt")
-    assert saved and saved[-1].world_size == 3 and saved[-1].step <= stop_at, saved
+    assert saved and saved[-1].world_size == after and saved[-1].step <= stop_at, saved
     first = min(r["t"] for r in first_new)
     return {
         "fault_step": fault_step,
         "resumed_step": first_new[0]["resumed"],
         "rollback_steps": fault_step - first_new[0]["resumed"],
-        "fault_to_world3_step_s": round(first - fault["t"], 3),
+        "fault_to_shrunk_step_s": round(first - fault["t"], 3),
         "load_s": max(r["load_s"] for r in first_new),
         "formation_s": max(r["formation_s"] for r in first_new),
         "worst_rel_loss_diff": worst,
@@ -101,27 +106,32 @@ def _check(survivors: list[TrainingNode], victim: TrainingNode, stop_at: int) ->
 # all-reduces and leave on the verdict (or a gloo error). "kill-in-backward": it dies inside
 # an FSDP reduce-scatter, which nothing can interrupt; whoever is not wired to it leaves
 # only at the PG timeout (research §B5), so that case runs with a short one.
-@pytest.mark.parametrize(("fault", "pg_timeout_s"), [("kill", 15.0), ("kill-in-backward", 8.0)])
+@pytest.mark.parametrize(
+    ("fault", "pg_timeout_s", "count", "ranks"),
+    [("kill", 15.0, 3, 2), ("kill-in-backward", 8.0, 4, 1)],
+)
 def test_node_killed_survivors_reshard_roll_back_and_match_reference(
-    tmp_path: Path, fault: str, pg_timeout_s: float
+    tmp_path: Path, fault: str, pg_timeout_s: float, count: int, ranks: int
 ) -> None:
-    nodes = start_nodes(["n0", "n1", "n2", "n3"], tmp_path)
+    nodes = start_nodes([f"n{i}" for i in range(count)], tmp_path, ranks=ranks)
     fault_file = tmp_path / "fault"
+    before, after = count * ranks, (count - 1) * ranks
     try:
         for n in nodes:
-            extra = ["--fault", fault, "--fault-file", str(fault_file)] if n.name == "n3" else []
-            n.start_trainers(SCRIPT, *_args(tmp_path, pg_timeout_s), *extra, timeout_s=150)
-        survivors, victim = nodes[:3], nodes[3]
-        until(lambda: all(_training_at(n, 4) for n in nodes), 60, "4-node group trains")
+            extra = ["--fault", fault, "--fault-file", str(fault_file)] if n is nodes[-1] else []
+            args = _args(tmp_path, pg_timeout_s, count - 1)
+            n.start_trainers(SCRIPT, *args, *extra, timeout_s=150)
+        survivors, victim = nodes[:-1], nodes[-1]
+        until(lambda: all(_training_at(n, before) for n in nodes), 90, "the full group trains")
         fault_file.touch()
         until(lambda: any("fault" in r for r in victim.records()), 20, "the fault happens")
-        until(lambda: all(_training_at(n, 3) for n in survivors), 45, "survivors train at 3")
+        until(lambda: all(_training_at(n, after) for n in survivors), 45, "survivors train")
         stop_at = max(r["step"] for n in survivors for r in n.steps()) + 4
         (tmp_path / "stop").write_text(str(stop_at))
         until(lambda: all(None not in n.finals() for n in survivors), 30, "survivors finish")
         for n in survivors:
             assert all(t.wait(20) == 0 for t in n.trainers), n.tail()
-        result = _check(survivors, victim, stop_at)
+        result = _check(survivors, victim, stop_at, before, after)
         print(json.dumps({"fault": fault, "pg_timeout_s": pg_timeout_s, **result}))
     finally:
         for n in nodes:
