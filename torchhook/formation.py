@@ -228,30 +228,7 @@ class Formation:
         return client
 
     def connect(self, addr: str, port: int, what: str) -> TCPStore:
-        """A TCPStore client, built on a helper thread while this one keeps beating (see
-        the module docstring); the abandoned thread ends when the peer resumes or dies."""
-        result: list[Any] = []
-
-        def connect() -> None:
-            try:
-                result.append(TCPStore(addr, port, is_master=False, timeout=STORE_CONNECT))
-            except (RuntimeError, OSError) as exc:
-                result.append(exc)
-
-        thread = threading.Thread(target=connect, name=f"connect-{what}", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + STORE_CONNECT.total_seconds()
-        while thread.is_alive() and time.monotonic() < deadline:
-            thread.join(POLL_S)
-            self.beat()
-        if not result:
-            raise Retry(
-                f"{what} at {addr}:{port}: no answer within {STORE_CONNECT}", unreachable=True
-            )
-        if isinstance(result[0], BaseException):
-            raise Retry(f"{what} at {addr}:{port}: {result[0]}", unreachable=True)
-        store: TCPStore = result[0]
-        return store
+        return connect_store(addr, port, what, beat=self.beat)
 
     def _poll(
         self,
@@ -273,3 +250,33 @@ class Formation:
                 raise Retry(f"timed out waiting for {what}", unreachable=True)
             self.beat()
             time.sleep(POLL_S)
+
+
+def connect_store(
+    addr: str, port: int, what: str, *, beat: Callable[[], None] = lambda: None
+) -> TCPStore:
+    """A TCPStore client, built on a helper thread while this one keeps beating (see the
+    module docstring): gives up with ``Retry(unreachable=True)`` after ``STORE_CONNECT``
+    (a refused connection is retried by TCPStore until then; a stopped peer never
+    answers). The abandoned thread ends when the peer resumes or dies. The client's
+    timeout for later operations is the caller's to set (``set_timeout``)."""
+    result: list[Any] = []
+
+    def connect() -> None:
+        try:
+            result.append(TCPStore(addr, port, is_master=False, timeout=STORE_CONNECT))
+        except (RuntimeError, OSError) as exc:
+            result.append(exc)
+
+    thread = threading.Thread(target=connect, name=f"connect-{what}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + STORE_CONNECT.total_seconds()
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(POLL_S)
+        beat()
+    if not result:
+        raise Retry(f"{what} at {addr}:{port}: no answer within {STORE_CONNECT}", unreachable=True)
+    if isinstance(result[0], BaseException):
+        raise Retry(f"{what} at {addr}:{port}: {result[0]}", unreachable=True)
+    store: TCPStore = result[0]
+    return store

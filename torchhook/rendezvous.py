@@ -103,6 +103,7 @@ from torch.distributed.elastic.utils.logging import get_logger  # noqa: E402
 
 from agent.control import ControlClient, ControlError  # noqa: E402
 from torchhook.client import JobMember, Membership, MembershipClosed, View  # noqa: E402
+from torchhook.formation import Retry, connect_store  # noqa: E402
 
 BACKEND = "swim"
 CLOSED_GROUP = "closed"
@@ -364,7 +365,7 @@ class SwimRendezvousHandler(RendezvousHandler):
                     _client(leader, PROTOCOL_TIMEOUT_S),
                     _client(leader, self._settings.read_timeout_s),
                 )
-            except RuntimeError as exc:
+            except (Retry, RuntimeError) as exc:
                 raise _Restart(f"cannot reach the store of {leader.name}: {exc}") from None
             self._clients[key] = cached
         return cached
@@ -438,12 +439,12 @@ def _read_sealed(store: Store, number: int) -> tuple[str, ...] | None:
 
 
 def _client(leader: JobMember, timeout_s: float) -> TCPStore:
-    return TCPStore(
-        leader.addr,
-        leader.store_port,
-        is_master=False,
-        timeout=timedelta(seconds=timeout_s),
-    )
+    """Connect within ``STORE_CONNECT`` (a dead leader refuses, a stopped one never answers:
+    either way the view, not a long connect timeout, decides what comes next), then use
+    ``timeout_s`` for operations."""
+    store = connect_store(leader.addr, leader.store_port, f"store of {leader.name}")
+    store.set_timeout(timedelta(seconds=timeout_s))
+    return store
 
 
 def _with_port(endpoint: str) -> str:
