@@ -2,8 +2,8 @@
 
 A training process on a node *registers* for a job through the control API (``watch``
 with ``register``). The registration travels to every peer as one tag in the node's
-metadata, so views need no extra protocol (DESIGN.md: additions ride memberlist's
-extension points):
+metadata, so views need no extra protocol (our additions ride memberlist's extension
+points, node metadata here, and stay readable by plain Serf and memberlist peers):
 
     key   ``swim.job/<job>``
     value ``<registered_ms>,<store_port>,<health>,<group>,<ranks>``
