@@ -45,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -71,6 +70,7 @@ from torchhook.strategy import (
     Plan,
     RankInfo,
     decide,
+    lost_peers,
     teardown_of,
     tears_down_at_failure,
 )
@@ -87,9 +87,6 @@ FAILURE_MARKS = (
     "NCCL",
 )
 """A dead peer surfaces as an untyped RuntimeError (gloo) whose text says so."""
-PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
-"""The peer in a gloo connection error: ``Connection closed by peer [10.0.0.7]:41234``."""
-MAX_LOST_REPORT = 64
 RETRY_WAIT_S = 0.2
 """After a failed formation on an unchanged view: wait this long for a new view."""
 HEARTBEAT_EVERY_S = 0.1
@@ -308,12 +305,7 @@ class ElasticDDP:
         return any(mark in text for mark in FAILURE_MARKS)
 
     def _lost_peers(self, error: str) -> list[str]:
-        """Nodes of the group that a connection error names (by address), else all others
-        (on one host, or when the data network is not the gossip network)."""
-        others = [n for n in self.order if n != self.node]
-        hosts = set(PEER_ADDRESS.findall(error))
-        named = [n for n in others if self._addrs.get(n) in hosts]
-        return (named or others)[:MAX_LOST_REPORT]
+        return lost_peers(error, self.order, self.node, self._addrs)
 
     def _report_lost(self, lost: list[str] | None) -> None:
         if not lost:

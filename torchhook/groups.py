@@ -36,6 +36,8 @@ table as not run on a GPU.
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -47,9 +49,13 @@ from torch._C._distributed_c10d import PrefixStore, Store
 
 from torchhook.strategy import Teardown
 
+log = logging.getLogger("torchhook.groups")
 WAIT_SLICE = timedelta(milliseconds=20)
 POLL_S = 0.002
 """NCCL completion polling: short, the op usually ends within microseconds of its peers."""
+NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0", "TORCH_NCCL_USE_COMM_NONBLOCKING": "1"}
+"""Settings the NCCL path expects (the module docstring says why); warned about, not set:
+the launcher owns the environment."""
 
 
 class MembershipChanged(RuntimeError):
@@ -66,6 +72,13 @@ class ProcessGroups:
         if backend == "nccl":
             self.device = torch.device("cuda", local_rank)
             torch.cuda.set_device(self.device)
+            for name, wanted in NCCL_ENV.items():
+                if os.environ.get(name, "") != wanted:
+                    log.warning(
+                        "%s=%s is recommended for in-process recovery (docs/training.md §3)",
+                        name,
+                        wanted,
+                    )
         else:
             self.device = torch.device("cpu")
         self.graveyard: list[Any] = []

@@ -71,6 +71,7 @@ gloo's no-op abort, destroy blocking on a stuck op) and torchft's per-step commi
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -90,6 +91,10 @@ TEARDOWN: Mapping[tuple[str, bool], Teardown] = {
 TEARDOWN_AT_FAILURE: Mapping[str, bool] = {"gloo": True, "nccl": False}
 SHRINKS: Mapping[str, bool] = {"gloo": False, "nccl": True}
 """Whether a backend *may* shrink; NCCL also needs ``supports_shrinking`` at run time."""
+PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]+)\]:\d+")
+"""The peer in a gloo connection error: ``Connection closed by peer [10.0.0.7]:41234``."""
+MAX_LOST_REPORT = 64
+"""Nodes named in one lost-peer report (the agent's bound on a report, too)."""
 
 
 class _Member(Protocol):
@@ -360,6 +365,18 @@ def _hsdp_state(
         receivers=receivers,
         roll_forward=roll,
     )
+
+
+def lost_peers(error: str, order: Sequence[str], me: str, addrs: Mapping[str, str]) -> list[str]:
+    """The nodes of a group (``order``, node names) that a connection error names by
+    address (``addrs``: node → gossip address), else every other node: all nodes of one
+    host share an address, and the data network may not be the gossip network. A report
+    is evidence for the agent to probe at once, never a verdict, so naming too many costs
+    a few pings and naming none would cost the head start."""
+    others = [n for n in order if n != me]
+    hosts = set(PEER_ADDRESS.findall(error))
+    named = [n for n in others if addrs.get(n) in hosts]
+    return (named or others)[:MAX_LOST_REPORT]
 
 
 def _known(backend: str) -> str:

@@ -13,6 +13,7 @@ from torchhook.strategy import (
     Plan,
     RankInfo,
     decide,
+    lost_peers,
     shrink_excludes,
     teardown_of,
     tears_down_at_failure,
@@ -197,3 +198,21 @@ def test_plans_and_infos_survive_the_store() -> None:
     assert RankInfo.decode(info.encode().encode()) == info
     with pytest.raises(ValueError, match="unknown action"):
         Plan.decode(plan.encode().replace("shrink", "explode"))
+
+
+ORDER = ("a", "b", "c", "d")
+ADDRS = {"a": "10.0.0.1", "b": "10.0.0.2", "c": "10.0.0.3", "d": "10.0.0.3"}
+
+
+@pytest.mark.parametrize(
+    ("error", "lost"),
+    [
+        ("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:41234", ["b"]),
+        ("Read error [10.0.0.3]:7 Connection reset by peer", ["c", "d"]),  # one host, 2 nodes
+        ("Connection closed by peer [192.168.9.9]:1", ["b", "c", "d"]),  # another network
+        ("Timed out waiting 5000ms for recv operation to complete", ["b", "c", "d"]),
+        ("Connection closed by peer [10.0.0.1]:3", ["b", "c", "d"]),  # ourselves: unknown
+    ],
+)
+def test_a_connection_error_names_the_lost_peers(error: str, lost: list[str]) -> None:
+    assert lost_peers(error, ORDER, "a", ADDRS) == lost
