@@ -1,0 +1,213 @@
+"""What the in-process example trainers share: one job (model, data, optimizer, the
+failure-free reference), their command line, their step log, planned faults and the
+training loop. elastic_ddp.py, elastic_hsdp.py and elastic_fsdp.py differ only in the
+hook they drive and in what one step does. Run as scripts, this directory is on sys.path.
+
+The job: a small MLP on a fixed synthetic regression. The global batch of each step is
+fixed (``--global-batch``, 12) and every rank takes an equal slice of it, so the loss curve
+does not depend on the world size and equals the single-process run that ``--reference``
+prints (12 divides every world size the tests use: 1, 2, 3, 4, 6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from torch import nn
+
+IN_DIM = 16
+FAULTS = ("none", "kill-in-backward", "stop-in-backward", "kill", "stop")
+
+
+def build_model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    # 64 rows shard unevenly over 3 ranks (22/22/20): resharding must get that right
+    return nn.Sequential(
+        nn.Linear(IN_DIM, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1)
+    )
+
+
+def batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(size, IN_DIM, generator=g)
+    y = torch.sin(x[:, :4].sum(dim=1, keepdim=True)) + 0.1 * x[:, 4:5]
+    return x, y
+
+
+def optimizer_for(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def reference(steps: int, global_batch: int, seed: int) -> list[float]:
+    """The same training in one process on the whole batch: the failure-free curve."""
+    model = build_model(seed)
+    opt = optimizer_for(model)
+    losses = []
+    for step in range(steps):
+        x, y = batch(step, global_batch)
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        torch.autograd.backward(loss)
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def checksum(model: nn.Module, opt: torch.optim.Optimizer) -> str:
+    """Parameters and optimizer state this process holds (its shards, when sharded)."""
+    h = hashlib.sha256()
+
+    def add(t: torch.Tensor) -> None:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        h.update(local.detach().cpu().numpy().tobytes())
+
+    for p in model.parameters():
+        add(p)
+        for key in sorted(opt.state.get(p, {})):
+            if isinstance(value := opt.state[p][key], torch.Tensor):
+                add(value)
+    return h.hexdigest()[:16]
+
+
+def parser(description: str | None, *, job: str, pg_timeout_s: float) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--job", default=job)
+    ap.add_argument("--control", default=None, help="agent control socket (default: SWIM_CONTROL)")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--stop-file", type=Path, default=None, help="stop at the step written in it")
+    ap.add_argument("--global-batch", type=int, default=12)
+    ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step (pacing)")
+    ap.add_argument("--log", type=Path, default=None, help="append one JSON line per step")
+    ap.add_argument("--fault", choices=FAULTS, default="none")
+    ap.add_argument("--fault-step", type=int, default=-1)
+    ap.add_argument("--fault-file", type=Path, default=None, help="fault after it appears")
+    ap.add_argument("--min-nodes", type=int, default=1)
+    ap.add_argument("--pg-timeout", type=float, default=pg_timeout_s)
+    ap.add_argument("--heartbeat-pause-ms", type=int, default=30_000)
+    ap.add_argument("--reference", action="store_true", help="print the failure-free curve")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def start(args: argparse.Namespace) -> bool:
+    """Logging; prints the reference curve and returns False when that was asked for."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if os.environ.get("SWIM_DEBUG"):
+        logging.getLogger("torchhook").setLevel(logging.DEBUG)
+    if args.reference:
+        print(json.dumps(reference(args.steps, args.global_batch, args.seed)))
+        return False
+    torch.set_num_threads(1)  # several trainers share a few cores in the tests
+    return True
+
+
+class StepLog:
+    """One JSON line per record, to stdout and ``path``."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._file: TextIO | None = path.open("a") if path else None
+
+    def emit(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record)
+        if self._file is not None:
+            self._file.write(line + "\n")
+            self._file.flush()
+        print(line, flush=True)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        sys.stdout.flush()
+
+
+class Faults:
+    """A planned failure of this node: SIGKILL or SIGSTOP of its whole process group (agent
+    and every local rank, when the caller started them in one), at ``--fault-step`` or at
+    the first step after ``--fault-file`` appears (and that ``skip`` does not reject), at
+    the step boundary or inside backward. Only local rank 0 fires it."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        log: StepLog,
+        *,
+        fires: bool,
+        skip: Callable[[int], bool] = lambda step: False,
+    ) -> None:
+        self.kind: str = args.fault
+        self.step: int = args.fault_step
+        self.file: Path | None = args.fault_file
+        self.log = log
+        self.fires = fires and self.kind != "none"
+        self.skip = skip
+        self._armed = False
+
+    def before_step(self, step: int) -> None:
+        if self.file is not None and not self._armed and self.file.exists():
+            self._armed = True
+            self.step = step + 1  # the next step, so the fault lands mid-training
+            while self.skip(self.step):
+                self.step += 1
+        if self.fires and step == self.step and self.kind in ("kill", "stop"):
+            self._fire()
+
+    def in_backward(self, step: int, loss: torch.Tensor) -> None:
+        """Call with the loss before ``backward``: fires as gradients start flowing."""
+        if self.fires and step == self.step and self.kind.endswith("in-backward"):
+            loss.register_hook(lambda grad: self._fire())  # type: ignore[no-untyped-call]
+
+    def _fire(self) -> None:
+        self.log.emit({"fault": self.kind, "t": time.time(), "pid": os.getpid()})
+        sig = signal.SIGKILL if self.kind.startswith("kill") else signal.SIGSTOP
+        os.killpg(os.getpgid(0), sig)
+
+
+def stop_step(path: Path | None) -> int | None:
+    if path is None or not path.exists():
+        return None
+    text = path.read_text().strip()
+    return int(text) if text.isdigit() else None
+
+
+def train(
+    el: Any,
+    step: Callable[[Any], float],
+    args: argparse.Namespace,
+    log: StepLog,
+    faults: Faults,
+    details: Callable[[], dict[str, Any]],
+) -> None:
+    """Run ``el.run_step(step)`` until ``--steps`` or the stop file's step, logging each
+    step (with ``details()``) and a final record with this process's checksum."""
+
+    def where() -> dict[str, Any]:
+        return {"t": time.time(), "node": el.node, "local_rank": el.local_rank, "pid": os.getpid()}
+
+    while True:
+        limit = stop_step(args.stop_file)
+        if el.step >= (limit if limit is not None else args.steps):
+            break
+        faults.before_step(el.step)
+        loss = el.run_step(step)
+        record = {"step": el.step - 1, "loss": loss, "rank": el.rank, "world": el.world_size}
+        record |= {"leader": el.order[0], "formations": el.reconfigurations}
+        record |= {"formation_s": round(el.last_formation_s, 4), "verdict_t": el.verdict_time}
+        log.emit(record | details() | where())
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+    final = {"final": True, "step": el.step, "world": el.world_size}
+    log.emit(final | {"checksum": checksum(el.model, el.optimizer)} | where())
+    log.close()
