@@ -15,7 +15,8 @@ Rules (the pitfalls are torch 2.13 facts, summarised in docs/training.md §5):
   a rank that walked away after offering its info would leave the others hanging in the
   group's creation. A group formed on a stale view switches at its first step boundary.
 - The leader waits for every rank's info, decides (``torchhook.strategy.decide``) and
-  writes ``plan``. It abandons the formation (``plan = retry``, so nobody waits for it)
+  writes ``plan`` (or ``error: <why>`` for a job no plan can serve, which every rank then
+  raises as ``ValueError``). It abandons the formation (``plan = retry``, so nobody waits for it)
   when a node of its layout leaves its view or an older node appears; gaining a newcomer
   is not a reason (the group switches to include it at its first step boundary, so a
   stream of arrivals cannot starve the formation).
@@ -59,6 +60,7 @@ verdict."""
 FORMATION_KEY = "formation"
 """In a leader's directory: the formation it runs now (fingerprint, store port, layout)."""
 RETRY_PLAN = "retry"
+ERROR_PLAN = "error: "
 
 
 class Retry(Exception):
@@ -163,6 +165,11 @@ class Formation:
             with contextlib.suppress(RuntimeError, OSError):
                 store.set("plan", RETRY_PLAN)  # whoever joined must not wait for a plan
             raise Retry(f"leading {view.fingerprint}: {exc}") from None
+        except ValueError as exc:
+            # a job no plan can serve (HSDP with uneven nodes): every rank says why
+            with contextlib.suppress(RuntimeError, OSError):
+                store.set("plan", ERROR_PLAN + str(exc))
+            raise
         finally:
             # late arrivals must not join a formation that is decided or abandoned
             self.directory.delete_key(FORMATION_KEY)
@@ -214,6 +221,8 @@ class Formation:
             raw = store.get("plan")
             if raw == RETRY_PLAN.encode():
                 raise Retry(f"the leader abandoned formation {offer['fingerprint']}")
+            if raw.startswith(ERROR_PLAN.encode()):
+                raise ValueError(raw[len(ERROR_PLAN) :].decode())
             token = store.get("token").decode()
             return Agreement(store, token, Plan.decode(raw), layout, rank)
         except (RuntimeError, OSError) as exc:
