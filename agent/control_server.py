@@ -37,7 +37,7 @@ from agent.control import (
     ok,
     parse_request,
 )
-from agent.watch import job_view, serve_watch
+from agent.watch import MAX_WATCHERS, job_view, serve_watch
 from swim import Member, NodeStateType
 
 if TYPE_CHECKING:
@@ -45,7 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("swim.agent")
 IDLE_TIMEOUT_S = 30.0
-MAX_CONNECTIONS = 64
+MAX_CONNECTIONS = MAX_WATCHERS
+"""Every training process's watch (one per local rank, see agent/watch.py) plus room for
+tools: a node with many GPUs must not lock ``swimctl`` out."""
 STATUSES = tuple(s.name.lower() for s in NodeStateType)
 
 

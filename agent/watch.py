@@ -50,7 +50,8 @@ log = logging.getLogger("swim.agent")
 HEALTH_CHECK_S = 0.05
 """How often a registration's phi is compared with its threshold."""
 MAX_WATCHERS = MAX_REGISTRATIONS + 64
-"""Every registration plus observers (tools, the torchrun backend's own views)."""
+"""Control connections per agent (the control server's bound): every registration plus
+observers and tools (swimctl, the torchrun backend's own watch)."""
 MAX_LOST_NAMES = 64
 """Peers named in one ``lost`` report (a trainer's group; the agent bounds its own probes)."""
 
