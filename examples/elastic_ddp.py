@@ -11,7 +11,6 @@ planned faults (``--fault``) are examples/job.py's.
 
 from __future__ import annotations
 
-import os
 import zlib
 
 import torch
@@ -19,6 +18,7 @@ from job import Faults, StepLog, batch, build_model, optimizer_for, parser, star
 from torch import nn
 
 from agent.control import ControlClient
+from torchhook.client import local_place
 from torchhook.elastic import ElasticDDP
 
 
@@ -38,9 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     if not start(args):
         return 0
     node = ControlClient(args.control).request("info")["node"]
-    local_rank = args.local_rank
-    if local_rank is None:
-        local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    local_rank, local_world_size = local_place(args.local_rank, args.local_world_size)
     model = build_model(rank_seed(node, local_rank))
     opt = optimizer_for(model)
     el = ElasticDDP(
@@ -52,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         pg_timeout_s=args.pg_timeout,
         heartbeat_pause_ms=args.heartbeat_pause_ms,
         local_rank=local_rank,
-        local_world_size=args.local_world_size,
+        local_world_size=local_world_size,
     )
     log = StepLog(args.log)
     faults = Faults(args, log, fires=el.local_rank == 0)

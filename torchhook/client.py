@@ -38,7 +38,15 @@ from agent.control import (
     make_request,
 )
 
-__all__ = ["JobMember", "Listener", "Membership", "MembershipClosed", "View", "fetch_view"]
+__all__ = [
+    "JobMember",
+    "Listener",
+    "Membership",
+    "MembershipClosed",
+    "View",
+    "fetch_view",
+    "local_place",
+]
 Listener = Callable[["View"], None]
 
 
@@ -110,10 +118,7 @@ class Membership:
         """``local_rank``/``local_world_size`` default to torchrun's ``LOCAL_RANK`` and
         ``LOCAL_WORLD_SIZE``, else 0 and 1 (one process per node)."""
         self.job = job
-        self.local_rank = _env_int("LOCAL_RANK", 0) if local_rank is None else local_rank
-        self.local_world_size = (
-            _env_int("LOCAL_WORLD_SIZE", 1) if local_world_size is None else local_world_size
-        )
+        self.local_rank, self.local_world_size = local_place(local_rank, local_world_size)
         self.path = Path(control) if control is not None else default_control_path()
         self._cond = threading.Condition()
         self._send_lock = threading.Lock()
@@ -261,6 +266,15 @@ def _connect(path: Path, timeout_s: float) -> socket.socket:
             "(set control= or SWIM_CONTROL to its socket)"
         ) from exc
     return sock
+
+
+def local_place(local_rank: int | None, local_world_size: int | None) -> tuple[int, int]:
+    """(local rank, local world size): as given, else torchrun's ``LOCAL_RANK`` and
+    ``LOCAL_WORLD_SIZE``, else 0 and 1 (one process per node)."""
+    return (
+        _env_int("LOCAL_RANK", 0) if local_rank is None else local_rank,
+        _env_int("LOCAL_WORLD_SIZE", 1) if local_world_size is None else local_world_size,
+    )
 
 
 def _env_int(name: str, default: int) -> int:

@@ -62,9 +62,9 @@ from torch import nn
 from torch._C._distributed_c10d import TCPStore
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from torchhook.client import Membership, MembershipClosed, View
+from torchhook.client import Membership, MembershipClosed, View, local_place
 from torchhook.formation import Formation, Retry
-from torchhook.groups import MembershipChanged, ProcessGroups
+from torchhook.groups import MembershipChanged, ProcessGroups, flatten, unflatten_into
 from torchhook.strategy import (
     Layout,
     Plan,
@@ -132,9 +132,9 @@ class ElasticDDP:
             raise ValueError(f"quorum must be 'majority' or 'any', got {quorum!r}")
         if min_nodes < 1:
             raise ValueError("min_nodes must be >= 1")
+        local_rank, local_world_size = local_place(local_rank, local_world_size)
         self.groups = ProcessGroups(
-            backend or ("nccl" if torch.cuda.is_available() else "gloo"),
-            _local_rank(local_rank),
+            backend or ("nccl" if torch.cuda.is_available() else "gloo"), local_rank
         )
         self.device = self.groups.device
         self.model = model.to(self.device)
@@ -177,7 +177,7 @@ class ElasticDDP:
         self._running = False
         self.formation = Formation(
             lambda: self.membership.view,
-            local_rank=_local_rank(local_rank),
+            local_rank=local_rank,
             beat=self._beat,
             timeout_s=formation_timeout_s,
             store_host=store_host,
@@ -511,16 +511,12 @@ class ElasticDDP:
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for t in tensors:
             by_dtype.setdefault(t.dtype, []).append(t)
-        flats = [(torch.cat([t.detach().reshape(-1) for t in ts]), ts) for ts in by_dtype.values()]
+        flats = [(flatten(ts), ts) for ts in by_dtype.values()]
         works = [dist.broadcast(flat, source, async_op=True) for flat, _ in flats]
         for work in works:
             self._wait(work)
-        with torch.no_grad():
-            for flat, ts in flats:
-                offset = 0
-                for t in ts:
-                    t.copy_(flat[offset : offset + t.numel()].view_as(t))
-                    offset += t.numel()
+        for flat, ts in flats:
+            unflatten_into(flat, ts)
 
     def _sync_state(self, source: int) -> None:
         """Optimizer state, RNG and the caller's extra state, from the source."""
@@ -539,10 +535,3 @@ class ElasticDDP:
             torch.set_rng_state(state["rng"])
             if self._load_extra_state is not None:
                 self._load_extra_state(state["extra"])
-
-
-def _local_rank(given: int | None) -> int:
-    if given is not None:
-        return given
-    value = os.environ.get("LOCAL_RANK", "")
-    return int(value) if value.isdigit() else 0

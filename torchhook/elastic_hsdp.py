@@ -59,6 +59,7 @@ from torch.distributed.tensor import DTensor
 
 from torchhook.elastic import ElasticDDP
 from torchhook.fsdp import shard
+from torchhook.groups import flatten, unflatten_into
 from torchhook.strategy import Layout, Plan, RankInfo, decide
 
 __all__ = ["ElasticHSDP"]
@@ -160,13 +161,9 @@ class ElasticHSDP(ElasticDDP):
         if not grads or self.layout is None or len(self.layout.nodes) == 1:
             return
         # one flat buffer: one collective per step, one point where it can be cut
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = flatten(grads)
         self._wait(dist.all_reduce(flat, group=self._replicas, async_op=True))
-        flat.div_(len(self.layout.nodes))
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
+        unflatten_into(flat.div_(len(self.layout.nodes)), grads)
 
     def _commit(self) -> None:
         vote = torch.ones(1, device=self.device)
@@ -181,18 +178,13 @@ class ElasticHSDP(ElasticDDP):
         )
 
     def _decide(self, layout: Layout, infos: list[RankInfo]) -> Plan:
-        shards = layout.uniform_ranks
-        if shards is None:
-            raise ValueError(
-                "HSDP needs the same number of local ranks on every node, got "
-                + ", ".join(f"{n.name}: {n.ranks}" for n in layout.nodes)
-            )
+        # decide() refuses a layout whose nodes do not all have this many ranks
         return decide(
             layout,
             infos,
             backend=self.groups.backend,
             supports_shrinking=self.groups.supports_shrinking(),
-            shards=shards,
+            shards=self.membership.local_world_size,
         )
 
     def _on_abandon(self, failed: bool) -> None:

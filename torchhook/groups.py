@@ -143,3 +143,18 @@ class ProcessGroups:
                 if "timed out" not in str(exc).lower():
                     raise
             beat()
+
+
+def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One buffer holding ``tensors`` (same dtype) back to back: one collective instead of
+    one per tensor."""
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy ``flatten``'s buffer back into ``tensors``, in place."""
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
