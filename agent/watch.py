@@ -134,8 +134,9 @@ async def _watch_health(agent: Agent, reg: Registration) -> None:
     while True:
         await trio.sleep(HEALTH_CHECK_S)
         now = _now_ms()
-        if reg.health_at(now) != health:
-            health = reg.health_at(now)
+        seen = reg.health_at(now)
+        if seen != health:
+            health = seen
             log.warning(
                 "job %s: local rank %d %s (phi %.1f after step %d)",
                 reg.job,
