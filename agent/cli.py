@@ -9,7 +9,9 @@
     swimctl demo [--torch]      (a local cluster of real agents; agent/demo.py, torch_demo.py)
 
 Client commands reach the agent's control socket: ``--control PATH`` or ``$SWIM_CONTROL``,
-else ``$XDG_RUNTIME_DIR/swim/agent.sock``, else ``/run/swim/agent.sock``. ``--json`` prints
+else ``$XDG_RUNTIME_DIR/swim/agent.sock``, else ``/run/swim/agent.sock``. ``--control`` goes
+before the subcommand (``swimctl --control PATH members``) or after it (``swimctl members
+--control PATH``, as serf and consul users type it); after it wins. ``--json`` prints
 the control API's result unchanged (schema in agent/control.py). Exit status: 0 on success,
 1 when the agent refused or could not be reached, 2 for bad usage.
 """
@@ -30,6 +32,26 @@ from agent.control import ControlClient, ControlError
 from swim.config import PROFILES
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _set_control(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    # A subcommand's --control overrides the group's (and so $SWIM_CONTROL); absent, the
+    # group's value stands.
+    if value is not None:
+        ctx.ensure_object(dict)
+        ctx.obj["control"] = value
+
+
+def _control_option(f: Any) -> Any:
+    """``--control PATH`` accepted after the subcommand too (serf and consul style)."""
+    option = click.option(
+        "--control",
+        type=click.Path(path_type=Path),
+        expose_value=False,
+        callback=_set_control,
+        help="The agent's control socket (overrides swimctl --control and $SWIM_CONTROL).",
+    )
+    return option(f)
 
 
 def _client(ctx: click.Context) -> ControlClient:
@@ -97,6 +119,7 @@ def _agent_options(f: Any) -> Any:
 
 
 @main.command(context_settings=CONTEXT)
+@_control_option
 @_agent_options
 @click.pass_context
 def agent(ctx: click.Context, /, **flags: Any) -> None:
@@ -141,6 +164,7 @@ def agent_main(control: Path | None, **flags: Any) -> None:
 
 
 @main.command(context_settings=CONTEXT)
+@_control_option
 @click.option("--status", type=click.Choice(["alive", "suspect", "dead", "left"]))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
@@ -161,6 +185,7 @@ def members(ctx: click.Context, status: str | None, as_json: bool) -> None:
 
 
 @main.command(context_settings=CONTEXT)
+@_control_option
 @click.argument("addrs", nargs=-1, required=True)
 @click.pass_context
 def join(ctx: click.Context, addrs: tuple[str, ...]) -> None:
@@ -175,6 +200,7 @@ def join(ctx: click.Context, addrs: tuple[str, ...]) -> None:
 
 
 @main.command(context_settings=CONTEXT)
+@_control_option
 @click.pass_context
 def leave(ctx: click.Context) -> None:
     """Leave the cluster gracefully and stop the agent."""
@@ -183,6 +209,7 @@ def leave(ctx: click.Context) -> None:
 
 
 @main.command("force-leave", context_settings=CONTEXT)
+@_control_option
 @click.argument("node")
 @click.pass_context
 def force_leave(ctx: click.Context, node: str) -> None:
@@ -192,6 +219,7 @@ def force_leave(ctx: click.Context, node: str) -> None:
 
 
 @main.command(context_settings=CONTEXT)
+@_control_option
 @click.argument("nodes", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
@@ -213,6 +241,7 @@ def probe(ctx: click.Context, nodes: tuple[str, ...], as_json: bool) -> None:
 
 
 @main.command(context_settings=CONTEXT)
+@_control_option
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def info(ctx: click.Context, as_json: bool) -> None:
@@ -241,6 +270,7 @@ def info(ctx: click.Context, as_json: bool) -> None:
 
 
 @main.command(context_settings=CONTEXT)
+@_control_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_context
 def monitor(ctx: click.Context, as_json: bool) -> None:
@@ -264,6 +294,7 @@ def monitor(ctx: click.Context, as_json: bool) -> None:
 
 
 @main.command(context_settings=CONTEXT)
+@_control_option
 @click.option("--set", "to_set", multiple=True, help="KEY=VALUE (repeatable).")
 @click.option("--delete", "to_delete", multiple=True, help="KEY (repeatable).")
 @click.pass_context
@@ -279,6 +310,7 @@ def tags(ctx: click.Context, to_set: tuple[str, ...], to_delete: tuple[str, ...]
 
 
 @main.command(context_settings=CONTEXT)
+@_control_option
 @click.option("--list", "do_list", is_flag=True, help="List the installed keys.")
 @click.option("--install", help="Install a base64 key.")
 @click.option("--use", help="Make an installed key the primary.")
