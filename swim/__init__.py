@@ -1,9 +1,12 @@
 """swim: a sans-IO SWIM + Lifeguard membership core speaking HashiCorp memberlist's protocol.
 
-The public API is re-exported here; see ``swim.node`` for the state machine's contract.
+The public API is re-exported here: code outside ``swim/`` (and outside swim's own unit tests in
+``tests/swim/``) imports only ``swim`` or ``from swim import ...``, never a submodule
+(docs/design.md §1; tests/test_layering.py checks it). See ``swim.node`` for the state
+machine's contract and ``swim.wire`` for the one encoder/decoder of memberlist's wire format.
 """
 
-from swim.config import Config, ConfigError
+from swim.config import META_MAX_BYTES, PROFILES, Config, ConfigError
 from swim.effects import (
     EventKind,
     JoinResult,
@@ -20,30 +23,113 @@ from swim.effects import (
     UrgentProbeOutcome,
     UserMessage,
 )
-from swim.messages import Address, NodeStateType
-from swim.node import Node
+from swim.formulas import (
+    push_pull_scale_ms,
+    retransmit_limit,
+    suspicion_confirmations,
+    suspicion_timeout_ms,
+    swim_expected_first_detection_periods,
+)
+from swim.membership import suspicion_window_ms
+from swim.messages import (
+    Ack,
+    Address,
+    Alive,
+    Dead,
+    ErrResp,
+    IndirectPing,
+    Message,
+    MsgType,
+    Nack,
+    NodeStateType,
+    Ping,
+    PushNodeState,
+    PushPull,
+    Suspect,
+    UserMsg,
+)
+from swim.node import LEAVE_FANOUT, Node
+from swim.security import Keyring, KeyringError
 from swim.table import MembershipSnapshot, SeedMember
+from swim.wire import (
+    Crypto,
+    DecodedPacket,
+    DropReason,
+    StreamLimits,
+    StreamMessage,
+    WireError,
+    compress_message,
+    decode_message,
+    decode_packet,
+    encode_message,
+    encode_packet,
+    encode_push_pull,
+    encode_push_state,
+    encode_stream,
+    packet_overhead,
+    parse_stream,
+)
 
 __all__ = [
+    "LEAVE_FANOUT",
+    "META_MAX_BYTES",
+    "PROFILES",
+    "Ack",
     "Address",
+    "Alive",
     "Config",
     "ConfigError",
+    "Crypto",
+    "Dead",
+    "DecodedPacket",
+    "DropReason",
+    "ErrResp",
     "EventKind",
+    "IndirectPing",
     "JoinResult",
+    "Keyring",
+    "KeyringError",
     "Member",
     "MemberEvent",
     "MembershipSnapshot",
+    "Message",
+    "MsgType",
+    "Nack",
     "Node",
     "NodeStateType",
     "NodeStats",
     "Notice",
     "Output",
     "Packet",
+    "Ping",
     "ProbeResult",
+    "PushNodeState",
+    "PushPull",
     "SeedMember",
     "StreamKind",
+    "StreamLimits",
+    "StreamMessage",
     "StreamRequest",
+    "Suspect",
     "Timer",
     "UrgentProbeOutcome",
     "UserMessage",
+    "UserMsg",
+    "WireError",
+    "compress_message",
+    "decode_message",
+    "decode_packet",
+    "encode_message",
+    "encode_packet",
+    "encode_push_pull",
+    "encode_push_state",
+    "encode_stream",
+    "packet_overhead",
+    "parse_stream",
+    "push_pull_scale_ms",
+    "retransmit_limit",
+    "suspicion_confirmations",
+    "suspicion_timeout_ms",
+    "suspicion_window_ms",
+    "swim_expected_first_detection_periods",
 ]
