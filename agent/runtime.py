@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 import agent.systemd as systemd
-from agent import serf, serf_queries
+from agent import serf
+from agent.serf import queries as serf_queries
 from agent.config import AgentConfig, AgentConfigError, parse_host_port
 from agent.config import load as load_config
 from agent.control import MAX_PROBE_NODES

@@ -1,6 +1,7 @@
 """Serf queries as a member answers them (serf.go ``handleQuery``, internal_query.go).
 
-Rules (pure: no trio, no sockets; ``agent.runtime`` sends what these functions build):
+Rules (pure: no trio, no sockets; agent/serf/delegate.py applies them and the agent sends
+what they build):
 - A query is news only once per (LTime, ID), remembered in ``QUERY_BUFFER_SIZE`` slots by
   LTime; a query older than the buffer is dropped (serf.go ``handleQuery``).
 - News is re-gossiped unless it carries ``queryFlagNoBroadcast``: Serf relies on every
@@ -25,7 +26,8 @@ from typing import Any
 
 import msgpack
 
-from agent import serf
+from agent.serf.constants import QUERY_BUFFER_SIZE, QUERY_FLAG_ACK, SerfMessageType
+from agent.serf.messages import Query, QueryResponse, encode_query_response
 
 FILTER_NODE = 0
 FILTER_TAG = 1
@@ -36,7 +38,7 @@ KEY_QUERIES = ("install-key", "use-key", "remove-key", "list-keys")
 class QuerySeen:
     """serf.go ``queryBuffer``: which (LTime, ID) pairs were handled, bounded."""
 
-    size: int = serf.QUERY_BUFFER_SIZE
+    size: int = QUERY_BUFFER_SIZE
     _slots: dict[int, tuple[int, list[int]]] = field(default_factory=dict)
     latest: int = 0
 
@@ -82,7 +84,7 @@ def for_us(filters: tuple[bytes, ...], node: str, tags: dict[str, str]) -> bool:
     return True
 
 
-def response_address(query: serf.Query) -> tuple[str, int]:
+def response_address(query: Query) -> tuple[str, int]:
     """Where the response goes: the query's ``Addr`` (a Go ``net.IP``) and ``Port``."""
     ip = ipaddress.ip_address(query.addr)
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
@@ -92,7 +94,7 @@ def response_address(query: serf.Query) -> tuple[str, int]:
 
 def key_request(payload: bytes) -> bytes:
     """The key of a ``messageKeyRequest`` payload; ValueError when malformed."""
-    if not payload or payload[0] != serf.SerfMessageType.KEY_REQUEST:
+    if not payload or payload[0] != SerfMessageType.KEY_REQUEST:
         raise ValueError("not a key request")
     try:
         body = msgpack.unpackb(payload[1:], raw=True, strict_map_key=False)
@@ -114,16 +116,16 @@ def key_response(ok: bool, message: str, keys: list[bytes], primary: bytes | Non
         b"Result": ok,
     }
     packed: bytes = msgpack.packb(body, use_bin_type=False)
-    return bytes([serf.SerfMessageType.KEY_RESPONSE]) + packed
+    return bytes([SerfMessageType.KEY_RESPONSE]) + packed
 
 
-def response(query: serf.Query, node: str, payload: bytes, *, ack: bool = False) -> bytes:
-    return serf.encode_query_response(
-        serf.QueryResponse(
+def response(query: Query, node: str, payload: bytes, *, ack: bool = False) -> bytes:
+    return encode_query_response(
+        QueryResponse(
             ltime=query.ltime,
             id=query.id,
             from_node=node,
-            flags=serf.QUERY_FLAG_ACK if ack else 0,
+            flags=QUERY_FLAG_ACK if ack else 0,
             payload=payload,
         )
     )

@@ -36,9 +36,17 @@ from agent.serf import (
     SerfMessageType,
     UserEvent,
 )
-from swim import wire
-from swim.messages import Ack, Alive, PushPull, UserMsg
-from swim.security import Keyring
+from swim import (
+    Ack,
+    Alive,
+    Crypto,
+    Keyring,
+    PushPull,
+    StreamLimits,
+    UserMsg,
+    decode_packet,
+    parse_stream,
+)
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "serf"
 MANIFEST: dict[str, Any] = json.loads((GOLDEN / "manifest.json").read_text())
@@ -59,19 +67,19 @@ SUMMARY_NAMES = {
 }
 
 
-def _crypto(entry: dict[str, Any]) -> wire.Crypto | None:
+def _crypto(entry: dict[str, Any]) -> Crypto | None:
     if entry["scenario"] != "encrypted":
         return None
-    return wire.Crypto(Keyring([KEYS["k2"], KEYS["k1"]]), nonce=lambda n: bytes(n))
+    return Crypto(Keyring([KEYS["k2"], KEYS["k1"]]), nonce=lambda n: bytes(n))
 
 
 def _messages(entry: dict[str, Any]) -> list[Any]:
     data = (GOLDEN / str(entry["file"])).read_bytes()
     if entry["transport"] == "udp":
-        decoded = wire.decode_packet(data, _crypto(entry))
+        decoded = decode_packet(data, _crypto(entry))
         assert decoded.drops == ()
         return list(decoded.messages)
-    parsed = wire.parse_stream(data, _crypto(entry), wire.StreamLimits())
+    parsed = parse_stream(data, _crypto(entry), StreamLimits())
     assert parsed is not None
     return [parsed[0]]
 

@@ -1,4 +1,4 @@
-"""The pure rules of answering Serf queries (agent/serf_queries.py): dedupe, filters, the
+"""The pure rules of answering Serf queries (agent/serf/queries.py): dedupe, filters, the
 key request/response codec; the live interop is in test_security.py (serf keys)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import msgpack
 import pytest
 
 from agent import serf
-from agent.serf_queries import (
+from agent.serf.queries import (
     FILTER_NODE,
     FILTER_TAG,
     QuerySeen,
