@@ -1,0 +1,103 @@
+"""Pinned trace hashes: the simulator's behaviour, byte for byte, for the main scenarios.
+
+Rules: every row is (label, how to run it, the trace hash it gave when pinned). A change
+that moves a hash changes what the simulated protocol does (or what the world records);
+it is either a bug or a behaviour change to state in the commit that re-pins the row. The
+hashes were computed at commit bd40ed1 (before issue 15 regrouped ``simulations/``), with
+``PYTHONHASHSEED`` irrelevant (``test_world`` checks that).
+
+Pinned: every registered scenario's CI variant at seed 3 (``slow-members`` in both the
+``full`` and the ``swim`` Lifeguard modes, ``churn`` with all four event rates, ``scale``
+at 150 nodes), ``crash`` at seed 9, the bare world's crash run at seed 7 (snapshot
+bootstrap and join fallback), the frontier's CI sweep and one of its runs, and the
+all-to-all heartbeat baseline in a clean and a lossy frontier cell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from simulations import frontier
+from simulations.harness import Params
+from simulations.scenarios import run
+from simulations.world import World
+
+
+def _scenario(name: str, seed: int = 3, **kw: object) -> Callable[[], str]:
+    extra = kw.pop("extra", {})
+    assert isinstance(extra, dict)
+
+    def go() -> str:
+        params = Params(seed=seed, ci=True, extra=dict(extra), **kw)  # type: ignore[arg-type]
+        return run(name, params).trace_hash
+
+    return go
+
+
+def _world_crash(seed: int, bootstrap: bool | None) -> Callable[[], str]:
+    def go() -> str:
+        world = World(10, seed=seed)
+        world.start_all(bootstrap=bootstrap)
+        world.run_until(3_000)
+        world.crash(4)
+        world.run_until(20_000)
+        return world.trace_hash()
+
+    return go
+
+
+def _frontier_ci() -> str:
+    return frontier.explore(frontier.Options.ci()).trace_hash
+
+
+def _frontier_run(variant: str, condition: str, n: int, seed: int) -> Callable[[], str]:
+    def go() -> str:
+        row = frontier.run_one(frontier.RunSpec(variant, condition, n, seed, 1)).row
+        return str(row["trace_hash"])
+
+    return go
+
+
+CHURN = {"crash_per_min": 6, "restart_per_min": 4, "join_per_min": 2, "leave_per_min": 2}
+
+PINS: list[tuple[str, Callable[[], str], str]] = [
+    ("steady ci seed 3", _scenario("steady"), "30878f2f2ff9c4fa53646d966e5dd850"),
+    ("crash ci seed 3", _scenario("crash"), "9e15d8fe66e36e887a3229582e5fc58a"),
+    ("crash ci seed 9", _scenario("crash", seed=9), "0125d9f7d06afc38dcba69c3cbc743b0"),
+    ("dissemination ci seed 3", _scenario("dissemination"), "8344a08f17b008ba4c5f07191acf743f"),
+    ("loss ci seed 3", _scenario("loss"), "e4e1cd8767083451dc0e206bd903b10b"),
+    ("slow-members ci seed 3", _scenario("slow-members"), "63e3ec6646ece9ffe54c5907c334ca01"),
+    (
+        "slow-members ci seed 3 lifeguard swim",
+        _scenario("slow-members", lifeguard="swim"),
+        "55b981d08aeaff67ca6f8ff31f374862",
+    ),
+    ("partition ci seed 3", _scenario("partition"), "c9dcbdb2b3d6ce1b1c3beadc43963a64"),
+    ("churn ci seed 3", _scenario("churn", extra=CHURN), "3d5322137f535366e8774ad134c6243b"),
+    ("scale ci seed 3 n 150", _scenario("scale", nodes=150), "112c1631137af721f82c834632020731"),
+    ("world crash seed 7 snapshot", _world_crash(7, None), "c64f70d714e031bfbe3271d374b01f82"),
+    ("world crash seed 7 join", _world_crash(7, False), "07abf7d31834b21e607a869b06e79f92"),
+    ("frontier ci", _frontier_ci, "4b32e0a137d67d9311f25ddf6f885cd0"),
+    (
+        "frontier fast clean n 16 seed 2",
+        _frontier_run("fast", "clean", 16, 2),
+        "d6d6b7ecdb942ba0827d03f692068a45",
+    ),
+    (
+        "heartbeat clean n 12 seed 1",
+        _frontier_run("heartbeat", "clean", 12, 1),
+        "40f846d933ab3c1696e12d5995231b34",
+    ),
+    (
+        "heartbeat loss10 n 12 seed 1",
+        _frontier_run("heartbeat", "loss10", 12, 1),
+        "bfbeb088c422a8dbd4501a33053b8fbb",
+    ),
+]
+
+
+@pytest.mark.parametrize(("label", "go", "want"), PINS, ids=[p[0] for p in PINS])
+def test_trace_hash_is_pinned(label: str, go: Callable[[], str], want: str) -> None:
+    assert go() == want, f"{label}: the simulated behaviour changed"
