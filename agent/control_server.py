@@ -274,7 +274,9 @@ def _version() -> str:
     try:
         from importlib.metadata import version
 
-        return version("swim")
+        from agent import DISTRIBUTION
+
+        return version(DISTRIBUTION)
     except Exception:
         return "unknown"
 

@@ -8,10 +8,9 @@ on Ctrl-C or error.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,44 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from agent.control import ControlClient, ControlError
+from agent.procs import free_port, stop, until
 
-POLL_S = 0.05
-
-
-_HANDED_OUT: set[int] = set()
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def free_port() -> int:
-    """A port free for both UDP and TCP on 127.0.0.1, outside the kernel's ephemeral range.
-
-    A port drawn from the ephemeral range can be taken by any outgoing connection between
-    this check and the agent's bind (serf's RPC listener lost such a race in a benchmark),
-    so draw below it, and never hand the same port out twice in one process.
-    """
-    low, _ = _ephemeral_range()
-    rng = random.Random()
-    for _ in range(1000):
-        port = rng.randrange(10000, max(low, 10001))
-        if port in _HANDED_OUT:
-            continue
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
-                tcp.bind(("127.0.0.1", port))
-                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
-                    udp.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        _HANDED_OUT.add(port)
-        return port
-    raise RuntimeError("no free port found")
+__all__ = [
+    "LocalAgent",
+    "agent_command",
+    "free_port",
+    "run_demo",
+    "start_cluster",
+    "wait_converged",
+]
 
 
 def agent_command(
@@ -112,26 +83,21 @@ class LocalAgent:
     def members(self) -> dict[str, dict[str, Any]]:
         return {m["name"]: m for m in self.client.request("members")}
 
+    def ready(self) -> bool:
+        """Whether its control socket answers; raises if the process exited."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} exited: {self.log_path.read_text()[-2000:]}")
+        try:
+            self.client.request("info")
+        except ControlError:
+            return False
+        return True
+
     def wait_ready(self, timeout_s: float) -> None:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                self.client.request("info")
-                return
-            except ControlError:
-                time.sleep(POLL_S)
-        raise RuntimeError(f"{self.name} did not start within {timeout_s}s")
+        until(self.ready, timeout_s, f"{self.name} ready")
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        stop(self.proc, sig=sig, timeout_s=timeout_s)
         self._log.close()
 
 
@@ -155,19 +121,15 @@ def start_cluster(
 
 
 def wait_converged(agents: list[LocalAgent], timeout_s: float) -> float:
+    """Until every agent sees exactly ``agents`` alive; the seconds that took."""
     names = {a.name for a in agents}
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        try:
-            if all(
-                {n for n, m in a.members().items() if m["status"] == "alive"} == names
-                for a in agents
-            ):
-                return time.monotonic() - start
-        except ControlError:
-            pass
-        time.sleep(POLL_S)
-    raise RuntimeError(f"cluster did not converge within {timeout_s}s")
+
+    def converged() -> bool:
+        return all(
+            {n for n, m in a.members().items() if m["status"] == "alive"} == names for a in agents
+        )
+
+    return until(converged, timeout_s, "the cluster converged", ignore=(ControlError,))
 
 
 def _print_table(agent: LocalAgent) -> None:
@@ -195,10 +157,10 @@ def run_demo(n: int = 5, profile: str = "local") -> int:
             victim, survivors = agents[-1], agents[:-1]
             print(f"\n== SIGKILL {victim.name} (pid {victim.proc.pid})")
             killed_at = time.monotonic()
-            os.kill(victim.proc.pid, signal.SIGKILL)
-            victim.proc.wait(5)
+            stop(victim.proc, sig=signal.SIGKILL)
             seen: dict[str, dict[str, float]] = {a.name: {} for a in survivors}
-            while time.monotonic() - killed_at < 120:
+
+            def all_dead() -> bool:
                 for a in survivors:
                     status = a.members().get(victim.name, {}).get("status", "gone")
                     if status in ("suspect", "dead") and status not in seen[a.name]:
@@ -207,9 +169,10 @@ def run_demo(n: int = 5, profile: str = "local") -> int:
                             f"  t={seen[a.name][status]:6.2f}s  {a.name} sees "
                             f"{victim.name} {status}"
                         )
-                if all("dead" in s for s in seen.values()):
-                    break
-                time.sleep(POLL_S)
+                return all("dead" in s for s in seen.values())
+
+            with contextlib.suppress(TimeoutError):  # reported below
+                until(all_dead, 120, f"{victim.name} dead everywhere")
             deads = [s["dead"] for s in seen.values() if "dead" in s]
             if len(deads) == len(survivors):
                 print(
@@ -222,14 +185,14 @@ def run_demo(n: int = 5, profile: str = "local") -> int:
             print(f"\n== graceful leave of {survivors[-1].name} (SIGTERM)")
             left_at = time.monotonic()
             survivors[-1].stop(signal.SIGTERM)
-            while time.monotonic() - left_at < 10:
-                if survivors[0].members().get(survivors[-1].name, {}).get("status") == "left":
-                    print(
-                        f"  {survivors[0].name} sees it left after "
-                        f"{time.monotonic() - left_at:.2f}s"
-                    )
-                    break
-                time.sleep(POLL_S)
+            leaver, observer = survivors[-1].name, survivors[0]
+            with contextlib.suppress(TimeoutError):
+                until(
+                    lambda: observer.members().get(leaver, {}).get("status") == "left",
+                    10,
+                    f"{leaver} left",
+                )
+                print(f"  {observer.name} sees it left after {time.monotonic() - left_at:.2f}s")
             return 0
         finally:
             for a in agents:

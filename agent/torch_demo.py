@@ -27,7 +27,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from agent.training_nodes import ROOT, TrainingNode, start_nodes, until
+from agent.procs import until
+from agent.training_nodes import ROOT, TrainingNode, start_nodes
 
 SCRIPT = ROOT / "examples" / "elastic_ddp.py"
 MAX_RANKS_PER_NODE = 8  # a GPU host's usual count; more would only be a CPU stress test

@@ -4,7 +4,8 @@ A node is one real agent process and ``ranks`` real trainer processes (one per l
 started with ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` as torchrun would), all in one process
 group led by the agent, so a node can be killed or stopped as a whole (a dead or hung
 host), or one trainer alone (a hung GPU worker on a live host). Every trainer is bounded
-by ``timeout -s KILL``; ``stop`` kills the process group and reaps every process by pid.
+by ``timeout -s KILL``; ``stop`` kills the process group and reaps every process by pid
+(agent/procs.py's ``stop``).
 
 Trainers write one JSON line per step to their own log (``steps_path(local_rank)``); the
 helpers read them back. torch is never imported here.
@@ -18,27 +19,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from agent.control import ControlClient, ControlError
-from agent.demo import agent_command, free_port
+from agent.demo import agent_command
+from agent.procs import free_port, stop, until
+
+__all__ = ["ROOT", "TrainingNode", "start_nodes"]
 
 ROOT = Path(__file__).resolve().parents[1]
-POLL_S = 0.05
-
-
-def until(predicate: Callable[[], object], timeout_s: float, what: str) -> float:
-    """Poll ``predicate`` until it is true; returns the seconds it took, raises
-    ``TimeoutError`` naming ``what`` otherwise."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(POLL_S)
-    raise TimeoutError(f"{what}: not within {timeout_s} s")
 
 
 class TrainingNode:
@@ -152,11 +142,8 @@ class TrainingNode:
 
     def stop(self) -> None:
         """SIGKILL the whole node (a stopped process dies of SIGKILL too) and reap it."""
-        self.signal_all(signal.SIGCONT)
-        self.signal_all(signal.SIGKILL)
-        for proc in (*self.trainers, self.agent):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
+        stop(self.agent, sig=signal.SIGKILL, group=True)  # the agent leads the node's group
+        stop(*self.trainers, sig=signal.SIGKILL)  # gone with the group: reaped here
 
 
 def start_nodes(

@@ -2,25 +2,30 @@
 
 ``LocalSerf`` runs Debian's ``serf agent`` on 127.0.0.1 with its own gossip and RPC ports
 and reads its view with ``serf members -format=json``; ``LocalAgent`` (agent/demo.py) runs
-ours. Both stop their process by pid, and never leave one behind on error.
+ours. Both stop their process by pid (agent/procs.py's ``stop``), and never leave one behind
+on error. A ``serf`` command that fails raises ``SerfError``: while its agent is busy that
+is a "not yet" for a poller (``until(..., ignore=(SerfError,))``), not a test failure.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
-from agent.demo import LocalAgent, free_port
+from agent.demo import LocalAgent
+from agent.procs import free_port, stop, until
 
-__all__ = ["SERF", "LocalAgent", "LocalSerf", "free_port"]
+__all__ = ["SERF", "LocalAgent", "LocalSerf", "SerfError", "free_port"]
 
 SERF = shutil.which("serf")
+
+
+class SerfError(RuntimeError):
+    """A ``serf`` command failed (its agent not up yet, or busy)."""
 
 
 class LocalSerf:
@@ -70,20 +75,21 @@ class LocalSerf:
     def members(self) -> dict[str, dict[str, Any]]:
         out = self._cmd("members", "-format=json")
         if out.returncode != 0:
-            raise RuntimeError(f"serf members failed: {out.stderr.strip()}")
+            raise SerfError(f"serf members failed: {out.stderr.strip()}")
         return {m["name"]: m for m in json.loads(out.stdout)["members"]}
 
+    def ready(self) -> bool:
+        """Whether ``serf members`` answers; raises if the agent exited."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"serf {self.name} exited: {self.log_path.read_text()[-2000:]}")
+        try:
+            self.members()
+        except (SerfError, json.JSONDecodeError):
+            return False
+        return True
+
     def wait_ready(self, timeout_s: float = 20) -> None:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"serf {self.name} exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                self.members()
-                return
-            except (RuntimeError, json.JSONDecodeError):
-                time.sleep(0.05)
-        raise RuntimeError(f"serf {self.name} did not start within {timeout_s}s")
+        until(self.ready, timeout_s, f"serf {self.name} ready")
 
     def leave(self) -> None:
         self._cmd("leave", timeout_s=20)
@@ -94,14 +100,8 @@ class LocalSerf:
             args += ["-set", f"{key}={value}"]
         out = self._cmd("tags", *args)
         if out.returncode != 0:
-            raise RuntimeError(f"serf tags failed: {out.stderr.strip()}")
+            raise SerfError(f"serf tags failed: {out.stderr.strip()}")
 
     def stop(self, sig: int = signal.SIGKILL, timeout_s: float = 10) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        stop(self.proc, sig=sig, timeout_s=timeout_s)
         self._log.close()

@@ -57,7 +57,8 @@ from unittest import mock
 
 from agent import training_nodes
 from agent.demo import free_port
-from agent.training_nodes import TrainingNode, start_nodes, until
+from agent.procs import until
+from agent.training_nodes import TrainingNode, start_nodes
 from bench import torchrun_recovery
 
 ROOT = Path(__file__).resolve().parents[1]

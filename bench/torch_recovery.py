@@ -41,7 +41,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from agent.training_nodes import TrainingNode, start_nodes, until
+from agent.procs import until
+from agent.training_nodes import TrainingNode, start_nodes
 from bench import step_efficiency, torchrun_recovery
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,7 +32,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from agent.demo import agent_command, free_port
+from agent.demo import agent_command
+from agent.procs import free_port, stop, until
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "examples" / "torchrun_train.py"
@@ -104,7 +105,7 @@ class Node:
         self._spawn(
             [*agent_command(self.name, self.port, self.control, profile), "--log-level", "info"]
         )
-        _until(self.control.exists, 20, f"{self.name}'s control socket")
+        until(self.control.exists, 20, f"{self.name}'s control socket", poll_s=POLL_S)
 
     def _start_torchrun(
         self, backend: str, job: str, endpoint: str, nnodes: str, restarts: int, conf: str
@@ -150,15 +151,10 @@ class Node:
         """SIGCONT then SIGKILL every process of the node (stopped ones included), reap."""
         for sig in (signal.SIGSTOP, signal.SIGCONT, signal.SIGKILL):
             self.signal(sig)
-        for proc in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                _quiet(os.kill, proc.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while self.pids() and time.monotonic() < deadline:  # workers are not our children
-            self.signal(signal.SIGKILL)
-            time.sleep(POLL_S)
+        stop(*self.procs, sig=signal.SIGKILL, group=True)  # our sessions, reaped
+        # the workers (sessions of their own, not our children; torchrun is gone, so no new
+        # ones) until their pids are gone
+        stop(*self.pids(), sig=signal.SIGKILL)
         self._log.close()
 
 
@@ -177,16 +173,6 @@ def _marked(mark: str) -> Iterable[int]:
                 yield int(entry.name)
         except OSError:
             continue
-
-
-def _until(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(POLL_S)
-    raise TimeoutError(f"{what}: not within {timeout_s} s")
 
 
 def read_steps(nodes: Iterable[Node]) -> list[dict[str, Any]]:
@@ -228,7 +214,9 @@ def wait_group(
     that group's records."""
     workers = set().union(*(n.workers() for n in nodes if n.name in names))
 
-    def found() -> list[dict[str, Any]] | None:
+    found: list[list[dict[str, Any]]] = []
+
+    def formed() -> bool:
         by_group: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for r in read_steps(nodes):
             if float(r["t"]) > after and int(r["world"]) == len(workers):
@@ -236,11 +224,12 @@ def wait_group(
         for records in by_group.values():
             counts = Counter(worker_of(r) for r in records)
             if set(counts) == workers and min(counts.values()) >= steps:
-                return records
-        return None
+                found.append(records)
+                return True
+        return False
 
-    result: list[dict[str, Any]] = _until(found, timeout_s, f"group {sorted(names)}")
-    return result
+    until(formed, timeout_s, f"group {sorted(names)}", poll_s=POLL_S)
+    return found[-1]
 
 
 def start_nodes(

@@ -34,6 +34,7 @@ import pytest
 
 from agent.control import ControlClient
 from agent.demo import LocalAgent
+from agent.procs import until
 from swim import wire
 from swim.messages import MsgType, NodeStateType, PushNodeState
 from tests.swim.test_fuzz import TCP_SEEDS, UDP_SEEDS, mutate
@@ -61,15 +62,6 @@ def rss_mib(pid: int) -> float:
 
 def view(agent: LocalAgent) -> dict[str, tuple[str, int]]:
     return {n: (m["status"], m["incarnation"]) for n, m in agent.members().items()}
-
-
-def wait_for(pred: Callable[[], bool], timeout_s: float) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 def packet_pool(rng: random.Random) -> list[bytes]:
@@ -264,8 +256,8 @@ def test_hostile_blast_leaves_the_agent_responsive_bounded_and_its_peer_alive(
         target.wait_ready(20)
         peer = LocalAgent("peer", tmp_path, "lan", target.port)
         peer.wait_ready(20)
-        wait_for(lambda: view(target).get("peer", ("", 0))[0] == "alive", 20)
-        wait_for(lambda: view(peer).get("target", ("", 0))[0] == "alive", 20)
+        until(lambda: view(target).get("peer", ("", 0))[0] == "alive", 20, "target sees peer")
+        until(lambda: view(peer).get("target", ("", 0))[0] == "alive", 20, "peer sees target")
         time.sleep(1)
         before_target = view(target)
         before_peer = view(peer)
@@ -311,7 +303,7 @@ def test_hostile_blast_leaves_the_agent_responsive_bounded_and_its_peer_alive(
         watch([blast.state_flood, blast.huge_headers])
         blast.stop.set()
         assert not blast.errors, blast.errors
-        wait_for(lambda: client.request("info")["stats"]["broadcast_queue"] >= 0, 5)
+        until(lambda: client.request("info")["stats"]["broadcast_queue"] >= 0, 5, "info answers")
         time.sleep(2)  # let the inbox drain
         info = client.request("info")
         stats = info["stats"]

@@ -16,17 +16,9 @@ from pathlib import Path
 import pytest
 
 from agent.demo import LocalAgent, start_cluster, wait_converged
+from agent.procs import stop, until
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _until(predicate, timeout_s: float, poll_s: float = 0.05) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(poll_s)
-    raise AssertionError(f"condition not met within {timeout_s}s")
 
 
 @pytest.fixture
@@ -51,9 +43,13 @@ def test_sixteen_agents_join_detect_and_rejoin(sixteen: list[LocalAgent], tmp_pa
     assert took < 60
     victim, survivors = agents[5], [a for a in agents if a is not agents[5]]
     old_incarnation = survivors[0].members()[victim.name]["incarnation"]
-    os.kill(victim.proc.pid, signal.SIGKILL)
-    victim.proc.wait(5)
-    _until(lambda: all(_status(a, victim.name) == "dead" for a in survivors), 60, 0.2)
+    stop(victim.proc, sig=signal.SIGKILL)
+    until(
+        lambda: all(_status(a, victim.name) == "dead" for a in survivors),
+        60,
+        f"{victim.name} dead everywhere",
+        poll_s=0.2,
+    )
     # Restart with the same name and port: it must outbid its own death.
     reborn = LocalAgent(
         victim.name, tmp_path, "local", agents[0].port, ["--bind", f"127.0.0.1:{victim.port}"]
@@ -104,7 +100,7 @@ def test_swimctl_against_live_agents(tmp_path: Path) -> None:
         assert info["node"] == "agent-1" and info["members"]["alive"] == 3
         tags = _swimctl(agents[1], "tags", "--set", "zone=z1", "--delete", "role")
         assert tags.stdout.strip() == "zone=z1"
-        _until(lambda: agents[0].members()["agent-1"]["tags"] == {"zone": "z1"}, 10)
+        until(lambda: agents[0].members()["agent-1"]["tags"] == {"zone": "z1"}, 10, "tag seen")
         bad = _swimctl(agents[1], "tags", "--set", "novalue")
         assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
         keys = _swimctl(agents[1], "keys", "--list")
@@ -141,7 +137,7 @@ def test_swimctl_against_live_agents(tmp_path: Path) -> None:
         # leave through swimctl: the agent leaves and exits; peers see "left"
         left = _swimctl(agents[2], "leave")
         assert left.returncode == 0, left.stderr
-        _until(lambda: _status(agents[0], "agent-2") == "left", 5)
+        until(lambda: _status(agents[0], "agent-2") == "left", 5, "agent-2 left")
         assert agents[2].proc.wait(10) == 0
     finally:
         for a in agents:
@@ -156,14 +152,14 @@ def test_sigterm_leaves_and_sighup_reloads_tags(tmp_path: Path) -> None:
         wait_converged(agents, 30)
         config.write_text('log_level = "debug"\n[tags]\nrole = "b"\n')
         os.kill(agents[1].proc.pid, signal.SIGHUP)
-        _until(lambda: agents[0].members()["agent-1"]["tags"] == {"role": "b"}, 10)
+        until(lambda: agents[0].members()["agent-1"]["tags"] == {"role": "b"}, 10, "tag reloaded")
         config.write_text("this is not toml")
         os.kill(agents[1].proc.pid, signal.SIGHUP)  # a bad reload keeps running
         time.sleep(0.5)
         assert agents[1].proc.poll() is None
         start = time.monotonic()
         os.kill(agents[1].proc.pid, signal.SIGTERM)
-        _until(lambda: _status(agents[0], "agent-1") == "left", 5, 0.02)
+        until(lambda: _status(agents[0], "agent-1") == "left", 5, "agent-1 left", poll_s=0.02)
         assert time.monotonic() - start < 1.0, "peers see a SIGTERM leave within one second"
         assert agents[1].proc.wait(10) == 0
         log = agents[1].log_path.read_text()

@@ -6,18 +6,19 @@ encrypted; a swim agent with the wrong key cannot join. Every process is stopped
 from __future__ import annotations
 
 import base64
-import os
+import functools
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from bench.procs import SERF, LocalAgent, LocalSerf
+from agent.procs import stop, until
+from bench.procs import SERF, LocalAgent, LocalSerf, SerfError
 
 pytestmark = pytest.mark.skipif(
     SERF is None, reason="serf not installed (scripts/setup.sh installs it with apt-get)"
@@ -32,16 +33,8 @@ KEY = base64.b64encode(bytes(range(16))).decode()
 SPREAD_S = 40
 
 
-def until(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        try:
-            if predicate():
-                return time.monotonic() - start
-        except RuntimeError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout_s}s")
+# a serf command that fails while its agent is busy is a "not yet"
+settle = functools.partial(until, poll_s=0.1, ignore=(SerfError,))
 
 
 @dataclass
@@ -102,7 +95,7 @@ def mixed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Mixed]:
 
 def test_mixed_cluster_forms_fails_leaves_and_shares_tags(mixed: Mixed) -> None:
     names = {"s0", "s1", "s2", "w0", "w1", "w2"}
-    until(
+    settle(
         lambda: all(
             {n for n, m in s.members().items() if m["status"] == "alive"} == names
             for s in mixed.serfs
@@ -110,7 +103,7 @@ def test_mixed_cluster_forms_fails_leaves_and_shares_tags(mixed: Mixed) -> None:
         30,
         "serf sees everyone alive",
     )
-    until(
+    settle(
         lambda: all(
             {n for n, m in w.members().items() if m["status"] == "alive"} == names
             for w in mixed.swims
@@ -122,7 +115,7 @@ def test_mixed_cluster_forms_fails_leaves_and_shares_tags(mixed: Mixed) -> None:
     assert mixed.serfs[0].members()["w1"]["tags"] == {"role": "swim"}
     assert mixed.swims[0].members()["s1"]["tags"] == {"role": "serf"}
     mixed.serfs[1].set_tags(zone="z9")
-    until(
+    settle(
         lambda: mixed.swims[2].members()["s1"]["tags"].get("zone") == "z9",
         SPREAD_S,
         "swim sees serf's new tag",
@@ -143,7 +136,7 @@ def test_mixed_cluster_forms_fails_leaves_and_shares_tags(mixed: Mixed) -> None:
         timeout=30,
         capture_output=True,
     )
-    until(
+    settle(
         lambda: mixed.serfs[2].members()["w1"]["tags"].get("gpu") == "h200",
         SPREAD_S,
         "serf sees swim's new tag",
@@ -151,21 +144,21 @@ def test_mixed_cluster_forms_fails_leaves_and_shares_tags(mixed: Mixed) -> None:
 
     # SIGKILL a swim agent: every serf agent marks it failed (and the swims dead)
     victim = mixed.swims[2]
-    os.kill(victim.proc.pid, signal.SIGKILL)
-    until(
+    stop(victim.proc, sig=signal.SIGKILL)
+    settle(
         lambda: all(mixed.serf_status(s, "w2") == "failed" for s in mixed.serfs),
         60,
         "serf marks the killed swim agent failed",
     )
-    until(
+    settle(
         lambda: all(mixed.swim_status(w, "w2") == "dead" for w in mixed.swims[:2]),
         60,
         "swim marks the killed swim agent dead",
     )
 
     # SIGKILL a serf agent: every swim agent marks it dead
-    os.kill(mixed.serfs[2].proc.pid, signal.SIGKILL)
-    until(
+    stop(mixed.serfs[2].proc, sig=signal.SIGKILL)
+    settle(
         lambda: all(mixed.swim_status(w, "s2") == "dead" for w in mixed.swims[:2]),
         60,
         "swim marks the killed serf agent dead",
@@ -173,13 +166,13 @@ def test_mixed_cluster_forms_fails_leaves_and_shares_tags(mixed: Mixed) -> None:
 
     # graceful leave both ways is "left", not failed
     mixed.swims[1].stop(signal.SIGTERM)
-    until(
+    settle(
         lambda: all(mixed.serf_status(s, "w1") == "left" for s in mixed.serfs[:2]),
         SPREAD_S,
         "serf sees the swim agent's graceful leave as left",
     )
     mixed.serfs[1].leave()
-    until(
+    settle(
         lambda: mixed.swim_status(mixed.swims[0], "s1") == "left",
         SPREAD_S,
         "swim sees the serf agent's graceful leave as left",

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from agent.training_nodes import ROOT, TrainingNode, start_nodes, until
+from agent.procs import until
+from agent.training_nodes import ROOT, TrainingNode, start_nodes
 
 pytest.importorskip("torch", reason="the torch hook needs torch (pip install '.[torch]')")
 

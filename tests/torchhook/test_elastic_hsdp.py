@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.training_nodes import ROOT, TrainingNode, start_nodes, until
+from agent.procs import until
+from agent.training_nodes import ROOT, TrainingNode, start_nodes
 
 pytest.importorskip("torch", reason="the torch hook needs torch (pip install '.[torch]')")
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from agent.demo import LocalAgent, start_cluster, wait_converged
+from agent.procs import until
 from bench.torchrun_recovery import (
     Node,
     group_of,
@@ -45,15 +46,6 @@ from torchhook.rendezvous import (
 )
 
 JOB = "rdzv-test"
-
-
-def _until(predicate: Callable[[], Any], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"condition not met within {timeout_s}s")
 
 
 def _view(*names: str) -> View:
@@ -143,14 +135,14 @@ def test_rounds_follow_the_view(agents: list[LocalAgent]) -> None:
         numbers = {h._round.number for h in handlers if h._round}
 
         handlers[2].shutdown()  # unregisters: a departure from the current round
-        _until(lambda: all(h.num_nodes_waiting() == 1 for h in handlers[:2]), 10)
+        until(lambda: all(h.num_nodes_waiting() == 1 for h in handlers[:2]), 10, "a departure")
         second = _rendezvous(handlers[:2])
         assert [i.world_size for i in second] == [2, 2]
         assert {h._round.number for h in handlers[:2] if h._round} == {max(numbers) + 1}
         assert _port(first[0]) != _port(second[0])  # a fresh worker store per round
 
         handlers[2] = _handler(agents[2], agents[0])  # a joiner
-        _until(lambda: all(h.num_nodes_waiting() == 1 for h in handlers[:2]), 10)
+        until(lambda: all(h.num_nodes_waiting() == 1 for h in handlers[:2]), 10, "a joiner")
         third = _rendezvous(handlers)
         assert [i.rank for i in third] == [0, 1, 2]
         assert {h._round.number for h in handlers if h._round} == {max(numbers) + 2}
@@ -164,7 +156,7 @@ def test_closing_is_seen_by_every_node(agents: list[LocalAgent]) -> None:
     try:
         _rendezvous(handlers)
         handlers[0].set_closed()
-        _until(handlers[1].is_closed, 10)
+        until(handlers[1].is_closed, 10, "closed everywhere")
         with pytest.raises(RendezvousClosedError):
             handlers[1].next_rendezvous()
     finally:
@@ -178,7 +170,7 @@ def test_the_next_oldest_takes_over_when_the_leader_dies(agents: list[LocalAgent
         first = _rendezvous(handlers)
         assert first[0].rank == 0
         agents[0].stop(signal.SIGKILL)  # the leader's host: its store stays, its view goes
-        _until(lambda: all(h.num_nodes_waiting() == 1 for h in handlers[1:]), 20)
+        until(lambda: all(h.num_nodes_waiting() == 1 for h in handlers[1:]), 20, "leader gone")
         second = _rendezvous(handlers[1:])
         assert [i.rank for i in second] == [0, 1]
         rounds = {h._round for h in handlers[1:]}
