@@ -148,7 +148,7 @@ def test_unit_settings() -> None:
     expected = {
         "Type": "notify",
         "NotifyAccess": "main",
-        "ExecStart": "/usr/bin/swim-agent --config /etc/swim/agent.toml",
+        "ExecStart": "/opt/swim/bin/swim-agent --config /etc/swim/agent.toml",
         "ExecReload": "/bin/kill -HUP $MAINPID",
         "WatchdogSec": "10s",
         "Restart": "on-failure",
@@ -207,7 +207,7 @@ def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     # verify complains when ExecStart's binary does not exist: point it at one that does.
     text = UNIT.read_text()
     text, count = re.subn(
-        r"^ExecStart=/usr/bin/swim-agent ", f"ExecStart={sys.executable} ", text, flags=re.M
+        r"^ExecStart=/opt/swim/bin/swim-agent ", f"ExecStart={sys.executable} ", text, flags=re.M
     )
     assert count == 1
     unit = tmp_path / "swim-agent.service"
@@ -224,7 +224,7 @@ def test_verify_catches_mistakes(tmp_path: Path) -> None:
         pytest.skip("systemd-analyze not installed (Debian package 'systemd')")
     unit = tmp_path / "swim-agent.service"
     unit.write_text(
-        UNIT.read_text().replace("/usr/bin/swim-agent ", f"{sys.executable} ")
+        UNIT.read_text().replace("/opt/swim/bin/swim-agent ", f"{sys.executable} ")
         + "[Service]\nProtectSytem=strict\n"
     )
     _, output = _verify(unit)
