@@ -33,6 +33,7 @@ from swim.compat import Versions, VersionSummary, combine_bounds, summarize
 from swim.config import Config
 from swim.context import Context
 from swim.effects import EventKind
+from swim.member_state import MemberState
 from swim.messages import (
     Address,
     Alive,
@@ -44,10 +45,10 @@ from swim.messages import (
     ip_from_bytes,
 )
 from swim.shared import PushPullDiff, SharedCodec, push_state
-from swim.table import MembershipSnapshot, MemberState, MemberTable
+from swim.table import MembershipSnapshot, MemberTable
 from swim.wire import DropReason
 
-__all__ = ["LEAVE_NOTIFY", "SUSPICION_TIMER", "MemberState", "Membership"]
+__all__ = ["LEAVE_NOTIFY", "SUSPICION_TIMER", "Membership", "suspicion_window_ms"]
 
 MAX_NAME_BYTES = 512
 """Longest node name accepted from the wire (memberlist has no bound; we need one)."""

@@ -49,7 +49,8 @@ from swim.effects import (
     UrgentProbeOutcome,
     UserMessage,
 )
-from swim.membership import LEAVE_NOTIFY, SUSPICION_TIMER, Membership, MemberState
+from swim.member_state import MemberState
+from swim.membership import LEAVE_NOTIFY, SUSPICION_TIMER, Membership
 from swim.messages import (
     Ack,
     Address,

@@ -59,7 +59,8 @@ from typing import Protocol
 from swim import formulas, wire
 from swim.context import Context
 from swim.effects import ProbeResult, StreamKind, UrgentProbeOutcome
-from swim.membership import Membership, MemberState
+from swim.member_state import MemberState
+from swim.membership import Membership
 from swim.messages import Ack, Address, IndirectPing, Nack, NodeStateType, Ping, Suspect
 from swim.wire import DropReason
 

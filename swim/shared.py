@@ -25,14 +25,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from swim import wire
 from swim.compat import Versions, VersionSummary, summarize
+from swim.member_state import MemberState
 from swim.messages import NodeStateType, PushNodeState, PushPull
-
-if TYPE_CHECKING:
-    from swim.table import MemberState
 
 MEMO_MIN_BYTES = 4096
 """Smallest stream payload worth memoising (hashing it must be cheaper than the work)."""

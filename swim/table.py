@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from swim.config import PROTOCOL_VERSION_MAX, PROTOCOL_VERSION_MIN, Config
 from swim.effects import Member
+from swim.member_state import MemberState
 from swim.messages import Address, NodeStateType
 from swim.shared import SharedCodec
 
@@ -49,46 +50,6 @@ def local_vsn(config: Config) -> tuple[int, ...]:
 
 
 _DEFAULT_VSN = local_vsn(Config.lan())
-
-
-@dataclass(slots=True)
-class MemberState:
-    name: str
-    address: Address
-    meta: bytes
-    incarnation: int
-    state: NodeStateType
-    state_change_ms: int
-    vsn: tuple[int, ...] = ()
-
-    @property
-    def protocol_max(self) -> int:
-        return self.vsn[1] if len(self.vsn) >= 6 else 0
-
-    def dead_or_left(self) -> bool:
-        return self.state >= NodeStateType.DEAD
-
-    def copy(self) -> MemberState:
-        return MemberState(
-            self.name,
-            self.address,
-            self.meta,
-            self.incarnation,
-            self.state,
-            self.state_change_ms,
-            self.vsn,
-        )
-
-    def snapshot(self) -> Member:
-        return Member(
-            self.name,
-            self.address,
-            self.meta,
-            self.incarnation,
-            self.state,
-            self.state_change_ms,
-            self.vsn,
-        )
 
 
 @dataclass(frozen=True, slots=True)

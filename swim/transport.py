@@ -24,7 +24,8 @@ from collections.abc import Callable
 from swim import wire
 from swim.context import Context
 from swim.effects import Packet
-from swim.membership import Membership, MemberState
+from swim.member_state import MemberState
+from swim.membership import Membership
 from swim.messages import Address, NodeStateType, UserMsg
 from swim.security import Keyring
 

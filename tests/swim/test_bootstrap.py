@@ -22,8 +22,9 @@ from swim import (
     wire,
 )
 from swim import streams as streams_module
+from swim.member_state import MemberState
 from swim.messages import PushNodeState, PushPull, Suspect
-from swim.table import MemberState, MemberTable
+from swim.table import MemberTable
 from tests.swim.node_harness import packet
 
 ALIVE, SUSPECT, DEAD = NodeStateType.ALIVE, NodeStateType.SUSPECT, NodeStateType.DEAD
