@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +58,7 @@ class QuerySeen:
         return True
 
 
-def for_us(filters: tuple[bytes, ...], node: str, tags: dict[str, str]) -> bool:
+def for_us(filters: tuple[bytes, ...], node: str, tags: Mapping[str, str]) -> bool:
     for raw in filters:
         if not raw:
             return False
