@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from simulations.world import SlowSpec, World
+from simulations.model.world import SlowSpec, World
 from swim import (
     Config,
     EventKind,
