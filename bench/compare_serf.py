@@ -26,6 +26,7 @@ lan, wan and local; ``fast`` is ours); the first is the baseline of the ratio ta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import re
@@ -37,11 +38,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.procs import SERF, free_port
+from agent.demo import agent_command
+from agent.procs import free_port, stop, until
+from bench.procs import SERF
 from swim.config import PROFILES
 
 SERF_PROFILES = ("lan", "wan", "local")
@@ -120,24 +122,9 @@ def _start(impl: str, name: str, profile: str, join_port: int | None, workdir: P
         if join_port:
             args.append(f"-join=127.0.0.1:{join_port}")
     else:
-        args = [
-            sys.executable,
-            "-m",
-            "agent.cli",
-            "--control",
-            str(workdir / f"{name}.sock"),
-            "agent",
-            "--node",
-            name,
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--profile",
-            profile,
-            "--log-level",
-            "info",
-        ]
-        if join_port:
-            args += ["--retry-join", f"127.0.0.1:{join_port}", "--retry-interval-ms", "500"]
+        control = workdir / f"{name}.sock"
+        args = [*agent_command(name, port, control, profile, join_port, retry_ms=500)]
+        args += ["--log-level", "info"]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     popen = subprocess.Popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, env=env
@@ -251,15 +238,6 @@ class NotConverged(Exception):
     """A cluster never reached full membership; its numbers would mean nothing."""
 
 
-def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def _explain(procs: list[Proc], names: set[str], workdir: Path) -> None:
     """Say which agents did not converge, with the end of their logs."""
     for p in procs:
@@ -291,8 +269,9 @@ def _kill_one(alive: list[Proc], killed_at: dict[str, float]) -> Kill:
     victim = alive.pop()
     killed = time.monotonic()
     killed_at[victim.name] = killed
-    os.kill(victim.popen.pid, signal.SIGKILL)
-    _wait(lambda: all(p.seen("dead", victim.name) for p in alive), 120)
+    stop(victim.popen, sig=signal.SIGKILL)
+    with contextlib.suppress(TimeoutError):  # a survivor that never saw it counts as None
+        until(lambda: all(p.seen("dead", victim.name) for p in alive), 120, "dead everywhere")
     suspects = [t for p in alive if (t := p.seen("suspect", victim.name))]
     deads = [t for p in alive if (t := p.seen("dead", victim.name))]
     return Kill(
@@ -327,18 +306,20 @@ def run_one(
             def converged() -> bool:
                 return all(p.joined() >= names - {p.name} for p in procs)
 
-            ok = _wait(converged, 120)
-            if not ok:
+            try:
+                until(converged, 120, f"{impl} N={n} converged")
+            except TimeoutError:
                 _explain(procs, names, workdir)
                 exited = [p.name for p in procs if p.popen.poll() is not None]
-                raise NotConverged(f"{impl} N={n} did not converge in 120 s; exited: {exited}")
-            converge = converge_ready = None
-            if ok:
-                last = max(max(t for t, k, _ in p.events if k == "join") for p in procs)
-                converge = max(last - launched, 0.0)
-                readies = [p.first("ready") for p in procs]
-                if all(r is not None for r in readies):
-                    converge_ready = max(last - max(r for r in readies if r is not None), 0.0)
+                raise NotConverged(
+                    f"{impl} N={n} did not converge in 120 s; exited: {exited}"
+                ) from None
+            last = max(max(t for t, k, _ in p.events if k == "join") for p in procs)
+            converge = max(last - launched, 0.0)
+            converge_ready = None
+            readies = [p.first("ready") for p in procs]
+            if all(r is not None for r in readies):
+                converge_ready = max(last - max(r for r in readies if r is not None), 0.0)
             time.sleep(settle_s)
             steady_from = time.monotonic()
             counters = PortCounters([p.port for p in procs])
@@ -386,10 +367,7 @@ def run_one(
         finally:
             if counters is not None:
                 counters.close()
-            for p in procs:
-                if p.popen.poll() is None:
-                    os.kill(p.popen.pid, signal.SIGKILL)
-                p.popen.wait(10)
+            stop(*(p.popen for p in procs), sig=signal.SIGKILL)
 
 
 def _f(value: float | None, fmt: str = "{:.2f}") -> str:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import datetime as dt
 import hashlib
 import json
@@ -44,7 +43,7 @@ import tempfile
 import time
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -53,6 +52,8 @@ from typing import Any
 import msgpack
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from agent.procs import stop, until
 
 # --------------------------------------------------------------------------- config
 
@@ -214,17 +215,7 @@ class Resources:
         proc = self.procs.get(label)
         if proc is None:
             return
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                if label in self.stopped:
-                    os.kill(proc.pid, signal.SIGCONT)
-                os.kill(proc.pid, sig)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
+        stop(proc, sig=sig, timeout_s=timeout)  # a SIGSTOPped one is sent SIGCONT too
         self.stopped.discard(label)
         del self.procs[label]
 
@@ -267,15 +258,6 @@ class Resources:
         self.log_files.clear()
         if errors:
             print("cleanup problems:\n  " + "\n  ".join(errors), file=sys.stderr)
-
-
-def wait_until(pred: Callable[[], bool], timeout: float, what: str, poll: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(poll)
-    raise CaptureError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def read_text(path: Path) -> str:
@@ -403,7 +385,7 @@ class Scenario:
         argv = self.agent_argv(node, self.nodes[join] if join else None)
         self.record(argv)
         self.res.start(f"serf-{name}", argv, self.log(name), gid=node.gid)
-        wait_until(lambda: self.log_has(name, r"Serf agent running!"), 20, f"agent {name} to start")
+        until(lambda: self.log_has(name, r"Serf agent running!"), 20, f"agent {name} to start")
 
     # -- the scripted life cycle ----------------------------------------------------
     def execute(self) -> ScenarioRun:
@@ -413,7 +395,7 @@ class Scenario:
         td_argv = ["tcpdump", "-i", "lo", "-n", "-U", "-s", "0", "-w", str(self.run.pcap), bpf]
         self.run.commands.append({"t": 0.0, "argv": [*td_argv[:-2], f"{self.run.name}.pcap", bpf]})
         self.res.start("tcpdump", td_argv, td_log)
-        wait_until(lambda: "listening on" in read_text(td_log), 15, "tcpdump to listen")
+        until(lambda: "listening on" in read_text(td_log), 15, "tcpdump to listen")
 
         for node in self.nodes.values():
             spec = [
@@ -441,7 +423,7 @@ class Scenario:
         self.start_agent("a", None)
         self.start_agent("b", "a")
         self.start_agent("c", "a")
-        wait_until(
+        until(
             lambda: self.alive_members("a") == 3 and self.alive_members("c") == 3,
             30,
             "all three members alive",
@@ -452,9 +434,7 @@ class Scenario:
 
         self.phase("user-event")
         self.cli(["event", f"-rpc-addr={b.rpc_addr}", USER_EVENT_NAME, USER_EVENT_PAYLOAD])
-        wait_until(
-            lambda: self.log_has("c", re.escape(USER_EVENT_NAME)), 15, "user event to reach c"
-        )
+        until(lambda: self.log_has("c", re.escape(USER_EVENT_NAME)), 15, "user event to reach c")
         time.sleep(2)
 
         if self.run.encrypted:
@@ -476,7 +456,7 @@ class Scenario:
                 read_text(self.log(n)).count("Initiating push/pull sync") for n in NODE_NAMES
             )
 
-        wait_until(lambda: pushpulls() >= 3, 40, "a periodic push/pull")
+        until(lambda: pushpulls() >= 3, 40, "a periodic push/pull")
 
         self.phase("udp-blackhole-c")
         spec = ["-i", "lo", "-p", "udp", "--dport", str(c.gossip_port), "-j", "DROP"]
@@ -485,14 +465,14 @@ class Scenario:
         try:
             offs = {n: self.log_len(n) for n in ("a", "b")}
             try:
-                wait_until(
+                until(
                     lambda: any(
                         self.log_has(n, r"Was able to connect to c", offs[n]) for n in ("a", "b")
                     ),
                     20,
                     "a TCP fallback ping to c",
                 )
-            except CaptureError as exc:
+            except TimeoutError as exc:
                 self.run.notes.append(f"udp-blackhole-c: {exc}")
             time.sleep(2)
         finally:
@@ -500,14 +480,14 @@ class Scenario:
             self.record(["iptables", "-D", "INPUT", *spec])
 
         self.phase("recover")
-        wait_until(lambda: self.alive_members("a") == 3, 30, "c alive again after blackhole")
+        until(lambda: self.alive_members("a") == 3, 30, "c alive again after blackhole")
         time.sleep(3)
 
         self.phase("sigstop-c")
         off_a = self.log_len("a")
         self.res.send_signal("serf-c", signal.SIGSTOP)
         self.record(["kill", "-STOP", "<pid of c>"])
-        wait_until(
+        until(
             lambda: self.log_has("a", r"EventMemberFailed: c ", off_a), 60, "a to declare c failed"
         )
         time.sleep(1.5)
@@ -516,7 +496,7 @@ class Scenario:
         off_a = self.log_len("a")
         self.res.send_signal("serf-c", signal.SIGCONT)
         self.record(["kill", "-CONT", "<pid of c>"])
-        wait_until(
+        until(
             lambda: self.log_has("a", r"EventMemberJoin: c ", off_a),
             45,
             "c to refute and be alive again",
@@ -526,9 +506,7 @@ class Scenario:
         self.phase("leave-c")
         off_a = self.log_len("a")
         self.cli(["leave", f"-rpc-addr={c.rpc_addr}"], timeout=30)
-        wait_until(
-            lambda: self.log_has("a", r"EventMemberLeave: c ", off_a), 20, "a to see c leave"
-        )
+        until(lambda: self.log_has("a", r"EventMemberLeave: c ", off_a), 20, "a to see c leave")
         proc_c = self.res.procs["serf-c"]
         try:
             proc_c.wait(timeout=15)

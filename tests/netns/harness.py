@@ -59,12 +59,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from agent.control import ControlClient, ControlError
+from agent.procs import stop, until
 from swim.config import PROFILES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,6 +133,12 @@ def namespace_pids(ns: str) -> list[int]:
     return [int(p) for p in out.stdout.split() if p.isdigit()]
 
 
+def _kill_namespace(ns: str) -> None:
+    """SIGKILL every process inside ``ns`` by pid (only processes started inside it) and
+    wait until they are gone."""
+    stop(*namespace_pids(ns), sig=signal.SIGKILL)
+
+
 @dataclass(frozen=True, slots=True)
 class MemberEvent:
     """One ``member X <kind>`` line of an agent's log."""
@@ -176,26 +183,24 @@ class NsAgent:
         result: dict[str, Any] = self.client.request("info")
         return result
 
+    def ready(self) -> bool:
+        """Whether its control socket answers; raises if the agent exited."""
+        if not self.running():
+            raise HarnessError(f"{self.name} exited: {self.log_tail()}")
+        try:
+            self.client.request("info")
+        except ControlError:
+            return False
+        return True
+
     def wait_ready(self, timeout_s: float = 20) -> None:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            if not self.running():
-                raise HarnessError(f"{self.name} exited: {self.log_tail()}")
-            try:
-                self.client.request("info")
-                return
-            except ControlError:
-                time.sleep(0.05)
-        raise HarnessError(f"{self.name} not ready within {timeout_s}s: {self.log_tail()}")
+        try:
+            until(self.ready, timeout_s, f"{self.name} ready", poll_s=0.05)
+        except TimeoutError as exc:
+            raise HarnessError(f"{exc}: {self.log_tail()}") from exc
 
     def stop(self, sig: int = signal.SIGKILL, timeout_s: float = 10) -> None:
-        if self.running():
-            os.kill(self.proc.pid, sig)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        stop(self.proc, sig=sig, timeout_s=timeout_s)
         if not self._log.closed:
             self._log.close()
 
@@ -276,12 +281,13 @@ class Testbed:
             if h.agent is not None:
                 try:
                     h.agent.stop(signal.SIGKILL)
-                except (OSError, subprocess.SubprocessError) as exc:
+                except (OSError, subprocess.SubprocessError, TimeoutError) as exc:
                     errors.append(f"stopping {h.node} (pid {h.agent.pid}): {exc}")
         for ns in reversed(self._created):
-            for pid in namespace_pids(ns):  # only processes started inside our namespace
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            try:
+                _kill_namespace(ns)
+            except TimeoutError as exc:
+                errors.append(f"processes in {ns}: {exc}")
             out = _run("ip", "netns", "del", ns, check=False)
             if out.returncode != 0:
                 errors.append(f"ip netns del {ns}: {out.stderr.strip()}")
@@ -366,7 +372,9 @@ class Testbed:
 
     def wait_converged(self, timeout_s: float = 30) -> float:
         """Until every running agent sees exactly the running agents alive; seconds taken."""
-        return until(self.converged, timeout_s, "the running agents to see each other alive")
+        return until(
+            self.converged, timeout_s, "the running agents to see each other alive", poll_s=POLL_S
+        )
 
     def converged(self) -> bool:
         agents = self.running()
@@ -485,18 +493,6 @@ def _statistic(p: float) -> list[str]:
     return ["-m", "statistic", "--mode", "random", "--probability", f"{p:.4f}"]
 
 
-def until(
-    predicate: Callable[[], bool], timeout_s: float, what: str, poll_s: float = POLL_S
-) -> float:
-    """Poll until predicate() holds; the seconds it took, or AssertionError naming ``what``."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-
-
 class Testbeds:
     """Creates testbeds and closes every one of them at exit, errors included."""
 
@@ -537,9 +533,7 @@ def testbeds(workdir: Path) -> Iterator[Testbeds]:
 def _cleanup() -> int:
     leftover = list_namespaces()
     for ns in leftover:
-        for pid in namespace_pids(ns):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _kill_namespace(ns)
         _run("ip", "netns", "del", ns, check=False)
     print(f"removed {len(leftover)} namespace(s): {' '.join(leftover) or '-'}")
     return 1 if list_namespaces() else 0

@@ -21,7 +21,8 @@ import time
 
 import pytest
 
-from tests.netns.harness import Testbed, Testbeds, until
+from agent.procs import until
+from tests.netns.harness import Testbed, Testbeds
 
 pytestmark = pytest.mark.slow
 
@@ -131,7 +132,7 @@ def test_partition_then_heal_merges(testbed: Testbeds) -> None:
             for m in other
         )
 
-    split_s = until(split, 60, "each half to see the other dead", 0.25)
+    split_s = until(split, 60, "each half to see the other dead", poll_s=0.25)
     # Hold past the longest suspicion timeout and past gossip-to-the-dead (15 s after the
     # deaths), so the merge must come from serf-style reconnects / push-pull.
     hold_s = max(SUSPICION_MAX_S + 2, split_s + 16)
@@ -143,7 +144,7 @@ def test_partition_then_heal_merges(testbed: Testbeds) -> None:
     ]
     healed_at = time.time()
     bed.heal()
-    merge_s = until(bed.converged, 3 * PUSH_PULL_S, "the halves to merge", 0.25)
+    merge_s = until(bed.converged, 3 * PUSH_PULL_S, "the halves to merge", poll_s=0.25)
     time.sleep(3)  # still one membership a moment later: nobody stuck dead or flapping
     stable = bed.converged()
     counts = {a.name: len(a.members()) for a in bed.running()}
@@ -242,7 +243,7 @@ def test_restart_after_dead_rejoins_with_higher_incarnation(testbed: Testbeds) -
     dead_inc = {o: bed.agent(o).members()[f"n{victim}"]["incarnation"] for o in survivors}
     restarted_at = time.time()
     bed.start_agent(victim).wait_ready()
-    rejoin_s = until(bed.converged, 30, "the restarted node alive everywhere", 0.1)
+    rejoin_s = until(bed.converged, 30, "the restarted node alive everywhere", poll_s=0.1)
     time.sleep(3)
     incarnations = {o: bed.agent(o).members()[f"n{victim}"]["incarnation"] for o in survivors}
     own = bed.agent(victim).info()["incarnation"]

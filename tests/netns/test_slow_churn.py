@@ -37,8 +37,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.procs import until
 from tests.netns import harness, soak
-from tests.netns.harness import Testbed, Testbeds, until
+from tests.netns.harness import Testbed, Testbeds
 from tests.netns.test_faults import report
 
 pytestmark = pytest.mark.slow
@@ -96,15 +97,12 @@ def cpu_quota(pid: int, quota_us: int, period_us: int) -> Iterator[Callable[[], 
         for p in (child / "cgroup.procs").read_text().split():
             with contextlib.suppress(OSError):
                 (root / "cgroup.procs").write_text(p)
-        end = time.monotonic() + 5
-        while True:
-            try:
-                child.rmdir()
-                break
-            except OSError:
-                if time.monotonic() > end:
-                    raise
-                time.sleep(0.1)
+
+        def removed() -> bool:  # the kernel frees it a moment after its last process left
+            child.rmdir()
+            return True
+
+        until(removed, 5, f"rmdir {child}", poll_s=0.1, ignore=(OSError,))
 
 
 # --- slow member --------------------------------------------------------------------------
@@ -139,7 +137,9 @@ def _slow_verdict(
     """Wait until the slow member runs normally again, then check and report."""
     slow_name = bed.host(slow).node
     recovered_at = time.time()
-    recover_s = until(bed.converged, 30, f"{slow_name} alive everywhere after the slowness", 0.2)
+    recover_s = until(
+        bed.converged, 30, f"{slow_name} alive everywhere after the slowness", poll_s=0.2
+    )
     time.sleep(2)  # still alive a moment later
     stable = bed.converged()
     events = bed.events(since=start)
@@ -249,7 +249,9 @@ def test_churn(testbed: Testbeds) -> None:
     for host in churned:
         bed.agent(host).wait_ready()
     stopped_at = time.time()
-    settle_s = until(lambda: soak.views_agree(bed), 2 * PUSH_PULL_S, "one complete view", 0.2)
+    settle_s = until(
+        lambda: soak.views_agree(bed), 2 * PUSH_PULL_S, "one complete view", poll_s=0.2
+    )
     time.sleep(2)
     stable = soak.views_agree(bed)
     events = bed.events(since=start)

@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from agent.procs import stop, until
 from torchhook.fsdp import MARKER, Checkpointer, complete_checkpoints, shard
 
 # dist.TCPStore and dist.PrefixStore are public, but torch.distributed re-exports them
@@ -233,11 +234,16 @@ class _Phase:
         return found
 
     def wait_event(self, rank: int, kind: str, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self.events(rank, kind):
+        def seen() -> bool:
+            if self.events(rank, kind):
+                return True
             assert self.procs[rank].is_alive(), f"rank {rank} exited early\n{self.report()}"
-            assert time.monotonic() < deadline, f"no {kind!r} from rank {rank}\n{self.report()}"
-            time.sleep(0.05)
+            return False
+
+        try:
+            until(seen, timeout_s, f"no {kind!r} from rank {rank}")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{self.report()}") from exc
 
     def wait(self, timeout_s: float = PHASE_TIMEOUT_S) -> list[int | None]:
         deadline = time.monotonic() + timeout_s
@@ -246,10 +252,9 @@ class _Phase:
         return [proc.exitcode for proc in self.procs]
 
     def kill(self) -> None:
+        stop(*(_pid(p) for p in self.procs if p.is_alive()), sig=signal.SIGKILL)
         for proc in self.procs:
-            if proc.is_alive():
-                os.kill(_pid(proc), signal.SIGKILL)
-                proc.join(timeout=10)
+            proc.join(timeout=10)  # its exit code, from the forkserver
 
     def losses(self, gen: int = 0) -> dict[int, float]:
         """Global-batch loss per step of generation ``gen``: the mean of the ranks'
