@@ -44,7 +44,7 @@ from pathlib import Path
 from agent.demo import agent_command
 from agent.procs import free_port, stop, until
 from bench.procs import SERF
-from swim.config import PROFILES
+from swim import PROFILES
 
 SERF_PROFILES = ("lan", "wan", "local")
 

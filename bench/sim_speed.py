@@ -23,8 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from swim import Address, Config, MembershipSnapshot, Node, Output, SeedMember
-from swim.wire import WireError
+from swim import Address, Config, MembershipSnapshot, Node, Output, SeedMember, WireError
 
 TIMER, PACKET, SERVE, RESULT = 0, 1, 2, 3
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agent.departed import Departed
-from swim import Address, NodeStateType
-from swim.effects import Member
+from swim import Address, Member, NodeStateType
 
 
 def member(name: str, state: NodeStateType = NodeStateType.DEAD) -> Member:

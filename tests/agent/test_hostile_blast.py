@@ -35,8 +35,7 @@ import pytest
 from agent.control import ControlClient
 from agent.demo import LocalAgent
 from agent.procs import until
-from swim import wire
-from swim.messages import MsgType, NodeStateType, PushNodeState
+from swim import MsgType, NodeStateType, PushNodeState, compress_message, encode_push_state
 from tests.swim.test_fuzz import TCP_SEEDS, UDP_SEEDS, mutate
 
 pytestmark = pytest.mark.slow
@@ -74,7 +73,7 @@ def packet_pool(rng: random.Random) -> list[bytes]:
     pool += [bomb[:300] + b"\x00"] * 50  # claims 255 parts of 8 bytes, holds none
     huge_parts = bytes([MsgType.COMPOUND, 255]) + struct.pack(">255H", *([0xFFFF] * 255))
     pool += [huge_parts + rng.randbytes(MAX_UDP - len(huge_parts))] * 10
-    lzw_bomb = wire.compress_message(b"\x00" * (1 << 20))  # inflates past the 64 KiB bound
+    lzw_bomb = compress_message(b"\x00" * (1 << 20))  # inflates past the 64 KiB bound
     pool += [lzw_bomb] * 20
     rng.shuffle(pool)
     return pool
@@ -225,7 +224,7 @@ class Blast:
 
     def state_flood(self) -> None:
         """A push-pull header claiming 65,536 nodes, then valid states as fast as we can."""
-        state = wire.encode_push_state(
+        state = encode_push_state(
             PushNodeState(
                 "flood", bytes([10, 9, 9, 9]), 7946, b"m" * 100, 1, NodeStateType.ALIVE, b""
             )

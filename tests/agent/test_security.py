@@ -31,10 +31,25 @@ from agent.metrics import AgentMetrics
 from agent.procs import until as wait_until
 from agent.runtime import Agent
 from bench.procs import SERF, LocalAgent, LocalSerf, SerfError
-from swim import NodeStateType, wire
-from swim.messages import Alive, Ping, PushNodeState, PushPull
-from swim.messages import NodeStateType as State
-from swim.security import Keyring
+from swim import (
+    Alive,
+    Crypto,
+    Keyring,
+    NodeStateType,
+    Ping,
+    PushNodeState,
+    PushPull,
+    StreamLimits,
+    WireError,
+    decode_message,
+    decode_packet,
+    encode_message,
+    encode_packet,
+    encode_push_pull,
+    encode_stream,
+    packet_overhead,
+    parse_stream,
+)
 from tests.agent.test_agent import KEY, _free_port, all_alive, cluster, until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,19 +60,19 @@ NEW = base64.b64encode(NEW_RAW).decode()
 LOOPBACK = bytes([127, 0, 0, 1])
 
 
-def _crypto(raw: bytes, **kw: Any) -> wire.Crypto:
-    return wire.Crypto(Keyring([raw]), os.urandom, **kw)
+def _crypto(raw: bytes, **kw: Any) -> Crypto:
+    return Crypto(Keyring([raw]), os.urandom, **kw)
 
 
 def _intruder_alive(port: int) -> bytes:
-    return wire.encode_message(Alive(1, "intruder", LOOPBACK, port, b"", bytes([1, 5, 2, 2, 5, 4])))
+    return encode_message(Alive(1, "intruder", LOOPBACK, port, b"", bytes([1, 5, 2, 2, 5, 4])))
 
 
 def _intruder_push_pull(port: int) -> bytes:
     state = PushNodeState(
-        "intruder", LOOPBACK, port, b"", 1, State.ALIVE, bytes([1, 5, 2, 2, 5, 4])
+        "intruder", LOOPBACK, port, b"", 1, NodeStateType.ALIVE, bytes([1, 5, 2, 2, 5, 4])
     )
-    return wire.encode_push_pull(PushPull(True, (state,)))
+    return encode_push_pull(PushPull(True, (state,)))
 
 
 def _agent(tmp_path: Path, name: str, **extra: object) -> Agent:
@@ -96,14 +111,14 @@ async def test_auth_failures_are_dropped_counted_and_harmless(tmp_path: Path) ->
         before = [(m.name, m.state, m.incarnation) for m in target.node.members()]
         dropped = dict(stats.dropped)
         alive = _intruder_alive(port + 1)
-        ping = wire.encode_message(Ping(1, "n0", LOOPBACK, port + 1, "intruder"))
-        good = wire.encode_packet([alive], compress=False, crc=True, crypto=_crypto(KEY_RAW))
+        ping = encode_message(Ping(1, "n0", LOOPBACK, port + 1, "intruder"))
+        good = encode_packet([alive], compress=False, crc=True, crypto=_crypto(KEY_RAW))
         tampered = bytearray(good)
         tampered[-1] ^= 1  # last byte of the GCM tag
         packets = {
-            "plaintext alive": wire.encode_packet([alive], compress=False, crc=True, crypto=None),
-            "plaintext ping": wire.encode_packet([ping], compress=False, crc=False, crypto=None),
-            "unknown key": wire.encode_packet(
+            "plaintext alive": encode_packet([alive], compress=False, crc=True, crypto=None),
+            "plaintext ping": encode_packet([ping], compress=False, crc=False, crypto=None),
+            "unknown key": encode_packet(
                 [alive], compress=False, crc=True, crypto=_crypto(OTHER_RAW)
             ),
             "tampered tag": bytes(tampered),
@@ -114,8 +129,8 @@ async def test_auth_failures_are_dropped_counted_and_harmless(tmp_path: Path) ->
                 udp.sendto(data, ("127.0.0.1", port))
         push_pull = _intruder_push_pull(port + 1)
         streams = {
-            "plaintext push-pull": wire.encode_stream(push_pull, compress=False, crypto=None),
-            "unknown key push-pull": wire.encode_stream(
+            "plaintext push-pull": encode_stream(push_pull, compress=False, crypto=None),
+            "unknown key push-pull": encode_stream(
                 push_pull, compress=False, crypto=_crypto(OTHER_RAW)
             ),
         }
@@ -195,27 +210,25 @@ def test_verify_settings_wire_semantics() -> None:
     strict = _crypto(KEY_RAW)
     lax = _crypto(KEY_RAW, verify_incoming=False)
     plain_out = _crypto(KEY_RAW, verify_outgoing=False)
-    plain = wire.encode_packet([alive], compress=False, crc=True, crypto=None)
-    sealed = wire.encode_packet([alive], compress=False, crc=True, crypto=strict)
-    with pytest.raises(wire.WireError, match="decrypt_failed"):
-        wire.decode_packet(plain, strict)
-    assert wire.decode_packet(plain, lax).messages == (wire.decode_message(alive),)
-    assert wire.decode_packet(sealed, lax).messages == (wire.decode_message(alive),)
+    plain = encode_packet([alive], compress=False, crc=True, crypto=None)
+    sealed = encode_packet([alive], compress=False, crc=True, crypto=strict)
+    with pytest.raises(WireError, match="decrypt_failed"):
+        decode_packet(plain, strict)
+    assert decode_packet(plain, lax).messages == (decode_message(alive),)
+    assert decode_packet(sealed, lax).messages == (decode_message(alive),)
     # outgoing off: the packet is plaintext and its overhead excludes encryption
-    assert wire.encode_packet([alive], compress=False, crc=True, crypto=plain_out) == plain
-    assert wire.packet_overhead(plain_out) == wire.packet_overhead(None)
+    assert encode_packet([alive], compress=False, crc=True, crypto=plain_out) == plain
+    assert packet_overhead(plain_out) == packet_overhead(None)
     pp = _intruder_push_pull(7946)
-    limits = wire.StreamLimits()
-    with pytest.raises(wire.WireError, match="not_encrypted"):
-        wire.parse_stream(wire.encode_stream(pp, compress=False, crypto=None), strict, limits)
-    got = wire.parse_stream(wire.encode_stream(pp, compress=False, crypto=None), lax, limits)
+    limits = StreamLimits()
+    with pytest.raises(WireError, match="not_encrypted"):
+        parse_stream(encode_stream(pp, compress=False, crypto=None), strict, limits)
+    got = parse_stream(encode_stream(pp, compress=False, crypto=None), lax, limits)
     assert got is not None and isinstance(got[0], PushPull)
-    assert wire.encode_stream(pp, compress=False, crypto=plain_out) == pp
+    assert encode_stream(pp, compress=False, crypto=plain_out) == pp
     # a stream with an unknown key is dropped even with verify_incoming off (memberlist too)
-    with pytest.raises(wire.WireError, match="decrypt_failed"):
-        wire.parse_stream(
-            wire.encode_stream(pp, compress=False, crypto=_crypto(OTHER_RAW)), lax, limits
-        )
+    with pytest.raises(WireError, match="decrypt_failed"):
+        parse_stream(encode_stream(pp, compress=False, crypto=_crypto(OTHER_RAW)), lax, limits)
 
 
 def test_verify_settings_config(tmp_path: Path) -> None:

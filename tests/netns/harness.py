@@ -66,7 +66,7 @@ from typing import Any
 
 from agent.control import ControlClient, ControlError
 from agent.procs import stop, until
-from swim.config import PROFILES
+from swim import PROFILES
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "swimtest-"

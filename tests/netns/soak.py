@@ -44,8 +44,7 @@ from typing import Any
 
 from agent.control import ControlError
 from agent.procs import until
-from swim import Config
-from swim.config import PROFILES
+from swim import PROFILES, Config
 from tests.netns import harness
 from tests.netns.harness import MemberEvent, Testbed
 
