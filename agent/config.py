@@ -45,9 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.departed import DEFAULT_RECONNECT_TIMEOUT_MS, DEFAULT_TOMBSTONE_TIMEOUT_MS
-from swim import Config, ConfigError
-from swim.config import META_MAX_BYTES, PROFILES
-from swim.security import Keyring
+from swim import META_MAX_BYTES, PROFILES, Config, ConfigError, Keyring
 
 DEFAULT_PORT = 7946
 LOG_LEVELS = ("debug", "info", "warning", "error")

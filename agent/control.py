@@ -13,7 +13,8 @@ Request: ``{"v": 1, "op": <str>, "args": <map>}``. Reply: ``{"ok": true, "result
 and then one ``{"event": ...}`` frame per event until either side closes.
 
 Operations and their results (the ``--json`` output of ``swimctl`` is exactly ``result``,
-so this is also the stable JSON schema):
+so this is also the stable JSON schema). A new operation: a row in ``OPS`` (its arguments),
+its handler in agent/control_server.py ``HANDLERS``, and its line here:
 
 - ``members`` args ``{status?: str}`` → list of member objects:
   ``{"name", "addr", "port", "status": alive|suspect|dead|left, "incarnation": int,
@@ -69,20 +70,37 @@ import msgpack
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 HEADER = struct.Struct(">I")
-OPS = (
-    "members",
-    "info",
-    "join",
-    "leave",
-    "force_leave",
-    "tags",
-    "probe",
-    "keys",
-    "monitor",
-    "view",
-    "watch",
-)
-STREAMING_OPS = ("monitor", "watch")
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operation's arguments: a request naming others, or missing a required one, is
+    refused with "bad arguments" before any handler runs. The values are checked by the
+    operation's handler (agent/control_server.py ``HANDLERS``)."""
+
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    streaming: bool = False
+    """Answers with one ``ok`` frame, then frames until either side closes."""
+
+
+OPS: dict[str, Op] = {
+    "members": Op(optional=("status",)),
+    "info": Op(),
+    "join": Op(required=("addrs",)),
+    "leave": Op(),
+    "force_leave": Op(required=("node",)),
+    "tags": Op(optional=("set", "delete")),
+    "probe": Op(required=("nodes",)),
+    "keys": Op(optional=("action", "key")),
+    "monitor": Op(streaming=True),
+    "view": Op(required=("job",)),
+    "watch": Op(optional=("job", "register"), streaming=True),
+}
+"""Every control operation and its arguments (the schema above). A new operation: a row
+here, its handler in agent/control_server.py ``HANDLERS``, its line in the docstring."""
+STREAMING_OPS = tuple(name for name, op in OPS.items() if op.streaming)
+
 MAX_PROBE_NODES = 64
 """Names in one ``probe`` request: a trainer reports the peers its collectives lost, which
 is a few; the bound keeps one request's work in the node task small (the agent's urgent
@@ -196,6 +214,13 @@ def parse_request(frame: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     args = frame.get("args", {})
     if not isinstance(args, dict):
         raise ControlError("args must be a map")
+    spec = OPS[op]
+    unknown = sorted(str(k) for k in args if k not in spec.required + spec.optional)
+    missing = [name for name in spec.required if name not in args]
+    if unknown or missing:
+        problems = [f"unexpected argument {name!r}" for name in unknown]
+        problems += [f"missing argument {name!r}" for name in missing]
+        raise ControlError(f"bad arguments: {op} {'; '.join(problems)}")
     return op, args
 
 

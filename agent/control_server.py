@@ -9,7 +9,12 @@ still serves only its owner. Elsewhere the file mode is the only check.
 Rules: a connection carries requests one after another; each is answered in order. Every
 request is bounded in size (``MAX_FRAME_BYTES``) and time (a client that sends nothing is
 dropped after ``IDLE_TIMEOUT_S``); a bad request gets an error reply and never affects the
-agent. Commands that change the node run in the node task via ``Agent.command``.
+agent. The server sees the agent only through ``agent.api.AgentAPI``; whatever touches the
+Node runs in the node task behind that API.
+
+Where a new control operation goes: its arguments in ``agent.control.OPS``, its handler in
+``HANDLERS`` below (``STREAMS`` for one that streams), and, if it needs something new from
+the agent, a method on ``AgentAPI``. ``answer`` runs one request without a socket.
 """
 
 from __future__ import annotations
@@ -20,15 +25,17 @@ import os
 import socket
 import stat
 import struct
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from agent import serf
+from agent.api import AgentAPI
 from agent.control import (
     MAX_PROBE_NODES,
-    STREAMING_OPS,
+    OPS,
     ControlError,
     FrameDecoder,
     default_control_path,
@@ -40,9 +47,6 @@ from agent.control import (
 from agent.watch import MAX_WATCHERS, job_view, serve_watch
 from swim import Member, NodeStateType
 
-if TYPE_CHECKING:
-    from agent.runtime import Agent
-
 log = logging.getLogger("swim.agent")
 IDLE_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = MAX_WATCHERS
@@ -52,9 +56,9 @@ STATUSES = tuple(s.name.lower() for s in NodeStateType)
 
 
 class ControlServer:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: AgentAPI, path: Path | None = None) -> None:
         self.agent = agent
-        self.path = agent.config.control or default_control_path()
+        self.path = path or default_control_path()
         self._limiter = trio.CapacityLimiter(MAX_CONNECTIONS)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -103,140 +107,147 @@ class ControlServer:
                         return
 
     async def _answer(self, stream: trio.SocketStream, frame: dict[str, Any]) -> bool:
+        """Answer one request; False when the connection is done (a stream ended)."""
         try:
             op, args = parse_request(frame)
-            if op == "watch":
-                await serve_watch(self.agent, stream, args)
-                return False
-            if op in STREAMING_OPS:
-                await self._monitor(stream)
-                return False
-            result = await getattr(self, f"_op_{op}")(**args)
-        except TypeError as exc:
-            return await _send(stream, error(f"bad arguments: {exc}"))
-        except (ControlError, ValueError) as exc:  # JobError is a ValueError
+        except ControlError as exc:
             return await _send(stream, error(str(exc)))
-        except Exception as exc:  # a bug in one request must not take the agent down
-            log.exception("control request %r failed", frame.get("op"))
-            return await _send(stream, error(f"internal error: {exc}"))
-        return await _send(stream, ok(result))
-
-    # --- operations -------------------------------------------------------------------
-
-    async def _op_members(self, status: str | None = None) -> list[dict[str, Any]]:
-        if status is not None and status not in STATUSES:
-            raise ControlError(f"unknown status {status!r}; one of {', '.join(STATUSES)}")
-        agent = self.agent
-        now = _now()
-        phi = agent.phi_values()
-        members = [member_json(m, phi.get(m.name), now) for m in agent.all_members()]
-        return [m for m in members if status is None or m["status"] == status]
-
-    async def _op_info(self) -> dict[str, Any]:
-        agent = self.agent
-        node = agent._node()
-        counts = {s: 0 for s in STATUSES}
-        for m in agent.all_members():
-            counts[m.state.name.lower()] += 1
-        st = node.stats
-        return {
-            "node": node.name,
-            "addr": node.address.host,
-            "port": node.address.port,
-            "incarnation": node.incarnation,
-            "health_score": node.health_score,
-            "members": counts,
-            "profile": agent.config.profile,
-            "encrypted": node.keyring is not None,
-            "tags": dict(agent.tags),
-            "uptime_ms": _now() - agent.started_ms,
-            "stats": {
-                "packets_in": st.packets_in,
-                "packets_out": st.packets_out,
-                "bytes_in": st.bytes_in,
-                "bytes_out": st.bytes_out,
-                "probes_sent": st.probes_sent,
-                "probes_failed": st.probes_failed,
-                "suspicions_raised": st.suspicions_raised,
-                "refutations": st.refutations,
-                "deaths_declared": st.deaths_declared,
-                "urgent_probes": dict(st.urgent_probes),
-                "urgent_probes_failed": st.urgent_probes_failed,
-                "dropped": dict(st.dropped),
-                "broadcast_queue": node.broadcast_queue_depth,
-                "stalls": agent.stalls,
-                "stall_datagrams": agent.stall_datagrams,
-            },
-            "version": _version(),
-        }
-
-    async def _op_join(self, addrs: list[str]) -> dict[str, Any]:
-        if not isinstance(addrs, list) or not addrs or not all(isinstance(a, str) for a in addrs):
-            raise ControlError("join needs a list of HOST:PORT addresses")
-        return await self.agent.join(addrs)
-
-    async def _op_leave(self) -> dict[str, Any]:
-        await self.agent.leave_cluster()
-        self.agent.request_shutdown()
-        return {"left": True}
-
-    async def _op_force_leave(self, node: str) -> dict[str, Any]:
-        agent = self.agent
-        member = await agent.command(lambda t: agent.force_leave(node, t))
-        agent._send_leave_intent(node)
-        return {"node": node, "status": member.state.name.lower() if member else "left"}
-
-    async def _op_tags(
-        self, set: dict[str, str] | None = None, delete: list[str] | None = None
-    ) -> dict[str, Any]:
-        for key, value in (set or {}).items():
-            if not isinstance(key, str) or not key or not isinstance(value, str):
-                raise ControlError(f"tag {key!r}: keys and values must be strings")
-        if not isinstance(delete or [], list) or not all(isinstance(k, str) for k in delete or []):
-            raise ControlError("delete must be a list of tag names")
-        return {"tags": await self.agent.update_tags(set or {}, delete or [])}
-
-    async def _op_probe(self, nodes: list[str]) -> dict[str, Any]:
-        if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) for n in nodes):
-            raise ControlError("probe needs a non-empty list of member names")
-        if len(nodes) > MAX_PROBE_NODES:
-            raise ControlError(f"probe takes at most {MAX_PROBE_NODES} names, got {len(nodes)}")
-        return await self.agent.probe_now(nodes)
-
-    async def _op_view(self, job: str) -> dict[str, Any]:
-        return job_view(self.agent, job)
-
-    async def _op_keys(self, action: str = "list", key: str | None = None) -> dict[str, Any]:
-        agent = self.agent
-        node = agent._node()
-        keyring = node.keyring
-        if keyring is None:
-            raise ControlError("encryption is not enabled on this agent")
-        if action != "list":
-            if key is None:
-                raise ControlError(f"keys {action} needs a key")
+        if op in STREAMS:
             try:
-                raw = base64.b64decode(key, validate=True)
-            except ValueError:
-                raise ControlError("the key is not valid base64") from None
-            ops = {"install": node.install_key, "use": node.use_key, "remove": node.remove_key}
-            if action not in ops:
-                raise ControlError(f"unknown keys action {action!r}")
-            await agent.command(lambda t: ops[action](raw))
-            agent.persist_keyring()
-        return {
-            "keys": [base64.b64encode(k).decode() for k in keyring.keys],
-            "primary": base64.b64encode(keyring.primary_key).decode(),
-        }
+                await STREAMS[op](self.agent, stream, args)
+            except (ControlError, ValueError) as exc:  # JobError is a ValueError
+                await _send(stream, error(str(exc)))
+            except Exception as exc:  # a bug in one request must not take the agent down
+                log.exception("control request %r failed", op)
+                await _send(stream, error(f"internal error: {exc}"))
+            return False
+        return await _send(stream, await answer(self.agent, frame))
 
-    async def _monitor(self, stream: trio.SocketStream) -> None:
-        events = self.agent.subscribe()
-        if not await _send(stream, ok({"subscribed": True})):
-            return
-        async with events:
-            async for event in events:
-                if not await _send(stream, {"event": event}):
-                    return
+
+async def answer(agent: AgentAPI, frame: Mapping[str, Any]) -> dict[str, Any]:
+    """The reply frame to one (non-streaming) request frame: ``ok`` or ``error``."""
+    try:
+        op, args = parse_request(frame)
+        if op not in HANDLERS:
+            raise ControlError(f"{op} streams: it needs a connection")
+        result = await HANDLERS[op](agent, **args)
+    except TypeError as exc:
+        return error(f"bad arguments: {exc}")
+    except (ControlError, ValueError) as exc:  # JobError and KeyringError are ValueErrors
+        return error(str(exc))
+    except Exception as exc:  # a bug in one request must not take the agent down
+        log.exception("control request %r failed", frame.get("op"))
+        return error(f"internal error: {exc}")
+    return ok(result)
+
+
+# --- operations (agent/control.py has their schema) -----------------------------------
+
+
+async def _members(agent: AgentAPI, status: str | None = None) -> list[dict[str, Any]]:
+    if status is not None and status not in STATUSES:
+        raise ControlError(f"unknown status {status!r}; one of {', '.join(STATUSES)}")
+    snap = await agent.snapshot()
+    members = [member_json(m, snap.phi.get(m.name), snap.now_ms) for m in snap.members]
+    return [m for m in members if status is None or m["status"] == status]
+
+
+async def _info(agent: AgentAPI) -> dict[str, Any]:
+    snap = await agent.snapshot()
+    counts = {s: 0 for s in STATUSES}
+    for m in snap.members:
+        counts[m.state.name.lower()] += 1
+    return {
+        "node": snap.name,
+        "addr": snap.address.host,
+        "port": snap.address.port,
+        "incarnation": snap.incarnation,
+        "health_score": snap.health_score,
+        "members": counts,
+        "profile": snap.profile,
+        "encrypted": snap.encrypted,
+        "tags": dict(snap.tags),
+        "uptime_ms": snap.uptime_ms,
+        "stats": dict(snap.stats),
+        "version": _version(),
+    }
+
+
+async def _join(agent: AgentAPI, addrs: list[str]) -> dict[str, Any]:
+    if not isinstance(addrs, list) or not addrs or not all(isinstance(a, str) for a in addrs):
+        raise ControlError("join needs a list of HOST:PORT addresses")
+    return await agent.join(addrs)
+
+
+async def _leave(agent: AgentAPI) -> dict[str, Any]:
+    await agent.leave()
+    return {"left": True}
+
+
+async def _force_leave(agent: AgentAPI, node: str) -> dict[str, Any]:
+    member = await agent.force_leave(node)
+    return {"node": node, "status": member.state.name.lower() if member else "left"}
+
+
+async def _tags(
+    agent: AgentAPI, set: dict[str, str] | None = None, delete: list[str] | None = None
+) -> dict[str, Any]:
+    for key, value in (set or {}).items():
+        if not isinstance(key, str) or not key or not isinstance(value, str):
+            raise ControlError(f"tag {key!r}: keys and values must be strings")
+    if not isinstance(delete or [], list) or not all(isinstance(k, str) for k in delete or []):
+        raise ControlError("delete must be a list of tag names")
+    return {"tags": await agent.update_tags(set or {}, delete or [])}
+
+
+async def _probe(agent: AgentAPI, nodes: list[str]) -> dict[str, Any]:
+    if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) for n in nodes):
+        raise ControlError("probe needs a non-empty list of member names")
+    if len(nodes) > MAX_PROBE_NODES:
+        raise ControlError(f"probe takes at most {MAX_PROBE_NODES} names, got {len(nodes)}")
+    return await agent.probe_now(nodes)
+
+
+async def _view(agent: AgentAPI, job: str) -> dict[str, Any]:
+    return await job_view(agent, job)
+
+
+async def _keys(agent: AgentAPI, action: str = "list", key: str | None = None) -> dict[str, Any]:
+    keys, primary = await agent.change_keys(action, key)
+    return {
+        "keys": [base64.b64encode(k).decode() for k in keys],
+        "primary": base64.b64encode(primary).decode(),
+    }
+
+
+async def _monitor(agent: AgentAPI, stream: trio.abc.Stream, args: dict[str, Any]) -> None:
+    events = agent.subscribe()
+    if not await _send(stream, ok({"subscribed": True})):
+        return
+    async with events:
+        async for event in events:
+            if not await _send(stream, {"event": event}):
+                return
+
+
+Handler = Callable[..., Awaitable[Any]]
+HANDLERS: dict[str, Handler] = {
+    "members": _members,
+    "info": _info,
+    "join": _join,
+    "leave": _leave,
+    "force_leave": _force_leave,
+    "tags": _tags,
+    "probe": _probe,
+    "view": _view,
+    "keys": _keys,
+}
+"""Request/reply operations: ``handler(agent, **args)`` returns the ``result``."""
+StreamHandler = Callable[[AgentAPI, trio.abc.Stream, dict[str, Any]], Awaitable[None]]
+STREAMS: dict[str, StreamHandler] = {"monitor": _monitor, "watch": serve_watch}
+"""Streaming operations: ``handler(agent, stream, args)`` owns the connection until done."""
+if HANDLERS.keys() | STREAMS.keys() != OPS.keys() or HANDLERS.keys() & STREAMS.keys():
+    raise RuntimeError("every operation in agent.control.OPS needs exactly one handler")
 
 
 def member_json(m: Member, phi: float | None, now_ms: int) -> dict[str, Any]:
@@ -258,16 +269,12 @@ def member_json(m: Member, phi: float | None, now_ms: int) -> dict[str, Any]:
     }
 
 
-async def _send(stream: trio.SocketStream, frame: dict[str, Any]) -> bool:
+async def _send(stream: trio.abc.Stream, frame: dict[str, Any]) -> bool:
     try:
         await stream.send_all(encode_frame(frame))
         return True
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         return False
-
-
-def _now() -> int:
-    return int(trio.current_time() * 1000)
 
 
 def _version() -> str:

@@ -20,8 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections import OrderedDict
 
-from swim import NodeStateType
-from swim.effects import Member
+from swim import Member, NodeStateType
 
 DAY_MS = 24 * 3600 * 1000
 DEFAULT_RECONNECT_TIMEOUT_MS = DAY_MS

@@ -16,8 +16,10 @@ in ``agent.jobs``).
   instead of at their round-robin turn, and only the probe cycle can suspect them.
 Bounded: ``MAX_REGISTRATIONS`` registrations and ``MAX_WATCHERS`` connections per agent,
 ``MAX_LOST_NAMES`` names per report, frame sizes by the control framing. A bad frame
-closes that connection only. The job tag is recomputed from ``agent.local_jobs`` and set
-under one lock, so concurrent ranks cannot publish a stale tag over a newer one.
+closes that connection only. The job tag is recomputed and set by the agent's
+``JobRegistry`` (agent/registrations.py) under one lock, so concurrent ranks cannot
+publish a stale tag over a newer one. The watch sees the agent only through
+``agent.api.AgentAPI``.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from agent import serf
+from agent.api import AgentAPI
 from agent.control import ControlError, FrameDecoder, encode_frame, ok
 from agent.jobs import (
     HEALTH_OK,
@@ -38,13 +41,8 @@ from agent.jobs import (
     Registration,
     check_group,
     check_job,
-    tag_key,
-    view,
 )
 from swim import Member
-
-if TYPE_CHECKING:
-    from agent.runtime import Agent
 
 log = logging.getLogger("swim.agent")
 HEALTH_CHECK_S = 0.05
@@ -68,11 +66,12 @@ def _member_tags(m: Member) -> dict[str, str]:
     return _tags(m.meta)
 
 
-def job_view(agent: Agent, job: object) -> dict[str, Any]:
-    return view(check_job(job), agent._node().members(), _member_tags, agent.generations)
+async def job_view(agent: AgentAPI, job: object) -> dict[str, Any]:
+    name = check_job(job)
+    return agent.jobs.view(name, await agent.live_members(), _member_tags)
 
 
-async def serve_watch(agent: Agent, stream: trio.SocketStream, args: dict[str, Any]) -> None:
+async def serve_watch(agent: AgentAPI, stream: trio.abc.Stream, args: dict[str, Any]) -> None:
     job = check_job(args.get("job"))
     register = args.get("register")
     if register is not None and not isinstance(register, dict):
@@ -83,11 +82,11 @@ async def serve_watch(agent: Agent, stream: trio.SocketStream, args: dict[str, A
             reg = Registration.create(job, **register)
         except TypeError as exc:
             raise ControlError(f"bad register arguments: {exc}") from None
-        agent.local_jobs.add(reg, int(time.time() * 1000))  # JobError: refused, nothing kept
+        agent.jobs.add(reg, int(time.time() * 1000))  # JobError: refused, nothing kept
     try:
         if reg is not None:
-            await _sync_tag(agent, job)
-        await stream.send_all(encode_frame(ok({"node": agent._node().name, "job": job})))
+            await agent.jobs.sync_tag(job)
+        await stream.send_all(encode_frame(ok({"node": agent.name, "job": job})))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_push_views, agent, stream, job)
             if reg is not None:
@@ -98,38 +97,24 @@ async def serve_watch(agent: Agent, stream: trio.SocketStream, args: dict[str, A
         pass
     finally:
         if reg is not None:
-            agent.local_jobs.remove(reg)
+            agent.jobs.remove(reg)
             with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await _sync_tag(agent, job)
+                await agent.jobs.sync_tag(job)
             log.info("job %s: local rank %d unregistered", job, reg.local_rank)
 
 
-async def _sync_tag(agent: Agent, job: str) -> None:
-    """Publish what ``agent.local_jobs`` says the node's tag is now (or remove it)."""
-    key = tag_key(job)
-    async with agent.job_tag_lock:
-        tag = agent.local_jobs.tag(job, _now_ms())
-        value = None if tag is None else tag.encode()
-        if value == agent.tags.get(key):
-            return
-        if value is None:
-            await agent.update_tags({}, [key])
-        else:
-            await agent.update_tags({key: value}, [])
-
-
-async def _push_views(agent: Agent, stream: trio.SocketStream, job: str) -> None:
+async def _push_views(agent: AgentAPI, stream: trio.abc.Stream, job: str) -> None:
     last: dict[str, Any] | None = None
     while True:
         changed = agent.changed
-        current = job_view(agent, job)
+        current = await job_view(agent, job)
         if current != last:
             await stream.send_all(encode_frame({"view": current}))
             last = current
         await changed.wait()
 
 
-async def _watch_health(agent: Agent, reg: Registration) -> None:
+async def _watch_health(agent: AgentAPI, reg: Registration) -> None:
     health = HEALTH_OK
     while True:
         await trio.sleep(HEALTH_CHECK_S)
@@ -145,17 +130,17 @@ async def _watch_health(agent: Agent, reg: Registration) -> None:
                 reg.phi(now),
                 reg.last_step,
             )
-            await _sync_tag(agent, reg.job)
+            await agent.jobs.sync_tag(reg.job)
 
 
-async def _read_client(agent: Agent, stream: trio.SocketStream, reg: Registration | None) -> None:
+async def _read_client(agent: AgentAPI, stream: trio.abc.Stream, reg: Registration | None) -> None:
     decoder = FrameDecoder()
     while True:
         data = await stream.receive_some(65536)
         if not data:
             return
         try:
-            frames = decoder.feed(data)
+            frames = decoder.feed(bytes(data))
         except ControlError as exc:
             log.warning("watch: dropping a client that sent a bad frame: %s", exc)
             return
@@ -172,12 +157,12 @@ async def _read_client(agent: Agent, stream: trio.SocketStream, reg: Registratio
                     log.warning("watch: ignoring a bad group: %s", exc)
                     continue
                 if reg.local_rank == 0:
-                    await _sync_tag(agent, reg.job)
+                    await agent.jobs.sync_tag(reg.job)
             if "lost" in frame:
                 await _report_lost(agent, reg, frame["lost"])
 
 
-async def _report_lost(agent: Agent, reg: Registration, names: object) -> None:
+async def _report_lost(agent: AgentAPI, reg: Registration, names: object) -> None:
     if (
         not isinstance(names, list)
         or len(names) > MAX_LOST_NAMES

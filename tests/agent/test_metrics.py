@@ -22,17 +22,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import swim
 from agent.metrics import (
-    CONNECTION_TIMEOUT_S,
     CONTENT_TYPE_LATEST,
     DEFAULT_MAX_PHI_MEMBERS,
-    MAX_CONNECTIONS,
     PROBE_RTT_BUCKETS_S,
     AgentMetrics,
-    serve_metrics,
 )
-from swim import wire
-from swim.messages import Alive, Message, Ping, Suspect
-from swim.wire import DropReason
+from agent.metrics_http import CONNECTION_TIMEOUT_S, MAX_CONNECTIONS, serve_metrics
+from swim import Alive, DropReason, Message, Ping, Suspect, encode_message, encode_packet
 
 LOCAL = swim.Address("127.0.0.1", 7946)
 PEER = swim.Address("127.0.0.2", 7946)
@@ -48,8 +44,8 @@ def no_phi() -> Mapping[str, float]:
 
 
 def packet(*messages: Message) -> bytes:
-    parts = [wire.encode_message(m) for m in messages]
-    return wire.encode_packet(parts, compress=False, crc=False, crypto=None)
+    parts = [encode_message(m) for m in messages]
+    return encode_packet(parts, compress=False, crc=False, crypto=None)
 
 
 def samples(metrics: AgentMetrics) -> Samples:

@@ -1,0 +1,342 @@
+"""The driver: the one task that owns the sans-IO ``swim.Node`` and executes its Outputs.
+
+Rules:
+- Only the node task (``Driver._node_loop``) touches the Node. The datagram reader, the
+  stream server, stream tasks, the control API and signal handling only put inputs on its
+  inbox channel and get answers back on one-shot channels; anything else that must change
+  the Node runs as a function in the node task through ``Driver.command``. No locks.
+- The node task also runs the timers: it waits on the inbox until the earliest timer
+  deadline, then hands every due timer back to the Node. Before due timers fire it handles
+  what has already arrived, queued or still in the transport (``_catch_up``), so an ack or
+  a refutation that beat its deadline counts even when the loop runs late.
+- Datagrams beyond the inbox bound (``INBOX_DEPTH``) are dropped and counted as
+  ``QUEUE_FULL`` (memberlist's HandoffQueueDepth); streams are bounded by agent.transport.
+- Executing an Output (``apply``), in order: packets to the transport; timers onto the
+  heap; stream requests into tasks; every direct sign of life (``heard_from``, probe
+  results) into the Phi registry; member events to the log, the events fan-out and the
+  Serf delegate; Serf user messages and push-pull states to the Serf delegate; notices to
+  the log and the fan-out; join results to whoever waits in ``join_one``.
+- Time is trio's clock in integer milliseconds (``now_ms``), so tests run on a MockClock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+
+from agent.events import Events
+from agent.transport import Streams, Transport
+from phi import PhiRegistry, RegistryFullError
+from swim import (
+    Address,
+    DropReason,
+    EventKind,
+    JoinResult,
+    MemberEvent,
+    Node,
+    Output,
+    StreamMessage,
+    StreamRequest,
+    Timer,
+)
+
+log = logging.getLogger("swim.agent")
+
+INBOX_DEPTH = 4096
+"""Inputs waiting for the node task; datagrams beyond it are dropped (memberlist: 1024)."""
+STALL_MS = 100
+"""Timers overdue by more than this count as a stall (SIGSTOP, swapping, CPU starvation)
+in ``Driver.stalls``. Stalled or not, due timers fire only after what has already arrived
+is handled (``_catch_up``); Cassandra's failure detector skips convictions after a local
+pause for the same reason (CASSANDRA-9183)."""
+MAX_CATCH_UP = 4096
+"""Datagrams read from the transport in one catch-up (the kernel buffer holds ~2 MiB)."""
+JOIN_GRACE_MS = 1000
+"""How long ``join_one`` waits past ``tcp_timeout_ms`` for the push-pull's result."""
+
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+
+
+def now_ms() -> int:
+    return int(trio.current_time() * 1000)
+
+
+class Delegate(Protocol):
+    """What the driver hands up to the Serf layer (agent/serf_runtime.py); called in the
+    node task, so it may call ``Driver.apply``."""
+
+    def on_event(self, event: MemberEvent) -> None: ...
+
+    def on_user_message(self, payload: bytes) -> None: ...
+
+    def on_push_pull_state(self, state: bytes) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Datagram:
+    source: Address
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamIn:
+    source: Address
+    message: StreamMessage
+    reply: trio.MemorySendChannel[bytes | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamResult:
+    stream_id: int
+    message: StreamMessage | None
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Command:
+    run: Callable[[int], Any]
+    reply: trio.MemorySendChannel[tuple[bool, Any]]
+
+
+_Input = _Datagram | _StreamIn | _StreamResult | _Command
+
+
+class Driver:
+    """Owns one Node: ``await nursery.start(driver.run)``, then ``command``/``join_one``."""
+
+    def __init__(
+        self,
+        node: Node,
+        transport: Transport,
+        *,
+        phi: PhiRegistry,
+        events: Events,
+        tcp_timeout_ms: int,
+    ) -> None:
+        self.node = node
+        self.transport = transport
+        self.phi = phi
+        self.events = events
+        self.delegate: Delegate | None = None
+        self.on_probe_rtt_ms: Callable[[int], None] | None = None
+        """Called with every direct probe's round-trip time (the metrics histogram)."""
+        self.stalls = 0
+        """Times the node loop found its timers overdue by more than ``STALL_MS``."""
+        self.stall_datagrams = 0
+        """Datagrams read by the catch-up after a stall, before the overdue timers fired."""
+        self._tcp_timeout_ms = tcp_timeout_ms
+        self._send_in, self._inbox = trio.open_memory_channel[_Input](INBOX_DEPTH)
+        self._timers: list[tuple[int, int, Timer]] = []
+        self._join_waiters: dict[Address, trio.MemorySendChannel[JoinResult]] = {}
+        self._nursery: trio.Nursery | None = None
+        self._streams = Streams(
+            transport,
+            tcp_timeout_ms=tcp_timeout_ms,
+            parse=node.parse_stream,
+            record_drop=node.record_drop,
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The node task, the datagram reader and the stream server, until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._node_loop)
+            nursery.start_soon(self._read_datagrams)
+            nursery.start_soon(self._streams.serve, self._deliver_stream)
+            task_status.started()
+
+    # --- inputs from other tasks ----------------------------------------------------------
+
+    async def command(self, run: Callable[[int], Any]) -> Any:
+        """Run ``run(now_ms)`` in the node task and return its result (or raise its error)."""
+        send, receive = trio.open_memory_channel[tuple[bool, Any]](1)
+        await self._send_in.send(_Command(run, send))
+        ok, value = await receive.receive()
+        if not ok:
+            raise value
+        return value
+
+    async def join_one(self, target: Address) -> JoinResult:
+        """Push-pull with one address; its result, or "timed out"."""
+        send, receive = trio.open_memory_channel[JoinResult](1)
+        self._join_waiters[target] = send
+        await self.command(lambda t: self.apply(self.node.join([target], t)))
+        with trio.move_on_after((self._tcp_timeout_ms + JOIN_GRACE_MS) / 1000):
+            return await receive.receive()
+        self._join_waiters.pop(target, None)
+        return JoinResult(target, False, "timed out")
+
+    async def _read_datagrams(self) -> None:
+        while True:
+            source, data = await self.transport.receive_datagram()
+            try:
+                self._send_in.send_nowait(_Datagram(source, data))
+            except trio.WouldBlock:
+                self.node.record_drop(DropReason.QUEUE_FULL)
+
+    async def _deliver_stream(self, source: Address, message: StreamMessage) -> bytes | None:
+        send, receive = trio.open_memory_channel[bytes | None](1)
+        await self._send_in.send(_StreamIn(source, message, send))
+        return await receive.receive()
+
+    async def _request_stream(self, request: StreamRequest) -> None:
+        message, error = await self._streams.request(request)
+        if request.expect_reply:
+            await self._send_in.send(_StreamResult(request.stream_id, message, error))
+
+    # --- the node task --------------------------------------------------------------------
+
+    async def _node_loop(self) -> None:
+        while True:
+            deadline = self._timers[0][0] / 1000 if self._timers else math.inf
+            with trio.move_on_at(deadline):
+                item = await self._inbox.receive()
+                self._handle(item)
+            if self._timers and self._timers[0][0] <= now_ms():
+                self._catch_up()
+            self._fire_due_timers()
+
+    def _catch_up(self) -> None:
+        """Before due timers: handle what is queued and what waits in the transport."""
+        late_ms = now_ms() - self._timers[0][0]
+        for _ in range(INBOX_DEPTH):
+            try:
+                self._handle(self._inbox.receive_nowait())
+            except trio.WouldBlock:
+                break
+        read = 0
+        while read < MAX_CATCH_UP:
+            try:
+                got = self.transport.receive_datagram_nowait()
+            except OSError:  # e.g. ICMP port unreachable surfacing on Linux
+                read += 1
+                continue
+            if got is None:
+                break
+            read += 1
+            self._handle(_Datagram(*got))
+        if late_ms > STALL_MS:
+            self.stalls += 1
+            self.stall_datagrams += read
+            log.debug("stalled: timers %d ms late; read %d datagrams before them", late_ms, read)
+
+    def _fire_due_timers(self) -> None:
+        now = now_ms()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, timer = heapq.heappop(self._timers)
+            self.apply(self.node.handle_timer(timer, now))
+
+    def _handle(self, item: _Input) -> None:
+        node = self.node
+        now = now_ms()
+        if isinstance(item, _Datagram):
+            self.apply(node.handle_datagram(item.source, item.data, now))
+        elif isinstance(item, _StreamIn):
+            out = node.handle_stream(item.source, item.message, now)
+            reply, out.reply = out.reply, None
+            self.apply(out)
+            with contextlib.suppress(
+                trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError
+            ):
+                item.reply.send_nowait(reply)
+        elif isinstance(item, _StreamResult):
+            self.apply(node.handle_stream_response(item.stream_id, item.message, now, item.error))
+        else:
+            try:
+                result: tuple[bool, Any] = (True, item.run(now))
+            except Exception as exc:  # a command's failure goes back to its caller
+                result = (False, exc)
+            with contextlib.suppress(
+                trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError
+            ):
+                item.reply.send_nowait(result)
+
+    def apply(self, out: Output) -> Output:
+        """Execute an Output (in the node task): send, schedule, spawn streams, publish."""
+        for packet in out.packets:
+            self.transport.send_datagram(packet.dest, packet.data)
+        for timer in out.timers:
+            heapq.heappush(self._timers, (timer.deadline_ms, timer.timer_id, timer))
+        if self._nursery is not None:
+            for request in out.streams:
+                self._nursery.start_soon(self._request_stream, request)
+        now = now_ms()
+        for name in out.heard_from:
+            self._heard(name, now)
+        for result in out.probe_results:
+            self._heard(result.node, now)
+            if self.on_probe_rtt_ms is not None and result.via == "direct":
+                self.on_probe_rtt_ms(result.rtt_ms)
+        for event in out.events:
+            self.emit(event)
+        delegate = self.delegate
+        for message in out.user_messages:
+            if delegate is not None:
+                delegate.on_user_message(message.payload)
+        for state in out.push_pull_states:
+            if delegate is not None:
+                delegate.on_push_pull_state(state)
+        for notice in out.notices:
+            log.log(_LEVELS.get(notice.level, logging.INFO), "%s", notice.message)
+            self.events.publish(
+                {
+                    "type": "log",
+                    "level": notice.level,
+                    "kind": notice.kind,
+                    "message": notice.message,
+                    "at_ms": now,
+                }
+            )
+        for joined in out.join_results:
+            waiter = self._join_waiters.pop(joined.address, None)
+            if waiter is not None:
+                waiter.send_nowait(joined)
+        return out
+
+    def emit(self, event: MemberEvent) -> None:
+        """A member event (the Node's, or the Serf layer's "left after all"): log it, drop
+        the member's Phi history when it is gone, tell the Serf layer, publish it."""
+        m = event.member
+        bad = event.kind in (EventKind.SUSPECT, EventKind.DEAD)
+        log.log(
+            logging.WARNING if bad else logging.INFO,
+            "member %s %s (incarnation %d, %s)",
+            m.name,
+            event.kind.value,
+            m.incarnation,
+            m.address,
+        )
+        self.events.notify_changed()
+        if event.kind in (EventKind.REAPED, EventKind.LEFT) and m.name in self.phi:
+            self.phi.remove(m.name)
+        if self.delegate is not None:
+            self.delegate.on_event(event)
+        self.events.publish(
+            {
+                "type": event.kind.value,
+                "node": m.name,
+                "status": m.state.name.lower(),
+                "incarnation": m.incarnation,
+                "addr": m.address.host,
+                "port": m.address.port,
+                "at_ms": event.at_ms,
+                "message": "",
+            }
+        )
+
+    def _heard(self, name: str, now: int) -> None:
+        # registry full: that peer is simply not scored (the registry is bounded)
+        with contextlib.suppress(RegistryFullError):
+            self.phi.heartbeat(name, now)

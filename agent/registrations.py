@@ -1,0 +1,55 @@
+"""The owner of this node's training-job registrations (the rules are in agent/jobs.py).
+
+``JobRegistry`` holds the local ranks registered through ``watch`` (``LocalJobs``), the
+per-job view generations, and the lock under which a job's tag is recomputed and
+published, so concurrent ranks cannot publish a stale tag over a newer one. It changes
+tags only through the agent's ``update_tags`` (which runs in the node task).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+import trio
+
+from agent.jobs import Generations, LocalJobs, Registration, tag_key, view
+from swim import Member
+
+UpdateTags = Callable[[Mapping[str, str], Iterable[str]], Awaitable[dict[str, str]]]
+
+
+class JobRegistry:
+    """This node's registrations and the job tags they publish."""
+
+    def __init__(self, tags: Callable[[], Mapping[str, str]], update_tags: UpdateTags) -> None:
+        self._tags = tags
+        self._update_tags = update_tags
+        self.local = LocalJobs()
+        self.generations = Generations()
+        self._lock = trio.Lock()
+
+    def add(self, reg: Registration, wall_ms: int) -> None:
+        """Admit one local rank (``JobError``: refused, nothing kept); then ``sync_tag``."""
+        self.local.add(reg, wall_ms)
+
+    def remove(self, reg: Registration) -> None:
+        self.local.remove(reg)
+
+    async def sync_tag(self, job: str) -> None:
+        """Publish what the registrations say the node's tag for ``job`` is now (or remove
+        it), under the lock."""
+        key = tag_key(job)
+        async with self._lock:
+            tag = self.local.tag(job, int(trio.current_time() * 1000))
+            value = None if tag is None else tag.encode()
+            if value == self._tags().get(key):
+                return
+            if value is None:
+                await self._update_tags({}, [key])
+            else:
+                await self._update_tags({key: value}, [])
+
+    def view(self, job: str, members: Iterable[Member], tags_of: Any) -> dict[str, Any]:
+        """The job's view over these members, numbered by this agent's generations."""
+        return view(job, members, tags_of, self.generations)

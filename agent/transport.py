@@ -1,0 +1,280 @@
+"""The transport seam: how the agent moves bytes, and the bounds on its streams.
+
+``Transport`` is the Protocol the driver (agent/driver.py) uses; two implementations:
+``SocketTransport`` here (UDP and TCP sharing one port, memberlist's ``NetTransport``,
+net_transport.go) and ``MemoryTransport`` in agent/memory_transport.py (many agents in one
+trio run, on a MockClock, for tests).
+
+Rules:
+- Datagrams: ``send_datagram`` never blocks and never raises: a full buffer or an
+  unreachable destination drops the packet, as UDP may. ``receive_datagram`` waits for one;
+  ``receive_datagram_nowait`` is the non-blocking read the driver's catch-up after a stall
+  uses (None: nothing waits; ``OSError``: one unreadable datagram, counted as read).
+- Streams are bounded in number (``MAX_INBOUND_STREAMS``, ``MAX_OUTBOUND_STREAMS``; an
+  inbound stream beyond the bound is closed at once and counted as a ``QUEUE_FULL`` drop),
+  in bytes (the Node's stream parser enforces ``max_stream_bytes``) and in time (an inbound
+  stream gets ``tcp_timeout_ms``, an outbound one its request's deadline), so a slow or
+  hostile peer cannot hold resources. ``Streams`` enforces all of it over any transport.
+- Whatever a peer does on a stream (reset, garbage, silence) ends that stream only
+  (``PEER_ERRORS``); it never reaches the rest of the agent.
+- A stream carries one message each way: ``Streams.read_message`` reads until the parse
+  callable (``Node.parse_stream``) returns a whole message or raises ``WireError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import trio
+
+from swim import Address, DropReason, StreamMessage, StreamRequest, WireError
+
+log = logging.getLogger("swim.agent")
+
+MAX_INBOUND_STREAMS = 128
+"""memberlist ``maxPushPullRequests``."""
+MAX_OUTBOUND_STREAMS = 128
+RECV_BYTES = 65_536
+PEER_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
+"""What a misbehaving peer or network can raise on a stream; handled per connection."""
+
+StreamHandler = Callable[[trio.abc.Stream, Address], Awaitable[None]]
+"""Serves one inbound stream from the given peer address."""
+Parse = Callable[[bytes], "tuple[StreamMessage, int] | None"]
+"""``Node.parse_stream``: a whole message from the front of the bytes, None for "need
+more", ``WireError`` for bytes that cannot be one."""
+
+
+class Transport(Protocol):
+    """Datagrams and streams between agents, on one address."""
+
+    @property
+    def address(self) -> Address:
+        """Where peers reach this agent when the configuration advertises nothing else."""
+        ...
+
+    def send_datagram(self, dest: Address, data: bytes) -> None:
+        """Send without blocking; a packet that cannot go now is dropped."""
+        ...
+
+    async def receive_datagram(self) -> tuple[Address, bytes]:
+        """The next datagram and its source."""
+        ...
+
+    def receive_datagram_nowait(self) -> tuple[Address, bytes] | None:
+        """A datagram that is already waiting, or None; ``OSError``: one unreadable."""
+        ...
+
+    async def serve_streams(self, handler: StreamHandler) -> None:
+        """Accept inbound streams forever, each handled in its own task."""
+        ...
+
+    async def open_stream(self, dest: Address) -> trio.abc.Stream:
+        """Connect to ``dest``; raises ``OSError`` when it cannot be reached."""
+        ...
+
+    async def resolve(self, host: str, port: int) -> list[Address]:
+        """The addresses a ``host:port`` given to ``join`` names (``OSError`` if none)."""
+        ...
+
+    def close(self) -> None:
+        """Release the address; later sends are dropped."""
+        ...
+
+
+class Streams:
+    """The stream side of the agent over any ``Transport``: bounds, deadlines, parsing."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        tcp_timeout_ms: int,
+        parse: Parse,
+        record_drop: Callable[[DropReason], None],
+    ) -> None:
+        self._transport = transport
+        self._tcp_timeout_ms = tcp_timeout_ms
+        self._parse = parse
+        self._record_drop = record_drop
+        self._in_limiter = trio.CapacityLimiter(MAX_INBOUND_STREAMS)
+        self._out_limiter = trio.CapacityLimiter(MAX_OUTBOUND_STREAMS)
+
+    async def serve(
+        self, deliver: Callable[[Address, StreamMessage], Awaitable[bytes | None]]
+    ) -> None:
+        """Serve inbound streams: read one message, ``deliver`` it, write back its reply."""
+
+        async def handle(stream: trio.abc.Stream, source: Address) -> None:
+            if self._in_limiter.available_tokens == 0:
+                self._record_drop(DropReason.QUEUE_FULL)
+                await stream.aclose()
+                return
+            async with self._in_limiter, stream:
+                try:
+                    with trio.move_on_after(self._tcp_timeout_ms / 1000):
+                        message = await self.read_message(stream)
+                        if message is None:
+                            return
+                        reply = await deliver(source, message)
+                        if reply:
+                            await stream.send_all(reply)
+                except PEER_ERRORS as exc:
+                    log.debug("inbound stream ended: %s", exc)
+
+        await self._transport.serve_streams(handle)
+
+    async def read_message(self, stream: trio.abc.Stream) -> StreamMessage | None:
+        """One message, or None (garbage is counted as a drop; a closed stream is not)."""
+        buf = b""
+        while True:
+            try:
+                parsed = self._parse(buf)
+            except WireError as exc:
+                self._record_drop(exc.reason)
+                log.debug("dropping a stream: %s", exc)
+                return None
+            if parsed is not None:
+                return parsed[0]
+            try:
+                chunk = await stream.receive_some(RECV_BYTES)
+            except (trio.BrokenResourceError, OSError):
+                return None
+            if not chunk:
+                if buf:
+                    self._record_drop(DropReason.MALFORMED)
+                return None
+            buf += chunk
+
+    async def request(self, request: StreamRequest) -> tuple[StreamMessage | None, str]:
+        """Open a stream, send the request, read the reply if one is expected; by the
+        request's deadline. Returns ``(reply, error)``; error "" when all went well."""
+        error = ""
+        message: StreamMessage | None = None
+        async with self._out_limiter:
+            with trio.move_on_at(request.deadline_ms / 1000) as scope:
+                try:
+                    stream = await self._transport.open_stream(request.dest)
+                    async with stream:
+                        await stream.send_all(request.data)
+                        if request.expect_reply:
+                            message = await self.read_message(stream)
+                            if message is None:
+                                error = "no valid reply"
+                except PEER_ERRORS as exc:
+                    error = f"{getattr(exc, 'strerror', None) or exc}"
+            if scope.cancelled_caught:
+                error = "timed out"
+        return message, error
+
+
+class SocketTransport:
+    """UDP and TCP on one port (memberlist convention). Open with ``SocketTransport.bind``."""
+
+    def __init__(
+        self, udp: socket.socket, listeners: list[trio.SocketListener], address: Address
+    ) -> None:
+        self._raw = udp
+        self._udp = trio.socket.from_stdlib_socket(udp)
+        self._listeners = listeners
+        self._address = address
+
+    @classmethod
+    async def bind(cls, host: str, port: int) -> SocketTransport:
+        """Bind UDP then TCP on ``host:port`` (port 0: any free port, the same for both)."""
+        raw = socket.socket(_family(host), socket.SOCK_DGRAM)
+        try:
+            raw.bind((host, port))
+        except OSError:
+            raw.close()
+            raise
+        _grow_receive_buffer(raw)
+        raw.setblocking(False)
+        bound_port = raw.getsockname()[1]
+        try:
+            listeners = await trio.open_tcp_listeners(bound_port, host=host)
+        except OSError:
+            raw.close()
+            raise
+        if host in ("0.0.0.0", "::"):
+            host = _default_ip(host)
+        return cls(raw, listeners, Address(host, bound_port))
+
+    @property
+    def address(self) -> Address:
+        return self._address
+
+    def send_datagram(self, dest: Address, data: bytes) -> None:
+        try:
+            # Non-blocking: a full socket buffer drops the packet, as UDP may.
+            self._raw.sendto(data, (dest.host, dest.port))
+        except OSError as exc:
+            log.debug("send to %s failed: %s", dest, exc)
+
+    async def receive_datagram(self) -> tuple[Address, bytes]:
+        while True:
+            try:
+                data, addr = await self._udp.recvfrom(RECV_BYTES)
+            except OSError as exc:  # e.g. ICMP port unreachable surfacing on Linux
+                log.debug("udp receive error: %s", exc)
+                continue
+            return Address(addr[0], addr[1]), data
+
+    def receive_datagram_nowait(self) -> tuple[Address, bytes] | None:
+        try:
+            data, addr = self._raw.recvfrom(RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return None
+        return Address(addr[0], addr[1]), data
+
+    async def serve_streams(self, handler: StreamHandler) -> None:
+        async def accept(stream: trio.SocketStream) -> None:
+            try:
+                peer = stream.socket.getpeername()
+            except OSError:
+                await stream.aclose()
+                return
+            await handler(stream, Address(peer[0], peer[1]))
+
+        await trio.serve_listeners(accept, self._listeners)
+
+    async def open_stream(self, dest: Address) -> trio.abc.Stream:
+        return await trio.open_tcp_stream(dest.host, dest.port)
+
+    async def resolve(self, host: str, port: int) -> list[Address]:
+        infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return sorted({Address(str(i[4][0]), port) for i in infos}, key=str)
+
+    def close(self) -> None:
+        self._udp.close()
+
+
+def _grow_receive_buffer(sock: socket.socket) -> None:
+    """memberlist net_transport.go ``setUDPRecvBuf``: ask for 2 MiB, halving until the
+    kernel accepts, so bursts of gossip are not dropped before we can count them."""
+    size = 2 * 1024 * 1024
+    while size >= 64 * 1024:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+            return
+        except OSError:
+            size //= 2
+
+
+def _family(host: str) -> int:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _default_ip(wildcard: str) -> str:
+    """The local address the default route would use (no packet is sent)."""
+    family = socket.AF_INET6 if wildcard == "::" else socket.AF_INET
+    probe = ("2001:db8::1", 9) if family == socket.AF_INET6 else ("192.0.2.1", 9)
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(probe)
+            return str(s.getsockname()[0])
+        except OSError:
+            return "::1" if family == socket.AF_INET6 else "127.0.0.1"
