@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from simulations.world import World
+from simulations.model.world import World
 from swim import Config, EventKind, MemberEvent
 
 WARM_UP_MS = 10_000

@@ -9,10 +9,10 @@ Prints the seed first, a progress line (simulated time, wall time, events/s) eve
 wall seconds, and at the end a summary whose first lines are the seed and the trace hash;
 writes CSVs, a markdown summary and PNG plots (if matplotlib is installed) under ``--out``.
 Scenario-specific knobs are listed in each scenario's module docstring
-(``simulations.scenarios``, ``simulations.scenarios_faults``), e.g. ``--set crashes=10``,
-``--set slow_delay_ms=150``, ``--set burst=0.01:0.3`` (Gilbert–Elliott p_gb:p_bg),
-``--set duplicate=0.01``, ``--set reorder=0.05 --set reorder_ms=30``, and any Config
-field as ``--set cfg.suspicion_mult=2``.
+(``simulations.experiments.scenarios``, ``simulations.experiments.scenarios_faults``),
+e.g. ``--set crashes=10``, ``--set slow_delay_ms=150``, ``--set burst=0.01:0.3``
+(Gilbert–Elliott p_gb:p_bg), ``--set duplicate=0.01``, ``--set reorder=0.05 --set
+reorder_ms=30``, and any Config field as ``--set cfg.suspicion_mult=2``.
 
 The scenarios (each also has ``--ci``, a small, short variant):
 
@@ -34,10 +34,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from simulations import report
-from simulations.harness import LIFEGUARD, PRESETS, Params
-from simulations.scenarios import REGISTRY, run
-from simulations.world import World
+from simulations.experiments.harness import LIFEGUARD, PRESETS, Params
+from simulations.experiments.scenarios import REGISTRY, run
+from simulations.model.world import World
+from simulations.reports import scenario as report
+from simulations.reports.files import fmt
 
 
 class ProgressPrinter:
@@ -131,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"seed: {result.seed}")
     print(f"trace hash: {result.trace_hash}")
     for key, value in result.summary.items():
-        print(f"  {key}: {report.fmt(value)}")
+        print(f"  {key}: {fmt(value)}")
     for message in report.write(result, args.out, plots=not args.no_plots):
         print(message)
     return 0

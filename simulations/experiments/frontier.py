@@ -25,10 +25,11 @@ Method, per run (variant, condition, n, seed):
   member, by anyone, slow members included), load per member over the crash phase
   (``LoadWindow``), simulated time, healthy-member exposure and the trace hash.
 
-Baselines (``BASELINES``): the all-to-all heartbeat protocol of ``simulations.heartbeat``
-(every member heartbeats every other, Phi accrual per peer) runs through the same method,
-network, conditions and metrics; it has no suspicion stage, so its first-suspect column
-is empty and its detection limit is twice its conviction time plus 10 s.
+Baselines (``BASELINES``): the all-to-all heartbeat protocol of
+``simulations.experiments.heartbeat`` (every member heartbeats every other, Phi accrual per
+peer) runs through the same method, network, conditions and metrics; it has no suspicion
+stage, so its first-suspect column is empty and its detection limit is twice its
+conviction time plus 10 s.
 
 Rules:
 - No wall clock inside a world; a run is a function of (variant, condition, n, seed), so
@@ -50,18 +51,16 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from simulations import heartbeat as hb
-from simulations.harness import Params, Sim, build, combine_hashes
-from simulations.metrics import CrashRecord, LoadWindow
-from simulations.scenarios_faults import _pauses
-from simulations.world import SlowSpec, World
+from simulations.experiments import heartbeat as hb
+from simulations.experiments.harness import Params, Sim, build, combine_hashes, pauses
+from simulations.model.metrics import CrashRecord, LoadWindow
+from simulations.model.world import SlowSpec, World
 from swim import Config, EventKind, MemberEvent, Node
 from swim.config import PROFILES
 from swim.membership import suspicion_window_ms
@@ -86,7 +85,8 @@ BASELINES: dict[str, Callable[[], hb.HeartbeatConfig]] = {
     "heartbeat": hb.HeartbeatConfig.akka,
     "heartbeat/fast": hb.HeartbeatConfig.fast,
 }
-"""All-to-all heartbeating with Phi accrual (``simulations.heartbeat``): the O(n²) baseline."""
+"""All-to-all heartbeating with Phi accrual (``simulations.experiments.heartbeat``): the
+O(n²) baseline."""
 
 
 def all_variants() -> list[str]:
@@ -314,8 +314,8 @@ def _make_slow(sim: Sim, k: int, end_ms: int) -> list[int]:
     world = sim.world
     slow = world.rng.sample(range(len(world.nodes)), k)
     for idx in slow:
-        pauses = _pauses(world, world.now_ms, end_ms, SLOW_PAUSE_MS, SLOW_EVERY_MS)
-        world.set_slow(idx, SlowSpec(SLOW_DELAY_MS, pauses, SLOW_QUEUE))
+        stops = pauses(world, world.now_ms, end_ms, SLOW_PAUSE_MS, SLOW_EVERY_MS)
+        world.set_slow(idx, SlowSpec(SLOW_DELAY_MS, stops, SLOW_QUEUE))
     return slow
 
 
@@ -489,9 +489,3 @@ def pareto(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> list[bool]:
         return all(x <= y for x, y in zip(a, b, strict=True)) and a != b
 
     return [not any(dominates(other, p) for other in points) for p in points]
-
-
-if __name__ == "__main__":
-    from simulations.frontier_report import main
-
-    sys.exit(main())

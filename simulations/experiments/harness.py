@@ -23,11 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from simulations.invariants import InvariantChecker
-from simulations.metrics import Metrics
-from simulations.network import GilbertElliott, parse_latency
-from simulations.report import Result
-from simulations.world import World
+from simulations.experiments.result import Result
+from simulations.model.invariants import InvariantChecker
+from simulations.model.metrics import Metrics
+from simulations.model.network import GilbertElliott, parse_latency
+from simulations.model.world import World
 from swim import Config, Node
 from swim.config import PROFILES
 
@@ -144,7 +144,7 @@ def build(
     """A started, converged world of ``n`` nodes with checks and metrics attached.
 
     ``node_factory`` builds a baseline protocol instead of ``swim.Node``
-    (``simulations.heartbeat``); the SWIM invariant checker is then left off (it reads
+    (``simulations.experiments.heartbeat``); the SWIM invariant checker is then left off (it reads
     SWIM state), and the world must bootstrap."""
     world = World(
         n,
@@ -234,6 +234,21 @@ class RateSampler:
         self.points.append((world.now_ms / 1000, rate))
         self._last = total
         world.at(world.now_ms + self.period_ms, self._tick)
+
+
+def pauses(
+    world: World, start_ms: int, end_ms: int, pause_ms: int, every_ms: int
+) -> tuple[tuple[int, int], ...]:
+    """A slow member's stops: ``pause_ms`` long every ``every_ms`` from a phase drawn with
+    the world's RNG, between ``start_ms`` and ``end_ms`` (none if either is 0)."""
+    if pause_ms <= 0 or every_ms <= 0:
+        return ()
+    out = []
+    t = start_ms + world.rng.randrange(every_ms)
+    while t < end_ms:
+        out.append((t, t + pause_ms))
+        t += max(every_ms, pause_ms + 1)
+    return tuple(out)
 
 
 def mean(values: list[float]) -> float | None:

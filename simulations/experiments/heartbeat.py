@@ -7,8 +7,8 @@ n−1 messages per interval), built so the simulator can run it on the same netw
 fault model as ``swim.Node`` and the cost can be measured rather than asserted.
 
 Rules:
-- Same driver interface as ``swim.Node`` for what ``simulations.world.World`` and
-  ``simulations.metrics`` use (``start``, ``bootstrap``, ``handle_timer``,
+- Same driver interface as ``swim.Node`` for what ``simulations.model.world.World`` and
+  ``simulations.model.metrics`` use (``start``, ``bootstrap``, ``handle_timer``,
   ``handle_datagram``, ``member``/``members``/``num_members``, events as
   ``swim.MemberEvent``), so crashes, loss, latency and slow members are the world's own.
   It has no join protocol, streams or metadata: members come from the bootstrap

@@ -24,8 +24,8 @@ import math
 import resource
 import time
 
-from simulations import scenarios_faults
-from simulations.harness import (
+from simulations.experiments import scenarios_faults
+from simulations.experiments.harness import (
     REGISTRY,
     Params,
     RateSampler,
@@ -35,9 +35,9 @@ from simulations.harness import (
     mean,
     scenario,
 )
-from simulations.metrics import LoadWindow, Metrics, Spread
-from simulations.report import Plot, Result
-from simulations.world import World
+from simulations.experiments.result import Plot, Result
+from simulations.model.metrics import LoadWindow, Metrics, Spread
+from simulations.model.world import World
 
 
 def run(name: str, p: Params) -> Result:

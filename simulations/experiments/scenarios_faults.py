@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simulations.harness import (
+from simulations.experiments.harness import (
     LIFEGUARD,
     Params,
     agree_all_alive,
@@ -33,28 +33,16 @@ from simulations.harness import (
     combine_hashes,
     drive,
     mean,
+    pauses,
     scenario,
 )
-from simulations.metrics import LoadWindow, Metrics
-from simulations.report import Plot, Result
-from simulations.world import SlowSpec, World
+from simulations.experiments.result import Plot, Result
+from simulations.model.metrics import LoadWindow, Metrics
+from simulations.model.world import SlowSpec, World
 
 ABLATION_ORDER = ["swim", "lha-probe", "lha-suspicion", "buddy", "full"]
 """The Lifeguard paper's table order (research notes §3.2), SWIM first as the baseline."""
 assert sorted(ABLATION_ORDER) == sorted(LIFEGUARD)
-
-
-def _pauses(
-    world: World, start_ms: int, end_ms: int, pause_ms: int, every_ms: int
-) -> tuple[tuple[int, int], ...]:
-    if pause_ms <= 0 or every_ms <= 0:
-        return ()
-    out = []
-    t = start_ms + world.rng.randrange(every_ms)
-    while t < end_ms:
-        out.append((t, t + pause_ms))
-        t += max(every_ms, pause_ms + 1)
-    return tuple(out)
 
 
 @scenario("slow-members")
@@ -75,7 +63,7 @@ def slow_members(p: Params) -> Result:
         for idx in slow:
             spec = SlowSpec(
                 delay_ms=p.get("slow_delay_ms", 150),
-                pauses=_pauses(world, start, end, p.get("pause_ms", 0), p.get("pause_every_ms", 0)),
+                pauses=pauses(world, start, end, p.get("pause_ms", 0), p.get("pause_every_ms", 0)),
                 queue_limit=p.get("queue_limit", 128),
                 timer_delay_ms=p.get("timer_delay_ms", 0),
             )

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from swim import EventKind, MemberEvent, Node, NodeStateType
 
 if TYPE_CHECKING:
-    from simulations.world import World
+    from simulations.model.world import World
 
 _ALIVE, _SUSPECT, _DEAD, _LEFT = (
     NodeStateType.ALIVE,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from swim import EventKind, Member, MemberEvent, NodeStateType
 
 if TYPE_CHECKING:
-    from simulations.world import World
+    from simulations.model.world import World
 
 QUANTILES = (0.5, 0.99, 0.9999, 1.0)
 

@@ -39,8 +39,8 @@ from collections.abc import Callable
 from typing import Any
 
 import swim
-from simulations.network import Latency, Network
-from simulations.world_types import InputChecker, Listener, SlowSpec, SlowState, Traffic
+from simulations.model.network import Latency, Network
+from simulations.model.world_types import InputChecker, Listener, SlowSpec, SlowState, Traffic
 from swim import Address, Config, MemberEvent, Node, Output, StreamRequest, UrgentProbeOutcome
 from swim.wire import WireError
 
@@ -77,7 +77,7 @@ class World:
         self.seed = seed
         self._factory: Callable[..., Node] = Node if node_factory is None else node_factory
         """Builds each process: ``swim.Node`` (or a baseline protocol with its driver
-        interface, ``simulations.heartbeat``), called with Node's arguments."""
+        interface, ``simulations.experiments.heartbeat``), called with Node's arguments."""
         master = random.Random(seed)
         self.network = Network(random.Random(master.getrandbits(64)), latency, loss)
         self.rng = random.Random(master.getrandbits(64))

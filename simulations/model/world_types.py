@@ -2,7 +2,7 @@
 the listener protocols that the invariant checker and the metrics implement.
 
 Rules: plain slotted dataclasses and lists indexed by node number, so the event loop's
-per-packet bookkeeping is a list increment (see ``simulations.world``).
+per-packet bookkeeping is a list increment (see ``simulations.model.world``).
 """
 
 from __future__ import annotations

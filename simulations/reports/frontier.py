@@ -1,37 +1,29 @@
-"""The frontier sweep's output and command line: tables, markdown summary, Pareto plot,
-CSV files (``python -m simulations.frontier`` runs ``main`` here).
+"""The frontier sweep's output: tables, markdown summary, Pareto plot, CSV files.
 
-Rules: everything here reads a finished ``simulations.frontier.Report``; no world is run.
-Method and definitions: ``simulations.frontier``.
+Rules: everything here reads a finished ``simulations.experiments.frontier.Report``; no
+world is run. Method and definitions: ``simulations.experiments.frontier``; command line:
+``python -m simulations.frontier``.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import shlex
-import sys
-import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from simulations.frontier import (
+from simulations.experiments.frontier import (
     CONDITIONS,
     SLOW_DELAY_MS,
     SLOW_EVERY_MS,
     SLOW_PAUSE_MS,
     SLOW_QUEUE,
-    VARIANTS,
     Condition,
-    Options,
     Report,
-    all_variants,
-    explore,
     pareto,
     variant_text,
 )
-from simulations.report import fmt, pyplot, write_csv
+from simulations.reports.files import fmt, pyplot, write_csv
 
 VARIANT_COLS = dict(
     variant="variant", crashes="crashes", detected="detected",
@@ -182,58 +174,3 @@ def write(report: Report, out: Path) -> list[str]:
     write_csv(out / "cells.csv", report.cells)
     (out / "summary.md").write_text(markdown(report))
     return [plot(report, out / "frontier.png"), f"results in {out}/"]
-
-
-# --- command line -----------------------------------------------------------------------
-
-
-def _names(text: str, known: Collection[str]) -> list[str]:
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    unknown = [x for x in names if x not in known]
-    if unknown:
-        raise SystemExit(f"unknown {', '.join(unknown)}; known: {', '.join(known)}")
-    return names
-
-
-def options_from(args: argparse.Namespace) -> Options:
-    if args.ci:
-        return Options.ci(args.jobs)
-    return Options(
-        nodes=args.nodes,
-        seeds=[int(s) for s in args.seeds.split(",")],
-        variants=_names(args.variants, all_variants()) if args.variants else list(VARIANTS),
-        conditions=_names(args.conditions, CONDITIONS) if args.conditions else list(CONDITIONS),
-        crashes=args.crashes,
-        jobs=args.jobs,
-    )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--nodes", type=int, default=64)
-    parser.add_argument("--seeds", default="1")
-    parser.add_argument("--variants", help=", ".join(all_variants()))
-    parser.add_argument("--conditions", help=", ".join(CONDITIONS))
-    parser.add_argument("--crashes", type=int, default=8)
-    parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--ci", action="store_true", help="n=16, lan and fast, clean and loss10")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
-    options = options_from(args)
-    out = args.out or Path(f"simulations/results/frontier-n{options.nodes}")
-    wall0 = time.perf_counter()
-    report = explore(options, progress=True)
-    report.command = "python -m simulations.frontier " + shlex.join(argv)
-    messages = write(report, out)
-    print(f"== frontier  n {options.nodes}  trace hash {report.trace_hash}")
-    print("\n".join(variant_table(report.variants)))
-    print(f"wall {time.perf_counter() - wall0:.1f}s")
-    print("\n".join(messages))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,10 +1,6 @@
 """The operator's parameter table (docs/tuning.md): what each profile resolves to at a
 cluster size, computed from the formulas the node itself uses, and what the simulator
-measured for it.
-
-    python -m simulations.params [--nodes 10,100,1000,10000] [--rtt-ms 2]
-    python -m simulations.params --measured simulations/results/tuning
-    python -m simulations.params --compare simulations/results/baseline
+measured for it (command line: ``python -m simulations.params``).
 
 Rules:
 - Computed columns call the same functions as ``swim.Node`` (``swim.formulas``,
@@ -21,13 +17,10 @@ Rules:
 
 from __future__ import annotations
 
-import argparse
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from simulations.report import read_csv
+from simulations.reports.files import read_csv
 from swim import Config, formulas
 from swim.config import PROFILES
 from swim.membership import suspicion_window_ms
@@ -198,31 +191,3 @@ COMPARE_COLS = {
     "fp_loss10": "false deaths at 10% loss (all / healthy observers)",
     "fp_slow1": "false deaths with 1 slow member (all / healthy observers)",
 }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--nodes", default=",".join(map(str, NODES)))
-    parser.add_argument("--rtt-ms", type=int, default=2, help="typical RTT (derived windows)")
-    parser.add_argument("--measured", type=Path, help="a simulations.scaling result dir")
-    parser.add_argument("--compare", type=Path, help="a simulations.scaling result dir")
-    args = parser.parse_args(argv)
-    for path, rows_of, cols in (
-        (args.measured, measured_rows, MEASURED_COLS),
-        (args.compare, compare_rows, COMPARE_COLS),
-    ):
-        if path is not None:
-            if not (path / "cells.csv").exists():
-                raise SystemExit(f"{path}: no cells.csv (run simulations.scaling first)")
-            print("\n".join(table(rows_of(path), cols)))
-            return 0
-    nodes = [int(x) for x in args.nodes.split(",")]
-    rows = [computed_row(p, n, args.rtt_ms) for p in PROFILES for n in nodes]
-    print("\n".join(table(rows, COMPUTED_COLS)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from simulations import frontier, frontier_report
-from simulations.frontier import Options, explore, pareto, quantile
+from simulations.experiments import frontier
+from simulations.experiments.frontier import Options, explore, pareto, quantile
+from simulations.reports import frontier as frontier_report
 
 
 @pytest.fixture(scope="module")

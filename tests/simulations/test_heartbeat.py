@@ -1,5 +1,5 @@
-"""The all-to-all heartbeat baseline (simulations.heartbeat) in the simulated world, and the
-scaling sweep that compares it with SWIM across cluster sizes."""
+"""The all-to-all heartbeat baseline (simulations.experiments.heartbeat) in the simulated
+world, and the scaling sweep that compares it with SWIM across cluster sizes."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from typing import cast
 
 import pytest
 
-from simulations import heartbeat as hb
 from simulations import scaling
-from simulations.frontier import explore
-from simulations.harness import Params, Sim, build
-from simulations.metrics import LoadWindow
+from simulations.experiments import heartbeat as hb
+from simulations.experiments import scaling as scaling_sweep
+from simulations.experiments.frontier import explore
+from simulations.experiments.harness import Params, Sim, build
+from simulations.model.metrics import LoadWindow
+from simulations.reports import scaling as scaling_report
 from swim import Address, EventKind, MemberEvent, NodeStateType
 
 LATENCY = "uniform:1:5"
@@ -134,7 +136,7 @@ def test_scaling_sweep_tables_and_the_computed_baseline(tmp_path: Path) -> None:
     for i, n in enumerate(sweep.nodes):
         report = explore(sweep.options(i))
         sweep.add(n, report, 0.0)
-    scaling.write(sweep, tmp_path)
+    scaling_report.write(sweep, tmp_path)
     cells = {(c["variant"], c["n"]): c for c in sweep.cells}
     # the baseline's load grows with n (n − 1 per member per second), SWIM's does not
     hb8, hb16 = cells["heartbeat", 8], cells["heartbeat", 16]
@@ -143,13 +145,13 @@ def test_scaling_sweep_tables_and_the_computed_baseline(tmp_path: Path) -> None:
     )
     lan8, lan16 = cells["lan", 8], cells["lan", 16]
     assert lan16["pkts_per_member_per_s"] < 1.5 * lan8["pkts_per_member_per_s"]
-    computed = scaling.computed_baseline(sweep)
+    computed = scaling_sweep.computed_baseline(sweep)
     assert [(r["variant"], r["n"]) for r in computed] == [("heartbeat", 10_000)]
     assert computed[0]["pkts_per_member_per_s"] == 9_999
     summary = (tmp_path / "summary.md").read_text()
     assert "python -m simulations.scaling --nodes 8,16" in summary
     assert "| heartbeat | 10,000 | 9,999 |" in summary
-    again = scaling.load(tmp_path)  # what --render re-draws the plot from
+    again = scaling_report.load(tmp_path)  # what --render re-draws the plot from
     assert len(again.cells) == len(sweep.cells) == 4
     for read, kept in zip(again.cells, sweep.cells, strict=True):
         assert read.keys() == kept.keys()
@@ -157,5 +159,5 @@ def test_scaling_sweep_tables_and_the_computed_baseline(tmp_path: Path) -> None:
         # no suspicion stage in the baseline: an empty cell comes back as None
         assert (read["first_suspect_median_s"] is None) == (kept["variant"] == "heartbeat")
     assert again.variants == ["lan", "heartbeat"] and again.nodes == [8, 16]
-    big = scaling.Sweep([5_000], ["lan", "heartbeat"], ["clean"], [1], [[1]])
+    big = scaling_sweep.Sweep([5_000], ["lan", "heartbeat"], ["clean"], [1], [[1]])
     assert big.options(0).variants == ["lan"]  # n² detectors: refused, computed instead

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from simulations.invariants import InvariantChecker, InvariantViolation
-from simulations.world import World
+from simulations.model.invariants import InvariantChecker, InvariantViolation
+from simulations.model.world import World
 from swim import EventKind, MemberEvent, NodeStateType
 
 

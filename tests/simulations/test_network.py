@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from simulations.network import (
+from simulations.model.network import (
     Constant,
     GilbertElliott,
     LogNormal,
@@ -15,7 +15,7 @@ from simulations.network import (
     Uniform,
     parse_latency,
 )
-from simulations.world import World
+from simulations.model.world import World
 
 
 def test_latency_specs_parse_and_sample_within_bounds() -> None:

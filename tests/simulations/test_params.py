@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from simulations import params, scaling
-from simulations.frontier import explore
+from simulations import params as params_cli
+from simulations import scaling
+from simulations.experiments.frontier import explore
+from simulations.reports import params
+from simulations.reports import scaling as scaling_report
 
 
 @pytest.mark.parametrize(
@@ -41,7 +44,7 @@ def test_computed_rows_are_the_node_formulas(
 
 
 def test_the_computed_table_has_every_profile_and_size(capsys: pytest.CaptureFixture[str]) -> None:
-    assert params.main(["--nodes", "10,10000"]) == 0
+    assert params_cli.main(["--nodes", "10,10000"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 + 4 * 2
     assert lines[2].startswith("| lan | 10 | 1,000 | 500 |")
@@ -53,7 +56,7 @@ def test_measured_rows_from_a_scaling_run(tmp_path: Path) -> None:
          "--seeds", "1", "--out", str(tmp_path)]
     )  # fmt: skip
     sweep.add(8, explore(sweep.options(0)), 0.0)
-    scaling.write(sweep, tmp_path)
+    scaling_report.write(sweep, tmp_path)
     (row,) = params.measured_rows(tmp_path)
     assert row["profile"] == "lan" and row["n"] == 8
     assert row["median_s"] is not None and 3.0 < row["median_s"] < 30.0
@@ -64,4 +67,4 @@ def test_measured_rows_from_a_scaling_run(tmp_path: Path) -> None:
     assert cmp["variant"] == "lan" and cmp["pkts"] == pytest.approx(row["pkts_per_s"])
     assert cmp["det_clean"].count(" / ") == 1 and cmp["det_slow1"] == "—"
     with pytest.raises(SystemExit, match=r"no cells\.csv"):
-        params.main(["--measured", str(tmp_path / "missing")])
+        params_cli.main(["--measured", str(tmp_path / "missing")])

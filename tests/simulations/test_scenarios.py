@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from simulations import run as cli
-from simulations.harness import Params
-from simulations.scenarios import REGISTRY, run, serf_model_s
+from simulations.experiments.harness import Params
+from simulations.experiments.scenarios import REGISTRY, run, serf_model_s
 
 
 def _ci(**extra: object) -> Params:
@@ -100,7 +100,7 @@ def test_cli_prints_seed_and_hash_and_writes_files(
 
 
 def test_plots_are_written_or_skipped_with_a_message(tmp_path: Path) -> None:
-    from simulations import report
+    from simulations.reports import scenario as report
 
     result = run("crash", _ci(crashes=1))
     messages = report.write(result, tmp_path)

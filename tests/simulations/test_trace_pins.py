@@ -19,10 +19,10 @@ from collections.abc import Callable
 
 import pytest
 
-from simulations import frontier
-from simulations.harness import Params
-from simulations.scenarios import run
-from simulations.world import World
+from simulations.experiments import frontier
+from simulations.experiments.harness import Params
+from simulations.experiments.scenarios import run
+from simulations.model.world import World
 
 
 def _scenario(name: str, seed: int = 3, **kw: object) -> Callable[[], str]:

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from simulations.network import Constant
-from simulations.world import SlowSpec, World, snapshot_available
+from simulations.model.network import Constant
+from simulations.model.world import SlowSpec, World, snapshot_available
 from swim import EventKind, MemberEvent, NodeStateType
 
 ROOT = Path(__file__).resolve().parents[2]
