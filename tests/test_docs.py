@@ -79,7 +79,7 @@ def test_design_doc_has_its_sections() -> None:
 
 
 def test_nothing_points_outside_the_repository() -> None:
-    offenders = []
+    offenders: list[str] = []
     for rel, text in _tracked_text_files():
         for lineno, line in enumerate(text.splitlines(), 1):
             offenders.extend(
