@@ -3,14 +3,15 @@
 Rules: one ``Context`` per node; it holds the output of the call in progress, the current
 ``now_ms``, the live timers and the counters. Timers are identified by a number; a timer
 is live while its number is registered, so "cancelling" is forgetting the number and a
-stale timer handed back later is recognised and ignored (DESIGN.md: timers are values,
-never cancelled by the driver).
+stale timer handed back later is recognised and ignored (docs/design.md §1.3: timers are
+values, never cancelled by the driver; the kinds are in ``swim.timers``).
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec
 
 from swim.config import Config
 from swim.effects import (
@@ -24,7 +25,10 @@ from swim.effects import (
 )
 from swim.queue import BroadcastQueue
 from swim.rtt import RttTable
+from swim.timers import NodeTimer
 from swim.wire import DropReason
+
+P = ParamSpec("P")
 
 
 class Context:
@@ -37,7 +41,7 @@ class Context:
         self.broadcasts = BroadcastQueue(config.retransmit_mult, config.max_broadcast_queue)
         self.user_broadcasts = BroadcastQueue(config.retransmit_mult, config.max_broadcast_queue)
         self.rtt = RttTable(config)
-        self._timers: dict[int, tuple[str, Any]] = {}
+        self._timers: dict[int, NodeTimer] = {}
         self._next_timer_id = 0
 
     def begin(self, now_ms: int) -> None:
@@ -50,24 +54,33 @@ class Context:
         """The output of the call in progress; the next ``begin`` starts a fresh one."""
         return self.out
 
-    def set_timer(self, kind: str, delay_ms: int, data: Any = None) -> int:
+    def set_timer(
+        self,
+        kind: Callable[Concatenate[int, int, P], NodeTimer],
+        delay_ms: int,
+        /,
+        *payload: P.args,
+        **named: P.kwargs,
+    ) -> int:
+        """Ask for a timer of ``kind`` due ``delay_ms`` from now; its number (to cancel it)."""
         self._next_timer_id += 1
         timer_id = self._next_timer_id
-        self._timers[timer_id] = (kind, data)
-        self.out.timers.append(Timer(self.now_ms + max(delay_ms, 0), timer_id, kind))
+        timer = kind(self.now_ms + max(delay_ms, 0), timer_id, *payload, **named)
+        self._timers[timer_id] = timer
+        self.out.timers.append(timer)
         return timer_id
 
     def cancel_timer(self, timer_id: int | None) -> None:
         if timer_id is not None:
             self._timers.pop(timer_id, None)
 
-    def take_timer(self, timer: Timer) -> tuple[str, Any] | None:
-        """The timer's kind and data if it is still live (and forget it), else None."""
-        entry = self._timers.get(timer.timer_id)
-        if entry is None or entry[0] != timer.kind:
+    def take_timer(self, timer: Timer) -> NodeTimer | None:
+        """The timer if it is one of ours and still live (and forget it), else None."""
+        live = self._timers.get(timer.timer_id)
+        if live is None or (live is not timer and live != timer):
             return None
         del self._timers[timer.timer_id]
-        return entry
+        return live
 
     @property
     def live_timers(self) -> int:

@@ -48,11 +48,14 @@ class StreamRequest:
 
 @dataclass(frozen=True, slots=True)
 class Timer:
-    """Call ``Node.handle_timer(timer, now_ms)`` at or after ``deadline_ms``."""
+    """Call ``Node.handle_timer(timer, now_ms)`` at or after ``deadline_ms``.
+
+    The node's timers are subclasses with typed payloads (``swim.timers``); a driver needs
+    only ``deadline_ms`` and ``timer_id`` (unique per node, so it breaks deadline ties).
+    """
 
     deadline_ms: int
     timer_id: int
-    kind: str
 
 
 class EventKind(Enum):

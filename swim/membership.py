@@ -46,14 +46,14 @@ from swim.messages import (
 )
 from swim.shared import PushPullDiff, SharedCodec, push_state
 from swim.table import MembershipSnapshot, MemberTable
+from swim.timers import SuspicionTimeout
 from swim.wire import DropReason
 
-__all__ = ["LEAVE_NOTIFY", "SUSPICION_TIMER", "Membership", "suspicion_window_ms"]
+__all__ = ["LEAVE_NOTIFY", "Membership", "suspicion_window_ms"]
 
 MAX_NAME_BYTES = 512
 """Longest node name accepted from the wire (memberlist has no bound; we need one)."""
 
-SUSPICION_TIMER = "suspicion"
 LEAVE_NOTIFY = 1
 
 
@@ -376,7 +376,7 @@ class Membership:
         )
         timeout_ms = max_ms if k >= 1 else min_ms
         timer_id = self._ctx.set_timer(
-            SUSPICION_TIMER, timeout_ms, (state.name, state.state_change_ms)
+            SuspicionTimeout, timeout_ms, state.name, state.state_change_ms
         )
         suspicion = _Suspicion(k, min_ms, max_ms, self._ctx.now_ms, timer_id)
         suspicion.confirmers.add(sender)
@@ -395,7 +395,7 @@ class Membership:
         state = self._members.mutable(name)
         self._ctx.cancel_timer(s.timer_id)
         s.timer_id = self._ctx.set_timer(
-            SUSPICION_TIMER, max(remaining, 0), (name, state.state_change_ms)
+            SuspicionTimeout, max(remaining, 0), name, state.state_change_ms
         )
         return True
 

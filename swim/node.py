@@ -35,7 +35,7 @@ from __future__ import annotations
 import random
 import secrets
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import assert_never
 
 from swim import wire
 from swim.config import META_MAX_BYTES, Config
@@ -50,7 +50,7 @@ from swim.effects import (
     UserMessage,
 )
 from swim.member_state import MemberState
-from swim.membership import LEAVE_NOTIFY, SUSPICION_TIMER, Membership
+from swim.membership import LEAVE_NOTIFY, Membership
 from swim.messages import (
     Ack,
     Address,
@@ -64,24 +64,30 @@ from swim.messages import (
     Suspect,
     UserMsg,
 )
-from swim.probe import (
-    PROBE_DEADLINE,
-    PROBE_TCP_GRACE,
-    PROBE_TIMEOUT,
-    RELAY_TIMEOUT,
-    SUSPICION_VERIFY,
-    Prober,
-)
+from swim.probe import Prober
 from swim.security import Keyring
-from swim.streams import PUSH_PULL_TICK, RECONNECT_TICK, STREAM_EXPIRE, Streams
+from swim.streams import Streams
 from swim.table import MembershipSnapshot, local_vsn
+from swim.timers import (
+    NODE_TIMERS,
+    GossipTick,
+    NodeTimer,
+    ProbeDeadline,
+    ProbeTcpGrace,
+    ProbeTick,
+    ProbeTimeout,
+    PushPullTick,
+    ReconnectTick,
+    RelayTimeout,
+    StreamExpire,
+    SuspicionTimeout,
+    SuspicionVerify,
+)
 from swim.transport import Sender
 from swim.wire import DropReason, StreamMessage, WireError
 
-__all__ = ["GOSSIP_TICK", "LEAVE_FANOUT", "PROBE_TICK", "PUSH_PULL_TICK", "Node"]
+__all__ = ["LEAVE_FANOUT", "Node"]
 
-PROBE_TICK = "probe_tick"
-GOSSIP_TICK = "gossip_tick"
 LEAVE_FANOUT = 1024
 """Live members told of our leave directly; the rest hear it by gossip."""
 
@@ -183,13 +189,13 @@ class Node:
         self._ctx.begin(now_ms)
         c = self.config
         rng = self._ctx.rng
-        self._ctx.set_timer(PROBE_TICK, rng.randrange(c.probe_interval_ms))
+        self._ctx.set_timer(ProbeTick, rng.randrange(c.probe_interval_ms))
         if c.gossip_interval_ms > 0 and c.gossip_nodes > 0:
-            self._ctx.set_timer(GOSSIP_TICK, rng.randrange(c.gossip_interval_ms))
+            self._ctx.set_timer(GossipTick, rng.randrange(c.gossip_interval_ms))
         if c.push_pull_interval_ms > 0:
             self._streams.schedule_push_pull(rng.randrange(c.push_pull_interval_ms))
         if c.reconnect_interval_ms > 0:
-            self._ctx.set_timer(RECONNECT_TICK, rng.randrange(c.reconnect_interval_ms))
+            self._ctx.set_timer(ReconnectTick, rng.randrange(c.reconnect_interval_ms))
         return self._finish()
 
     def bootstrap(self, snapshot: MembershipSnapshot, now_ms: int) -> Output:
@@ -382,10 +388,14 @@ class Node:
             self._ctx.drop(DropReason.UNEXPECTED_TYPE)
 
     def handle_timer(self, timer: Timer, now_ms: int) -> Output:
+        """A timer we asked for is due. One no longer live is ignored; a ``Timer`` that is
+        not one of ours (``swim.timers.NodeTimer``) is a driver bug and raises TypeError."""
         self._ctx.begin(now_ms)
-        entry = self._ctx.take_timer(timer)
-        if entry is not None:
-            self._on_timer(*entry)
+        live = self._ctx.take_timer(timer)
+        if live is not None:
+            self._on_timer(live)
+        elif not isinstance(timer, NODE_TIMERS):
+            raise TypeError(f"not a timer of swim.Node: {timer!r}")
         return self._finish()
 
     def parse_stream(self, data: bytes) -> tuple[StreamMessage, int] | None:
@@ -412,41 +422,44 @@ class Node:
 
     # --- timers -------------------------------------------------------------------------
 
-    def _on_timer(self, kind: str, data: object) -> None:
+    def _on_timer(self, timer: NodeTimer) -> None:
+        """Exhaustive: mypy fails here when a kind of ``NodeTimer`` has no case."""
         prober = self._prober
-        if kind == PROBE_TICK:
-            self._ctx.set_timer(PROBE_TICK, self.config.probe_interval_ms)
-            prober.on_tick()
-        elif kind == GOSSIP_TICK:
-            self._ctx.set_timer(GOSSIP_TICK, self.config.gossip_interval_ms)
-            self._sender.gossip_round()
-        elif kind == PUSH_PULL_TICK:
-            self._streams.on_push_pull_tick()
-        elif kind == RECONNECT_TICK:
-            self._ctx.set_timer(RECONNECT_TICK, self.config.reconnect_interval_ms)
-            self._streams.reconnect()
-        elif kind in (SUSPICION_TIMER, SUSPICION_VERIFY):
-            # A suspicion nobody confirmed gets a last-chance ping first (SUSPICION_VERIFY
-            # is that ping's deadline); otherwise the member is declared dead.
-            name, state_change_ms = cast(tuple[str, int], data)
-            if (
-                kind == SUSPICION_TIMER
-                and self.config.verify_unconfirmed_suspicion
-                and self._members.unconfirmed(name, state_change_ms)
-            ):
-                self._prober.verify_suspect(name, state_change_ms)
-            else:
+        match timer:
+            case ProbeTick():
+                self._ctx.set_timer(ProbeTick, self.config.probe_interval_ms)
+                prober.on_tick()
+            case GossipTick():
+                self._ctx.set_timer(GossipTick, self.config.gossip_interval_ms)
+                self._sender.gossip_round()
+            case ProbeTimeout(seq_no=seq_no):
+                prober.on_probe_timeout(seq_no)
+            case ProbeDeadline(seq_no=seq_no):
+                prober.on_probe_deadline(seq_no)
+            case RelayTimeout(seq_no=seq_no):
+                prober.on_relay_timeout(seq_no)
+            case SuspicionTimeout(name=name, state_change_ms=state_change_ms):
+                # A suspicion nobody confirmed gets a last-chance ping first
+                # (SuspicionVerify is that ping's deadline); else the member is dead.
+                if self.config.verify_unconfirmed_suspicion and self._members.unconfirmed(
+                    name, state_change_ms
+                ):
+                    prober.verify_suspect(name, state_change_ms)
+                else:
+                    self._members.on_suspicion_timeout(name, state_change_ms)
+            case SuspicionVerify(name=name, state_change_ms=state_change_ms):
                 self._members.on_suspicion_timeout(name, state_change_ms)
-        elif kind == STREAM_EXPIRE:
-            self._streams.on_expire(cast(int, data))
-        elif kind == PROBE_TIMEOUT:
-            prober.on_probe_timeout(cast(int, data))
-        elif kind == PROBE_DEADLINE:
-            prober.on_probe_deadline(cast(int, data))
-        elif kind == PROBE_TCP_GRACE:
-            prober.on_tcp_grace(cast(int, data))
-        elif kind == RELAY_TIMEOUT:
-            prober.on_relay_timeout(cast(int, data))
+            case PushPullTick():
+                self._streams.on_push_pull_tick()
+            case ReconnectTick():
+                self._ctx.set_timer(ReconnectTick, self.config.reconnect_interval_ms)
+                self._streams.reconnect()
+            case StreamExpire(stream_id=stream_id):
+                self._streams.on_expire(stream_id)
+            case ProbeTcpGrace(seq_no=seq_no):
+                prober.on_tcp_grace(seq_no)
+            case _:
+                assert_never(timer)
 
     # --- sending (the ``probe.Transport`` protocol) -----------------------------------------
 

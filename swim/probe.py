@@ -62,13 +62,9 @@ from swim.effects import ProbeResult, StreamKind, UrgentProbeOutcome
 from swim.member_state import MemberState
 from swim.membership import Membership
 from swim.messages import Ack, Address, IndirectPing, Nack, NodeStateType, Ping, Suspect
+from swim.timers import ProbeDeadline, ProbeTcpGrace, ProbeTimeout, RelayTimeout, SuspicionVerify
 from swim.wire import DropReason
 
-PROBE_TIMEOUT = "probe_timeout"
-PROBE_DEADLINE = "probe_deadline"
-PROBE_TCP_GRACE = "probe_tcp_grace"
-RELAY_TIMEOUT = "relay_timeout"
-SUSPICION_VERIFY = "suspicion_verify"
 VERIFY_COPIES = 2
 """Copies of the last-chance accusation + ping (``verify_suspect``): at 10% loss one round
 trip fails 19% of the time, two independent ones 3.6%."""
@@ -177,11 +173,11 @@ class Prober:
         ctx.stats.probes_sent += 1
         timers = [
             ctx.set_timer(
-                PROBE_TIMEOUT,
+                ProbeTimeout,
                 ctx.rtt.probe_timeout_ms(target.name, self._members.health_score),
                 seq_no,
             ),
-            ctx.set_timer(PROBE_DEADLINE, interval_ms, seq_no),
+            ctx.set_timer(ProbeDeadline, interval_ms, seq_no),
         ]
         return _Probe(
             seq_no,
@@ -283,7 +279,7 @@ class Prober:
         if probe.tcp_stream is not None and not probe.tcp_ok:
             # The TCP attempt shares this deadline; give the driver a moment to report it.
             probe.timer_ids.append(
-                self._ctx.set_timer(PROBE_TCP_GRACE, self._ctx.config.probe_timeout_ms, seq_no)
+                self._ctx.set_timer(ProbeTcpGrace, self._ctx.config.probe_timeout_ms, seq_no)
             )
             return
         self._conclude(probe)
@@ -379,7 +375,7 @@ class Prober:
             self._transport.send_parts(target.address, [accusation, ping], target)
         ctx.stats.suspicion_verifications += 1
         grace_ms = ctx.rtt.probe_timeout_ms(name, self._members.health_score)
-        ctx.set_timer(SUSPICION_VERIFY, grace_ms, (name, state_change_ms))
+        ctx.set_timer(SuspicionVerify, grace_ms, name, state_change_ms)
 
     # --- answering ----------------------------------------------------------------------
 
@@ -416,7 +412,7 @@ class Prober:
         me = self._members.local
         ping = Ping(seq_no, req.node, me.address.ip_bytes, me.address.port, me.name)
         timeout_ms = ctx.rtt.probe_timeout_ms(req.node, self._members.health_score)
-        timer_id = ctx.set_timer(RELAY_TIMEOUT, timeout_ms, seq_no)
+        timer_id = ctx.set_timer(RelayTimeout, timeout_ms, seq_no)
         self._relays[seq_no] = _Relay(
             req.seq_no, reply_to, req.nack, timer_id, req.node, ctx.now_ms
         )

@@ -34,12 +34,10 @@ from swim.membership import Membership
 from swim.messages import Ack, Address, ErrResp, NodeStateType, Ping, PushPull, UserMsg
 from swim.probe import Prober
 from swim.shared import MEMO_MIN_BYTES, SHARED_MIN_NODES
+from swim.timers import PushPullTick, StreamExpire
 from swim.transport import Sender
 from swim.wire import DropReason, StreamMessage
 
-PUSH_PULL_TICK = "push_pull_tick"
-RECONNECT_TICK = "reconnect_tick"
-STREAM_EXPIRE = "stream_expire"
 MAX_PENDING_STREAMS = 1024
 
 
@@ -186,7 +184,7 @@ class Streams:
 
     def schedule_push_pull(self, delay_ms: int) -> None:
         """Arm the first periodic push-pull (``Node.start``)."""
-        self._push_pull_timer = self._ctx.set_timer(PUSH_PULL_TICK, delay_ms)
+        self._push_pull_timer = self._ctx.set_timer(PushPullTick, delay_ms)
 
     def rescale_push_pull(self) -> None:
         """Re-draw the next periodic push-pull over the interval scaled to the group size
@@ -196,12 +194,12 @@ class Streams:
         if interval_ms > 0 and self._push_pull_timer is not None:
             ctx.cancel_timer(self._push_pull_timer)
             scaled_ms = formulas.push_pull_scale_ms(interval_ms, len(self._members))
-            self._push_pull_timer = ctx.set_timer(PUSH_PULL_TICK, ctx.rng.randrange(scaled_ms))
+            self._push_pull_timer = ctx.set_timer(PushPullTick, ctx.rng.randrange(scaled_ms))
 
     def on_push_pull_tick(self) -> None:
         members = self._members
         interval = formulas.push_pull_scale_ms(self._ctx.config.push_pull_interval_ms, len(members))
-        self._push_pull_timer = self._ctx.set_timer(PUSH_PULL_TICK, interval)
+        self._push_pull_timer = self._ctx.set_timer(PushPullTick, interval)
         local_name = members.local_name
         peers = members.random_members(
             1, lambda m: m.name == local_name or m.state != NodeStateType.ALIVE
@@ -248,7 +246,7 @@ class Streams:
         expect_reply = kind != StreamKind.USER
         if expect_reply:
             grace_ms = deadline_ms - ctx.now_ms + ctx.config.probe_timeout_ms
-            timer_id = ctx.set_timer(STREAM_EXPIRE, grace_ms, stream_id)
+            timer_id = ctx.set_timer(StreamExpire, grace_ms, stream_id)
             self._streams[stream_id] = _Stream(kind, dest, False, timer_id)
         ctx.stats.streams_opened += 1
         data = self._stream_bytes(message)

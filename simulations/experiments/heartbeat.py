@@ -62,6 +62,14 @@ CHECK_TICK = "check"
 
 
 @dataclass(frozen=True, slots=True)
+class HeartbeatTimer(Timer):
+    """This baseline's timer: ``swim.Timer`` (deadline and id, all a driver needs) plus
+    which tick it is (``HEARTBEAT_TICK`` or ``CHECK_TICK``)."""
+
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
 class HeartbeatConfig:
     """All-to-all heartbeating with a Phi detector per peer; defaults are Akka cluster's."""
 
@@ -180,6 +188,8 @@ class HeartbeatNode:
     # --- inputs ------------------------------------------------------------------------
 
     def handle_timer(self, timer: Timer, now_ms: int) -> Output:
+        if not isinstance(timer, HeartbeatTimer):
+            raise TypeError(f"not a timer of HeartbeatNode: {timer!r}")
         if timer.kind == HEARTBEAT_TICK:
             out, next_ms = self._beat(now_ms), now_ms + self.config.heartbeat_interval_ms
         else:
@@ -218,9 +228,9 @@ class HeartbeatNode:
 
     # --- internals ---------------------------------------------------------------------
 
-    def _timer(self, deadline_ms: int, kind: str) -> Timer:
+    def _timer(self, deadline_ms: int, kind: str) -> HeartbeatTimer:
         self._timer_id += 1
-        return Timer(deadline_ms, self._timer_id, kind)
+        return HeartbeatTimer(deadline_ms, self._timer_id, kind)
 
     def _beat(self, now_ms: int) -> Output:
         self._seq += 1

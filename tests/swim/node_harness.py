@@ -9,11 +9,12 @@ from typing import TypeVar
 
 from swim import Address, Config, Member, Node, Output, Packet, Timer, wire
 from swim.messages import Ack, Alive, Message, Ping
-from swim.node import PROBE_TICK
 from swim.security import Keyring
+from swim.timers import GossipTick, ProbeTick
 
 PORT = 7946
 T = TypeVar("T")
+TimerT = TypeVar("TimerT", bound=Timer)
 
 
 def addr(index: int) -> Address:
@@ -88,14 +89,14 @@ class Peer:
         self.timers.extend(out.timers)
         return out
 
-    def timer(self, kind: str) -> Timer:
-        """The most recently requested timer of ``kind``."""
+    def timer(self, kind: type[TimerT]) -> TimerT:
+        """The most recently requested timer of ``kind`` (a ``swim.timers`` class)."""
         for t in reversed(self.timers):
-            if t.kind == kind:
+            if isinstance(t, kind):
                 return t
-        raise AssertionError(f"{self.name} asked for no {kind} timer")
+        raise AssertionError(f"{self.name} asked for no {kind.__name__} timer")
 
-    def fire(self, kind: str, now_ms: int | None = None) -> Output:
+    def fire(self, kind: type[Timer], now_ms: int | None = None) -> Output:
         """Hand back the latest timer of ``kind`` (at its deadline unless ``now_ms``)."""
         t = self.timer(kind)
         self.timers.remove(t)
@@ -117,13 +118,13 @@ class Peer:
         for _ in range(100):
             if self.node.broadcast_queue_depth == 0:
                 return
-            self.fire("gossip_tick", now_ms)
+            self.fire(GossipTick, now_ms)
         raise AssertionError("broadcast queue did not drain")
 
     def probe(self, target: str, now_ms: int) -> tuple[Output, Ping]:
         """Fire probe ticks until the ping goes to ``target``; other probes are acked."""
         for _ in range(3 * self.node.num_members() + 3):
-            out = self.fire(PROBE_TICK, now_ms)
+            out = self.fire(ProbeTick, now_ms)
             pings = [(p, m) for p in out.packets for m in decode(p.data) if isinstance(m, Ping)]
             if not pings:
                 continue

@@ -16,10 +16,10 @@ import pytest
 from phi.formulas import phi_akka
 from swim import Config, ConfigError, EventKind, NodeStateType, formulas
 from swim.config import PROFILES
-from swim.membership import SUSPICION_TIMER
 from swim.messages import Ack, IndirectPing, Ping, Suspect
-from swim.probe import PROBE_TIMEOUT, RELAY_TIMEOUT, SUSPICION_VERIFY, VERIFY_COPIES
+from swim.probe import VERIFY_COPIES
 from swim.rtt import RttTable
+from swim.timers import ProbeTimeout, RelayTimeout, SuspicionTimeout, SuspicionVerify
 from tests.swim.node_harness import PORT, Peer, addr, alive, alive_of, decode, make_peer, to
 
 # --- formulas -------------------------------------------------------------------------------
@@ -226,11 +226,11 @@ def test_probe_timeout_adapts_to_the_targets_measured_rtt() -> None:
     now = 1000
     for _ in range(c.rtt_min_samples):
         _, ping = a.probe("b", now)
-        assert a.timer(PROBE_TIMEOUT).deadline_ms == now + c.probe_timeout_ms
+        assert a.timer(ProbeTimeout).deadline_ms == now + c.probe_timeout_ms
         a.receive(addr(2), Ack(ping.seq_no), now_ms=now + 3)  # 3 ms RTT
         now += c.probe_interval_ms
     _, ping = a.probe("b", now)
-    assert a.timer(PROBE_TIMEOUT).deadline_ms == now + math.ceil(3 + formulas.phi_sigmas(8) * 5)
+    assert a.timer(ProbeTimeout).deadline_ms == now + math.ceil(3 + formulas.phi_sigmas(8) * 5)
 
 
 def test_a_late_direct_ack_is_a_sample_but_an_indirect_one_is_not() -> None:
@@ -239,12 +239,12 @@ def test_a_late_direct_ack_is_a_sample_but_an_indirect_one_is_not() -> None:
         a = make_peer("a", 1, config=c)
         a.learn(alive("b", 2), alive("h", 3))
         _, ping = a.probe("b", 1000)
-        a.fire(PROBE_TIMEOUT)  # asks h
+        a.fire(ProbeTimeout)  # asks h
         source = addr(2) if via == "direct" else addr(3)
         # 150 ms: after the direct timeout; direct, it is an RTT sample (150 + 26 > max)
         a.receive(source, Ack(ping.seq_no), now_ms=1150)
         _, ping = a.probe("b", 2000)
-        timeout_ms = a.timer(PROBE_TIMEOUT).deadline_ms - 2000
+        timeout_ms = a.timer(ProbeTimeout).deadline_ms - 2000
         if via == "direct":
             assert timeout_ms == 125  # 150 + 26 ms, clamped
         else:  # only the harness's 0 ms acks from h (pooled) were sampled
@@ -260,13 +260,13 @@ def test_relay_uses_its_own_rtt_estimate_of_the_target() -> None:
         req = IndirectPing(seq, addr(2).ip_bytes, PORT, "t", True, addr(1).ip_bytes, PORT, "r")
         out = h.receive(addr(1), req, now_ms=now)
         [ping] = [m for p in out.packets for m in decode(p.data) if isinstance(m, Ping)]
-        assert h.timer(RELAY_TIMEOUT).deadline_ms == now + c.probe_timeout_ms
+        assert h.timer(RelayTimeout).deadline_ms == now + c.probe_timeout_ms
         relayed = h.receive(addr(2), Ack(ping.seq_no), now_ms=now + 2)
         assert [decode(p.data)[0] for p in relayed.packets] == [Ack(seq)]
         now += 100
     req = IndirectPing(99, addr(2).ip_bytes, PORT, "t", True, addr(1).ip_bytes, PORT, "r")
     h.receive(addr(1), req, now_ms=now)
-    assert h.timer(RELAY_TIMEOUT).deadline_ms == now + math.ceil(2 + formulas.phi_sigmas(8) * 5)
+    assert h.timer(RelayTimeout).deadline_ms == now + math.ceil(2 + formulas.phi_sigmas(8) * 5)
 
 
 def test_derived_suspicion_window_replaces_memberlists() -> None:
@@ -277,7 +277,7 @@ def test_derived_suspicion_window_replaces_memberlists() -> None:
     min_ms = formulas.derived_suspicion_timeout_ms(n, 50, 4, 0, 2)  # no RTT samples yet
     assert min_ms == 2 * 2 * 3 * 50
     o.receive(addr(3), Suspect(1, "b", "c"), now_ms=1000)
-    assert o.timer(SUSPICION_TIMER).deadline_ms == 1000 + c.suspicion_max_timeout_mult * min_ms
+    assert o.timer(SuspicionTimeout).deadline_ms == 1000 + c.suspicion_max_timeout_mult * min_ms
     for i, sender in enumerate("de"):  # k = α − 2 = 2 confirmations bring it to min
         o.receive(addr(4 + i), Suspect(1, "b", sender), now_ms=1100)
     assert o.node.suspicion_deadline_ms("b") == 1000 + min_ms
@@ -290,12 +290,12 @@ def _suspecting_observer() -> tuple[Peer, int]:
     o = make_peer("o", 1, config=Config.fast(disable_tcp_pings=True))
     o.learn(*(alive(name, i + 2) for i, name in enumerate("bcdefg")))
     o.receive(addr(3), Suspect(1, "b", "c"), now_ms=1000)  # one accuser, no confirmations
-    return o, o.timer(SUSPICION_TIMER).deadline_ms
+    return o, o.timer(SuspicionTimeout).deadline_ms
 
 
 def test_unconfirmed_suspect_gets_the_accusation_and_a_ping_before_it_is_declared_dead() -> None:
     o, deadline = _suspecting_observer()
-    out = o.fire(SUSPICION_TIMER)
+    out = o.fire(SuspicionTimeout)
     assert out.events == []  # not dead yet
     sent = to(out, addr(2))
     assert len(sent) == VERIFY_COPIES
@@ -304,9 +304,9 @@ def test_unconfirmed_suspect_gets_the_accusation_and_a_ping_before_it_is_declare
         assert accusation == Suspect(1, "b", "o")
         assert isinstance(ping, Ping) and ping.node == "b"
     assert o.node.stats.suspicion_verifications == 1
-    verify = o.timer(SUSPICION_VERIFY)
+    verify = o.timer(SuspicionVerify)
     assert verify.deadline_ms == deadline + o.node.config.probe_timeout_ms  # no RTT samples
-    out = o.fire(SUSPICION_VERIFY)  # silence: dead
+    out = o.fire(SuspicionVerify)  # silence: dead
     assert [(e.kind, e.member.name) for e in out.events] == [(EventKind.DEAD, "b")]
 
 
@@ -317,7 +317,7 @@ def test_a_live_suspect_that_already_refuted_answers_the_verification_with_its_a
     b.receive(addr(3), Suspect(1, "b", "c"), now_ms=1000)  # b refutes: incarnation 2 ...
     b.drain(1100)  # ... and its gossip is spent, but never reached o
     assert b.node.incarnation == 2
-    out = o.fire(SUSPICION_TIMER)
+    out = o.fire(SuspicionTimeout)
     replies = b.deliver(o.address, to(out, addr(2))[0].data, now_ms=4400)
     [ack_packet] = to(replies, o.address)
     messages = decode(ack_packet.data)
@@ -325,7 +325,7 @@ def test_a_live_suspect_that_already_refuted_answers_the_verification_with_its_a
     assert alive_of(b) in messages  # the refutation rides on the ack
     o.deliver(b.address, ack_packet.data, now_ms=4410)
     assert o.member("b").state == NodeStateType.ALIVE and o.member("b").incarnation == 2
-    assert o.fire(SUSPICION_VERIFY).events == []  # the stale verification timer is ignored
+    assert o.fire(SuspicionVerify).events == []  # the stale verification timer is ignored
     assert b.node.incarnation == 2  # re-announced, not outbid
 
 
@@ -333,7 +333,7 @@ def test_a_confirmed_suspicion_is_declared_without_verification() -> None:
     o, _ = _suspecting_observer()
     for i, sender in enumerate("de"):
         o.receive(addr(4 + i), Suspect(1, "b", sender), now_ms=1100)
-    out = o.fire(SUSPICION_TIMER)
+    out = o.fire(SuspicionTimeout)
     assert [(e.kind, e.member.name) for e in out.events] == [(EventKind.DEAD, "b")]
     assert o.node.stats.suspicion_verifications == 0
 
@@ -352,4 +352,4 @@ def test_the_rtt_term_of_the_derived_window_is_bounded_like_a_timeout() -> None:
     n = h.node.num_members()
     capped = formulas.derived_suspicion_timeout_ms(n, 50, 4, c.probe_timeout_max_ms, 2)
     h.receive(addr(5), Suspect(1, "x", "y"), now_ms=now)
-    assert h.timer(SUSPICION_TIMER).deadline_ms == now + c.suspicion_max_timeout_mult * capped
+    assert h.timer(SuspicionTimeout).deadline_ms == now + c.suspicion_max_timeout_mult * capped

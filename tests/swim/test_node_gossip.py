@@ -13,8 +13,8 @@ import pytest
 
 from swim import Address, Config, EventKind, NodeStateType, Packet, UserMessage, wire
 from swim.messages import Ack, Alive, Message, Ping, PushNodeState, PushPull, UserMsg
-from swim.node import GOSSIP_TICK
 from swim.security import Keyring
+from swim.timers import GossipTick
 from tests.swim.node_harness import (
     PORT,
     Peer,
@@ -64,7 +64,7 @@ def _flood(
     acks: list[Packet] = []
     for i in range(30):
         now = 100 + 200 * i
-        gossip += a.fire(GOSSIP_TICK, now).packets
+        gossip += a.fire(GossipTick, now).packets
         src = Address(f"10.1.0.{i + 1}", PORT)  # a member: its ack carries piggyback
         acks += a.deliver(src, _encode(keyring, Ping(i, "a")), now).packets
     assert len(gossip) >= 60 and len(acks) == 30
@@ -152,7 +152,7 @@ def test_broadcast_user_piggybacks_on_later_packets_to_others() -> None:
     got = b.deliver(a.address, ack.data, 21)
     assert got.user_messages == [UserMessage(a.address, b"event:deploy")]
     # ... and on the gossip round to the others.
-    out = a.fire(GOSSIP_TICK, 200)
+    out = a.fire(GossipTick, 200)
     assert {p.dest for p in out.packets} == {b.address, c.address}
     for p in out.packets:
         assert UserMsg(b"event:deploy") in decode(p.data)
@@ -171,7 +171,7 @@ def test_oversize_broadcast_user_raises() -> None:
     a.drain(20)
     payload = random.Random(3).randbytes(largest)  # incompressible
     a.take(a.node.broadcast_user(payload, 30))
-    out = a.fire(GOSSIP_TICK, 40)
+    out = a.fire(GossipTick, 40)
     [p] = out.packets
     assert of_type(decode(p.data), UserMsg) == [UserMsg(payload)]
     assert len(p.data) <= budget
@@ -186,7 +186,7 @@ def test_alive_flood_by_datagram_keeps_the_budget() -> None:
     sizes = []
     counts = []
     for i in range(10):
-        for p in a.fire(GOSSIP_TICK, 1000 + 200 * i).packets:
+        for p in a.fire(GossipTick, 1000 + 200 * i).packets:
             sizes.append(len(p.data))
             counts.append(len(decode(p.data)))
     assert sizes and max(sizes) <= a.node.config.udp_buffer_size

@@ -13,9 +13,8 @@ from dataclasses import replace
 import pytest
 
 from swim import Config, EventKind, NodeStateType, StreamKind, formulas
-from swim.membership import SUSPICION_TIMER
 from swim.messages import Ack, Alive, Dead, Message, Ping, PushNodeState, PushPull, Suspect
-from swim.node import GOSSIP_TICK, PROBE_TICK, PUSH_PULL_TICK
+from swim.timers import GossipTick, ProbeTick, PushPullTick, SuspicionTimeout
 from tests.swim.node_harness import (
     PORT,
     Peer,
@@ -62,7 +61,7 @@ def test_suspicion_starts_at_max_and_shrinks_per_distinct_confirmation() -> None
     out = o.receive(addr(3), Suspect(1, "b", "c"), now_ms=start)
     assert [(e.kind, e.member.name) for e in out.events] == [(EventKind.SUSPECT, "b")]
     assert o.node.suspicion_deadline_ms("b") == start + max_ms
-    first = o.timer(SUSPICION_TIMER)
+    first = o.timer(SuspicionTimeout)
     assert first.deadline_ms == start + max_ms
 
     one = start + formulas.remaining_suspicion_time_ms(1, k, 0, min_ms, max_ms)
@@ -82,7 +81,7 @@ def test_suspicion_starts_at_max_and_shrinks_per_distinct_confirmation() -> None
 
     # The superseded timer is stale; the live one declares the member dead.
     assert o.take(o.node.handle_timer(first, start + 4600)).events == []
-    out = o.fire(SUSPICION_TIMER)
+    out = o.fire(SuspicionTimeout)
     assert [(e.kind, e.member.name) for e in out.events] == [(EventKind.DEAD, "b")]
     assert _state(o, "b") == (DEAD, 1)
     assert o.node.stats.deaths_declared == 1
@@ -94,7 +93,7 @@ def test_without_dynamic_suspicion_the_deadline_is_the_minimum() -> None:
     min_ms = formulas.suspicion_timeout_ms(4, 5, 1000)
     o.receive(addr(3), Suspect(1, "b", "c"), now_ms=1000)
     assert o.node.suspicion_deadline_ms("b") == 1000 + min_ms
-    assert o.timer(SUSPICION_TIMER).deadline_ms == 1000 + min_ms
+    assert o.timer(SuspicionTimeout).deadline_ms == 1000 + min_ms
     o.receive(addr(4), Suspect(1, "b", "d"), now_ms=1500)
     assert o.node.suspicion_deadline_ms("b") == 1000 + min_ms
 
@@ -111,7 +110,7 @@ def test_alive_refutation_cancels_the_suspicion_timer() -> None:
     out = o.receive(addr(2), alive("b", 2, 2), now_ms=2000)
     assert [e.kind for e in out.events] == [EventKind.ALIVE]
     assert o.node.suspicion_deadline_ms("b") is None
-    assert o.fire(SUSPICION_TIMER).events == []
+    assert o.fire(SuspicionTimeout).events == []
     assert _state(o, "b") == (ALIVE, 2)
     assert o.node.stats.deaths_declared == 0
 
@@ -181,7 +180,7 @@ def test_leave_marks_us_left_and_finishes_when_gossiped_out() -> None:
     progress = [a.node.leave_done]
     carried = [sum(Dead(inc, "a", "a") in decode(p.data) for p in out.packets)]
     for now in (300, 500):
-        tick = a.fire(GOSSIP_TICK, now)
+        tick = a.fire(GossipTick, now)
         carried.append(sum(Dead(inc, "a", "a") in decode(p.data) for p in tick.packets))
         progress.append(a.node.leave_done)
     assert carried == [4, 0, 0]
@@ -285,7 +284,7 @@ def test_set_meta_bumps_incarnation_and_peers_see_an_update() -> None:
     a.take(a.node.set_meta(b"v2", 100))
     assert a.node.incarnation == inc + 1
     assert a.member("a").meta == b"v2"
-    out = a.fire(GOSSIP_TICK, 200)
+    out = a.fire(GossipTick, 200)
     [pkt] = to(out, b.address)
     got = b.deliver(a.address, pkt.data, 210)
     updates = [e for e in got.events if e.member.name == "a"]
@@ -374,7 +373,7 @@ def test_gossip_reaches_the_dead_only_within_the_window_and_never_the_left(
         # target with probability ~1/4 per round here, so run enough rounds.
         for _ in range(40):
             o.take(o.node.broadcast_user(b"news", now))
-            out = o.fire(GOSSIP_TICK, now)
+            out = o.fire(GossipTick, now)
             dests |= {str(p.dest) for p in out.packets}
         seen[now] = dests
     b, d = str(addr(2)), str(addr(3))
@@ -387,7 +386,7 @@ def _probe_ticks(o: Peer, now_ms: int, ticks: int) -> list[tuple[EventKind, str]
     """Run probe ticks, acking every ping at once; return the events they produced."""
     events = []
     for _ in range(ticks):
-        out = o.fire(PROBE_TICK, now_ms)
+        out = o.fire(ProbeTick, now_ms)
         events += [(e.kind, e.member.name) for e in out.events]
         for p in out.packets:
             for m in decode(p.data):
@@ -418,16 +417,18 @@ def test_push_pull_timer_rescales_with_group_size_and_dials_an_alive_peer() -> N
     o.learn(alive("b", 2), alive("c", 3))
     o.receive(addr(9), Dead(1, "c", "z"), now_ms=5)
     interval = o.node.config.push_pull_interval_ms
-    out = o.fire(PUSH_PULL_TICK, 100)
-    assert [t.deadline_ms for t in out.timers if t.kind == PUSH_PULL_TICK] == [
+    out = o.fire(PushPullTick, 100)
+    assert [t.deadline_ms for t in out.timers if isinstance(t, PushPullTick)] == [
         100 + formulas.push_pull_scale_ms(interval, 3)
     ]
     assert [(s.kind, s.dest) for s in out.streams] == [(StreamKind.PUSH_PULL, addr(2))]
     o.learn(*(alive(f"n{i}", 10 + i) for i in range(40)), now_ms=200)
     n = o.node.num_members()
     assert formulas.push_pull_scale_ms(interval, n) == 2 * interval
-    out = o.fire(PUSH_PULL_TICK, 300)
-    assert [t.deadline_ms for t in out.timers if t.kind == PUSH_PULL_TICK] == [300 + 2 * interval]
+    out = o.fire(PushPullTick, 300)
+    assert [t.deadline_ms for t in out.timers if isinstance(t, PushPullTick)] == [
+        300 + 2 * interval
+    ]
 
 
 def test_incoming_push_pull_replies_with_our_state_and_merges_theirs() -> None:

@@ -11,8 +11,7 @@ import pytest
 
 from swim import Address, Config, EventKind, NodeStateType, Packet, ProbeResult, StreamKind
 from swim.messages import Ack, Dead, IndirectPing, Nack, Ping, Suspect
-from swim.node import PROBE_TICK
-from swim.probe import PROBE_DEADLINE, PROBE_TCP_GRACE, PROBE_TIMEOUT, RELAY_TIMEOUT
+from swim.timers import ProbeDeadline, ProbeTcpGrace, ProbeTick, ProbeTimeout, RelayTimeout
 from tests.swim.node_harness import (
     PORT,
     Peer,
@@ -124,9 +123,9 @@ def _indirect(out_packets: list[Packet], seq_no: int) -> dict[str, IndirectPing]
 def test_probe_timeout_asks_alive_helpers_with_nack_by_protocol(seed: int, nacks: bool) -> None:
     a = _prober_with_helpers(Config.lan(lifeguard_nacks=nacks), seed)
     _, ping = a.probe("t", 1000)
-    timeout = a.timer(PROBE_TIMEOUT)
+    timeout = a.timer(ProbeTimeout)
     assert timeout.deadline_ms == 1000 + a.node.config.probe_timeout_ms
-    out = a.fire(PROBE_TIMEOUT)
+    out = a.fire(ProbeTimeout)
     asked = _indirect(out.packets, ping.seq_no)
     assert len(asked) == 3  # indirect_checks
     assert set(asked) <= set(HELPER_PMAX)  # never a, t, the suspect or the dead
@@ -147,7 +146,7 @@ def test_probe_timeout_asks_alive_helpers_with_nack_by_protocol(seed: int, nacks
 def test_indirect_helpers_are_every_alive_member_when_few() -> None:
     a = _prober_with_helpers(Config.lan(indirect_checks=6), seed=3)
     _, ping = a.probe("t", 1000)
-    asked = _indirect(a.fire(PROBE_TIMEOUT).packets, ping.seq_no)
+    asked = _indirect(a.fire(ProbeTimeout).packets, ping.seq_no)
     assert sorted(asked) == sorted(HELPER_PMAX)
 
 
@@ -186,7 +185,7 @@ def test_helper_pings_with_its_own_seq_and_relays_the_ack() -> None:
     assert [p.dest for p in relay.packets] == [addr(5)]
     assert decode(relay.packets[0].data)[0] == Ack(42)
     # Its relay timer is now stale; the other request still gets its nack.
-    relay_timers = [x for x in h.timers if x.kind == RELAY_TIMEOUT]
+    relay_timers = [x for x in h.timers if isinstance(x, RelayTimeout)]
     assert [x.deadline_ms for x in relay_timers] == [100 + h.node.config.probe_timeout_ms] * 2
     outs = [h.take(h.node.handle_timer(x, x.deadline_ms)) for x in relay_timers]
     assert outs[1].packets == []
@@ -197,7 +196,7 @@ def test_helper_pings_with_its_own_seq_and_relays_the_ack() -> None:
 def test_helper_without_nack_request_stays_silent_on_timeout() -> None:
     h = make_peer("h", 3)
     h.receive(addr(1), _request(9, False), now_ms=100)
-    assert h.fire(RELAY_TIMEOUT).packets == []
+    assert h.fire(RelayTimeout).packets == []
 
 
 def test_helper_replies_to_the_datagram_source_without_source_fields() -> None:
@@ -223,13 +222,13 @@ def _health_cluster(config: Config, helper_pmax: int = 5) -> Peer:
 def _failed_probe(a: Peer, now_ms: int, nacks: int) -> None:
     """Probe t, get no ack, ``nacks`` helpers nack, the deadline passes."""
     _, ping = a.probe("t", now_ms)
-    out = a.fire(PROBE_TIMEOUT)
+    out = a.fire(ProbeTimeout)
     requests = [(p.dest, decode(p.data)[0]) for p in out.packets]
     assert len(requests) == 3
     for dest, req in requests[:nacks]:
         assert isinstance(req, IndirectPing) and req.nack
         a.receive(dest, Nack(ping.seq_no), now_ms=now_ms + 600)
-    a.fire(PROBE_DEADLINE)
+    a.fire(ProbeDeadline)
 
 
 @pytest.mark.parametrize(("nacks", "delta"), [(0, 3), (1, 2), (2, 1), (3, 0)])
@@ -244,11 +243,11 @@ def test_failed_probe_raises_health_by_missing_nacks(nacks: int, delta: int) -> 
 def test_failed_probe_without_nack_capable_helpers_counts_one() -> None:
     a = _health_cluster(Config.lan(disable_tcp_pings=True), helper_pmax=3)
     _, _ = a.probe("t", 1000)
-    out = a.fire(PROBE_TIMEOUT)
+    out = a.fire(ProbeTimeout)
     requests = [decode(p.data)[0] for p in out.packets]
     assert len(requests) == 3
     assert all(isinstance(r, IndirectPing) and not r.nack for r in requests)
-    a.fire(PROBE_DEADLINE)
+    a.fire(ProbeDeadline)
     assert a.node.health_score == 1
 
 
@@ -258,20 +257,20 @@ def test_health_scales_the_probe_deadline_and_recovers_on_success() -> None:
     _failed_probe(a, 1000, nacks=0)
     assert a.node.health_score == 3
     # The next probe's deadline is the interval scaled by (score + 1).
-    out = a.fire(PROBE_TICK, 5000)
-    assert a.timer(PROBE_DEADLINE).deadline_ms == 5000 + interval * 4
-    assert a.timer(PROBE_TIMEOUT).deadline_ms == 5000 + a.node.config.probe_timeout_ms  # unscaled
+    out = a.fire(ProbeTick, 5000)
+    assert a.timer(ProbeDeadline).deadline_ms == 5000 + interval * 4
+    assert a.timer(ProbeTimeout).deadline_ms == 5000 + a.node.config.probe_timeout_ms  # unscaled
     [ping] = [m for p in out.packets for m in decode(p.data) if isinstance(m, Ping)]
     a.receive(out.packets[0].dest, Ack(ping.seq_no), now_ms=5010)
     assert a.node.health_score == 2
-    out = a.fire(PROBE_TICK, 6000)
-    assert a.timer(PROBE_DEADLINE).deadline_ms == 6000 + interval * 3
+    out = a.fire(ProbeTick, 6000)
+    assert a.timer(ProbeDeadline).deadline_ms == 6000 + interval * 3
 
 
 def test_success_never_lowers_health_below_zero() -> None:
     a = _health_cluster(Config.lan())
     for now in (1000, 2000, 3000):
-        out = a.fire(PROBE_TICK, now)
+        out = a.fire(ProbeTick, now)
         [ping] = [m for p in out.packets for m in decode(p.data) if isinstance(m, Ping)]
         result = a.receive(out.packets[0].dest, Ack(ping.seq_no, b"x"), now_ms=now + 7)
         assert [(r.rtt_ms, r.payload, r.via) for r in result.probe_results] == [(7, b"x", "direct")]
@@ -291,8 +290,8 @@ def test_without_lhm_health_stays_zero() -> None:
     _failed_probe(a, 1000, nacks=0)
     a.receive(addr(2), Suspect(a.node.incarnation, "a", "t"), now_ms=3000)
     assert a.node.health_score == 0
-    a.fire(PROBE_TICK, 5000)
-    assert a.timer(PROBE_DEADLINE).deadline_ms == 5000 + a.node.config.probe_interval_ms
+    a.fire(ProbeTick, 5000)
+    assert a.timer(ProbeDeadline).deadline_ms == 5000 + a.node.config.probe_interval_ms
 
 
 # --- TCP fallback ---------------------------------------------------------------------------
@@ -324,21 +323,21 @@ def test_tcp_fallback_rescues_a_probe_and_warns(reply_after_deadline: bool) -> N
     a, t, ping = _tcp_setup()
     a.receive(addr(3), Suspect(a.node.incarnation, "a", "x"), now_ms=1100)  # refute: +1
     assert a.node.health_score == 1
-    out = a.fire(PROBE_TIMEOUT)
+    out = a.fire(ProbeTimeout)
     [req] = out.streams
     assert (req.kind, req.dest, req.expect_reply) == (StreamKind.PING, t.address, True)
-    assert req.deadline_ms == a.timer(PROBE_DEADLINE).deadline_ms == 2000
+    assert req.deadline_ms == a.timer(ProbeDeadline).deadline_ms == 2000
     ack = _answer_tcp_ping(a, t, req.data, 1600)
     assert ack == Ack(ping.seq_no)
     if reply_after_deadline:
-        waiting = a.fire(PROBE_DEADLINE)
+        waiting = a.fire(ProbeDeadline)
         assert waiting.probe_results == [] and waiting.events == []
-        assert a.timer(PROBE_TCP_GRACE).deadline_ms == 2000 + a.node.config.probe_timeout_ms
+        assert a.timer(ProbeTcpGrace).deadline_ms == 2000 + a.node.config.probe_timeout_ms
         done = a.take(a.node.handle_stream_response(req.stream_id, ack, 2100))
     else:
         early = a.take(a.node.handle_stream_response(req.stream_id, ack, 1700))
         assert early.probe_results == []  # indirect acks may still come: wait for the deadline
-        done = a.fire(PROBE_DEADLINE)
+        done = a.fire(ProbeDeadline)
     warnings = [n for n in done.notices if n.level == "warning"]
     assert len(warnings) == 1
     assert "over TCP but UDP probes failed" in warnings[0].message
@@ -352,28 +351,28 @@ def test_tcp_fallback_rescues_a_probe_and_warns(reply_after_deadline: bool) -> N
 
 def test_failed_tcp_fallback_leads_to_suspicion() -> None:
     a, _, _ = _tcp_setup()
-    [req] = a.fire(PROBE_TIMEOUT).streams
+    [req] = a.fire(ProbeTimeout).streams
     a.take(a.node.handle_stream_response(req.stream_id, None, 1700, "connection refused"))
-    done = a.fire(PROBE_DEADLINE)
+    done = a.fire(ProbeDeadline)
     assert [(e.kind, e.member.name) for e in done.events] == [(EventKind.SUSPECT, "t")]
     assert [n.kind for n in done.notices if n.level == "warning"] == []
 
 
 def test_tcp_fallback_ack_with_another_seq_does_not_rescue() -> None:
     a, _, ping = _tcp_setup()
-    [req] = a.fire(PROBE_TIMEOUT).streams
+    [req] = a.fire(ProbeTimeout).streams
     a.take(a.node.handle_stream_response(req.stream_id, Ack(ping.seq_no + 1), 1700))
-    done = a.fire(PROBE_DEADLINE)
+    done = a.fire(ProbeDeadline)
     assert [e.kind for e in done.events] == [EventKind.SUSPECT]
 
 
 def test_no_tcp_fallback_when_disabled_or_target_too_old() -> None:
     a, _, _ = _tcp_setup(Config.lan(disable_tcp_pings=True))
-    assert a.fire(PROBE_TIMEOUT).streams == []
+    assert a.fire(ProbeTimeout).streams == []
     old = make_peer("a", 1)
     old.learn(alive("t", 2, pmax=2))
     old.probe("t", 1000)
-    assert old.fire(PROBE_TIMEOUT).streams == []
+    assert old.fire(ProbeTimeout).streams == []
     assert old.node.stats.tcp_fallback_probes == 0
 
 
@@ -391,9 +390,9 @@ def test_tick_during_a_probe_runs_when_it_ends_and_carries_the_new_suspicion() -
         a.learn(alive("b", 2), alive("c", 3, pmax=2))  # c cannot be asked for a nack
         a.drain(10)
         _, first = a.probe("b", 1000)
-        assert a.fire(PROBE_TICK, 1200).packets == []  # still probing: remembered
-        a.fire(PROBE_TIMEOUT)
-        done = a.fire(PROBE_DEADLINE)
+        assert a.fire(ProbeTick, 1200).packets == []  # still probing: remembered
+        a.fire(ProbeTimeout)
+        done = a.fire(ProbeDeadline)
         assert [e.kind for e in done.events] == [EventKind.SUSPECT]
         pings = [p for p in done.packets if p.dest == addr(2)]
         if not pings:

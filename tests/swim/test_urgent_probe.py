@@ -21,12 +21,13 @@ from swim import (
     Output,
     ProbeResult,
     StreamKind,
+    Timer,
     UrgentProbeOutcome,
     formulas,
 )
 from swim.messages import Ack, Dead, IndirectPing, Nack, Ping, Suspect
-from swim.node import PROBE_TICK
-from swim.probe import MAX_URGENT_PROBES, PROBE_DEADLINE, PROBE_TIMEOUT
+from swim.probe import MAX_URGENT_PROBES
+from swim.timers import ProbeDeadline, ProbeTick, ProbeTimeout
 from tests.swim.node_harness import PORT, Peer, addr, alive, alive_of, decode, make_peer
 
 ALIVE = NodeStateType.ALIVE
@@ -57,9 +58,9 @@ def _urgent(a: Peer, name: str, now_ms: int) -> tuple[Output, Ping]:
     return out, ping
 
 
-def _fire(a: Peer, out: Output, kind: str) -> Output:
+def _fire(a: Peer, out: Output, kind: type[Timer]) -> Output:
     """Hand back the timer of ``kind`` that ``out`` asked for, at its deadline."""
-    [timer] = [t for t in out.timers if t.kind == kind]
+    [timer] = [t for t in out.timers if isinstance(t, kind)]
     return a.take(a.node.handle_timer(timer, timer.deadline_ms))
 
 
@@ -71,9 +72,9 @@ def test_an_urgent_probe_pings_at_once_with_the_probe_cycles_timers() -> None:
     out, ping = _urgent(a, "b", 100)
     assert ping == Ping(ping.seq_no, "b", addr(1).ip_bytes, PORT, "a")
     config = a.node.config
-    assert sorted((t.kind, t.deadline_ms) for t in out.timers) == [
-        (PROBE_DEADLINE, 100 + config.probe_interval_ms),
-        (PROBE_TIMEOUT, 100 + config.probe_timeout_ms),
+    assert sorted((type(t).__name__, t.deadline_ms) for t in out.timers) == [
+        ("ProbeDeadline", 100 + config.probe_interval_ms),
+        ("ProbeTimeout", 100 + config.probe_timeout_ms),
     ]
     assert a.node.stats.urgent_probes == {"started": 1}
     assert a.node.stats.probes_sent == 1
@@ -89,7 +90,7 @@ def test_an_ack_ends_the_urgent_probe_with_an_rtt_sample_and_better_health() -> 
     assert a.node.health_score == 0
     assert a.member("b").state == ALIVE
     # its timers are dead: handing them back does nothing
-    for kind in (PROBE_TIMEOUT, PROBE_DEADLINE):
+    for kind in (ProbeTimeout, ProbeDeadline):
         late = _fire(a, out, kind)
         assert (late.packets, late.streams, late.events) == ([], [], [])
     assert a.node.stats.urgent_probes_failed == a.node.stats.probes_failed == 0
@@ -98,7 +99,7 @@ def test_an_ack_ends_the_urgent_probe_with_an_rtt_sample_and_better_health() -> 
 def test_a_failed_urgent_probe_asks_helpers_tries_tcp_and_suspects() -> None:
     a = _group()
     out, ping = _urgent(a, "b", 100)
-    indirect = _fire(a, out, PROBE_TIMEOUT)
+    indirect = _fire(a, out, ProbeTimeout)
     requests = {p.dest: decode(p.data)[0] for p in indirect.packets}
     config = a.node.config
     assert len(requests) == config.indirect_checks
@@ -109,7 +110,7 @@ def test_a_failed_urgent_probe_asks_helpers_tries_tcp_and_suspects() -> None:
     helper = next(iter(requests))
     a.receive(helper, Nack(ping.seq_no), now_ms=200)  # one of three helpers nacks
     a.take(a.node.handle_stream_response(tcp.stream_id, None, 210, "connection refused"))
-    done = _fire(a, out, PROBE_DEADLINE)
+    done = _fire(a, out, ProbeDeadline)
     assert [(e.kind, e.member.name) for e in done.events] == [(EventKind.SUSPECT, "b")]
     assert [n.kind for n in done.notices] == ["urgent_probe_failed"]
     assert a.node.health_score == formulas.probe_failure_awareness_delta(3, 1) == 2
@@ -121,7 +122,7 @@ def test_the_tcp_fallback_rescues_an_urgent_probe() -> None:
     a, b = make_peer("a", 1), make_peer("b", 2)
     a.learn(alive_of(b))
     out, ping = _urgent(a, "b", 100)
-    [tcp] = _fire(a, out, PROBE_TIMEOUT).streams
+    [tcp] = _fire(a, out, ProbeTimeout).streams
     parsed = b.node.parse_stream(tcp.data)
     assert parsed is not None and parsed[0] == ping
     reply = b.node.handle_stream(a.address, parsed[0], 150).reply
@@ -129,7 +130,7 @@ def test_the_tcp_fallback_rescues_an_urgent_probe() -> None:
     back = a.node.parse_stream(reply)
     assert back is not None
     a.take(a.node.handle_stream_response(tcp.stream_id, back[0], 160))
-    done = _fire(a, out, PROBE_DEADLINE)
+    done = _fire(a, out, ProbeDeadline)
     assert [(r.node, r.via) for r in done.probe_results] == [("b", "tcp")]
     assert done.events == [] and a.member("b").state == ALIVE
     assert a.node.stats.tcp_fallback_rescues == 1
@@ -144,7 +145,7 @@ def test_the_round_robin_keeps_probing_while_urgent_probes_run() -> None:
     now = 100
     for _ in range(2 * len(NAMES)):
         now += 10
-        out = a.fire(PROBE_TICK, now)
+        out = a.fire(ProbeTick, now)
         [ping] = [m for p in out.packets for m in decode(p.data) if isinstance(m, Ping)]
         assert ping.seq_no != urgent_ping.seq_no
         seen.append(ping.node)
@@ -154,7 +155,7 @@ def test_the_round_robin_keeps_probing_while_urgent_probes_run() -> None:
     # the urgent probe is still in flight, and still ends on its own ack
     done = a.receive(addr(2), Ack(urgent_ping.seq_no), now_ms=now + 2)
     assert [(r.node, r.via) for r in done.probe_results] == [("b", "direct")]
-    assert _fire(a, urgent_out, PROBE_TIMEOUT).packets == []
+    assert _fire(a, urgent_out, ProbeTimeout).packets == []
 
 
 # --- refusals -------------------------------------------------------------------------------
@@ -387,7 +388,7 @@ def test_an_urgent_probe_concludes_once_every_path_failed(missing_nack: bool) ->
     One helper silent: the probe waits for its deadline, as a round-robin probe does."""
     a = _group()
     out, ping = _urgent(a, "b", 100)
-    indirect = _fire(a, out, PROBE_TIMEOUT)
+    indirect = _fire(a, out, ProbeTimeout)
     helpers = [p.dest for p in indirect.packets]
     [tcp] = indirect.streams
     refused = a.take(a.node.handle_stream_response(tcp.stream_id, None, 130, "refused"))
@@ -398,7 +399,7 @@ def test_an_urgent_probe_concludes_once_every_path_failed(missing_nack: bool) ->
         last = a.receive(helper, Nack(ping.seq_no), now_ms=140 + i)
     if missing_nack:
         assert a.member("b").state == ALIVE, "a silent helper may still relay a late ack"
-        last = _fire(a, out, PROBE_DEADLINE)
+        last = _fire(a, out, ProbeDeadline)
     assert [(e.kind, e.member.name) for e in last.events] == [(EventKind.SUSPECT, "b")]
     deadline = 100 + a.node.config.probe_interval_ms
     assert (a.member("b").state_change_ms < deadline) is not missing_nack
@@ -409,15 +410,15 @@ def test_a_round_robin_probe_still_waits_for_its_deadline() -> None:
     a = make_peer("a", 1)
     a.learn(*(alive(n, i) for i, n in enumerate(NAMES, start=2)))
     a.drain(5)
-    tick = a.take(a.node.handle_timer(next(t for t in a.timers if t.kind == PROBE_TICK), 100))
+    tick = a.take(a.node.handle_timer(next(t for t in a.timers if isinstance(t, ProbeTick)), 100))
     [packet] = tick.packets
     ping = decode(packet.data)[0]
     assert isinstance(ping, Ping)
-    indirect = _fire(a, tick, PROBE_TIMEOUT)
+    indirect = _fire(a, tick, ProbeTimeout)
     for helper in (p.dest for p in indirect.packets):
         a.receive(helper, Nack(ping.seq_no), now_ms=140)
     for tcp in indirect.streams:
         a.take(a.node.handle_stream_response(tcp.stream_id, None, 150, "refused"))
     assert a.member(ping.node).state == ALIVE
-    done = _fire(a, tick, PROBE_DEADLINE)
+    done = _fire(a, tick, ProbeDeadline)
     assert [(e.kind, e.member.name) for e in done.events] == [(EventKind.SUSPECT, ping.node)]
