@@ -74,15 +74,6 @@ class _Printer:
                 print(f"  {step:>5}  {int(r['world']):>5}  {float(r['loss']):>9.5f}", flush=True)
 
 
-def _at_world(node: TrainingNode, world: int, steps: int) -> bool:
-    """Each local rank of ``node`` ran its last ``steps`` steps at ``world``."""
-    for local_rank in range(node.ranks):
-        recent = node.steps(local_rank)[-steps:]
-        if len(recent) < steps or any(r["world"] != world for r in recent):
-            return False
-    return True
-
-
 def _run(nodes: list[TrainingNode], workdir: Path, ranks: int) -> int:
     full, shrunk = len(nodes) * ranks, (len(nodes) - 1) * ranks
     stop_file = workdir / "stop"
@@ -104,7 +95,7 @@ def _run(nodes: list[TrainingNode], workdir: Path, ranks: int) -> int:
         f"== {len(nodes)} nodes x {_count(ranks, 'rank')} = {full} trainers "
         f"(examples/elastic_ddp.py, gloo, global batch {batch}) form one DDP group ..."
     )
-    took = until(lambda: all(_at_world(n, full, 3) for n in nodes), form_s, f"world {full}")
+    took = until(lambda: all(n.training_at(full, 3) for n in nodes), form_s, f"world {full}")
     print(f"training at world size {full} after {took:.1f} s\n")
     watched, victim, survivors = nodes[0], nodes[-1], nodes[:-1]
     printer = _Printer()

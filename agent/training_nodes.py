@@ -116,6 +116,14 @@ class TrainingNode:
     def steps(self, local_rank: int = 0) -> list[dict[str, Any]]:
         return [r for r in self.records(local_rank) if "loss" in r]
 
+    def training_at(self, world: int, steps: int = 3) -> bool:
+        """Each local rank ran its last ``steps`` steps at world size ``world``."""
+        for local_rank in range(self.ranks):
+            recent = self.steps(local_rank)[-steps:]
+            if len(recent) < steps or any(r["world"] != world for r in recent):
+                return False
+        return True
+
     def finals(self) -> list[dict[str, Any] | None]:
         """Each local rank's final record (None where it has none yet)."""
         return [

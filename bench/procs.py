@@ -19,13 +19,39 @@ from typing import Any
 from agent.demo import LocalAgent
 from agent.procs import free_port, stop, until
 
-__all__ = ["SERF", "LocalAgent", "LocalSerf", "SerfError", "free_port"]
+__all__ = ["SERF", "LocalAgent", "LocalSerf", "SerfError", "free_port", "serf_command"]
 
 SERF = shutil.which("serf")
 
 
 class SerfError(RuntimeError):
     """A ``serf`` command failed (its agent not up yet, or busy)."""
+
+
+def serf_command(
+    name: str,
+    port: int,
+    rpc: str,
+    profile: str,
+    join_port: int | None = None,
+    tags: dict[str, str] | None = None,
+    encrypt: str | None = None,
+) -> list[str]:
+    """``serf agent`` on 127.0.0.1:``port`` with its RPC on ``rpc``, joining ``join_port``
+    (the serf twin of agent/demo.py's ``agent_command``)."""
+    if SERF is None:
+        raise RuntimeError("serf is not installed (apt-get install -y serf)")
+    args = [
+        *(SERF, "agent", f"-node={name}", f"-bind=127.0.0.1:{port}", f"-rpc-addr={rpc}"),
+        *(f"-profile={profile}", "-log-level=debug"),
+    ]
+    for key, value in (tags or {}).items():
+        args += ["-tag", f"{key}={value}"]
+    if join_port is not None:
+        args.append(f"-join=127.0.0.1:{join_port}")
+    if encrypt is not None:
+        args.append(f"-encrypt={encrypt}")
+    return args
 
 
 class LocalSerf:
@@ -38,27 +64,11 @@ class LocalSerf:
         tags: dict[str, str] | None = None,
         encrypt: str | None = None,
     ) -> None:
-        if SERF is None:
-            raise RuntimeError("serf is not installed (apt-get install -y serf)")
         self.name = name
         self.port = free_port()
         self.rpc = f"127.0.0.1:{free_port()}"
         self.log_path = workdir / f"{name}.serf.log"
-        args = [
-            SERF,
-            "agent",
-            f"-node={name}",
-            f"-bind=127.0.0.1:{self.port}",
-            f"-rpc-addr={self.rpc}",
-            f"-profile={profile}",
-            "-log-level=debug",
-        ]
-        for key, value in (tags or {}).items():
-            args += ["-tag", f"{key}={value}"]
-        if join is not None:
-            args.append(f"-join=127.0.0.1:{join}")
-        if encrypt is not None:
-            args.append(f"-encrypt={encrypt}")
+        args = serf_command(name, self.port, self.rpc, profile, join, tags, encrypt)
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
 

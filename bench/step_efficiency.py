@@ -45,24 +45,19 @@ import contextlib
 import functools
 import itertools
 import os
-import signal
 import statistics
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
-from agent import training_nodes
-from agent.demo import free_port
 from agent.procs import until
-from agent.training_nodes import TrainingNode, start_nodes
 from bench import torchrun_recovery
+from bench.clusters import Cluster, InProcess, Record, Torchrun, say
+from bench.torchrun_recovery import worker_of
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = "examples/elastic_ddp.py"
 SETUPS = ("in-process", "torchrun-c10d", "torchrun-swim")
 LABELS = {
     "in-process": "in-process DDP + swim",
@@ -73,232 +68,10 @@ RESTART_AS = ("same-address", "new-address", "new-name")
 TARGET_EFFICIENCY = 0.95
 STALL_STEPS = 4  # a gap between global steps longer than this many failure-free steps
 TORCHRUN_STEP_DELAY_S = 0.05  # examples/torchrun_train.py --step-delay default
-Record = dict[str, Any]
 
 
 def load() -> str:
     return " / ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-class Cluster:
-    """Three nodes × ``ranks`` in slots (their first names), each killable and restartable;
-    every step record of every incarnation stays readable. ``restart_as``: how a restarted
-    node comes back: ``same-address`` (its name and its agent's address, as a rebooted host
-    would), ``new-address`` (its name on a new port), ``new-name``."""
-
-    full_world: int
-    ranks: int
-    victims: list[str]  # slots, in the order they are killed
-
-    def __init__(self, ranks: int, restart_as: str) -> None:
-        self.ranks = ranks
-        self.full_world = 3 * ranks
-        self.restart_as = restart_as
-        self.port_fallbacks = 0
-
-    def live_records(self) -> list[list[Record]]:
-        """Each live node's step records."""
-        raise NotImplementedError
-
-    def records(self) -> list[Record]:
-        raise NotImplementedError
-
-    def kill(self, slot: str) -> str:
-        """SIGKILL the node in ``slot``; returns its name."""
-        raise NotImplementedError
-
-    def restart(self, slot: str, incarnation: int) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def generation(self, record: Record) -> object:
-        """What changes for a worker when it trains in a new group."""
-        raise NotImplementedError
-
-    def name_for(self, slot: str, incarnation: int) -> str:
-        return f"{slot}r{incarnation}" if self.restart_as == "new-name" else slot
-
-    def at_full(self, after: float) -> bool:
-        """Every worker of every live node has logged a step after ``after``, and its latest
-        step was at the full world."""
-        for recs in self.live_records():
-            last: dict[tuple[str, int], Record] = {}
-            for r in recs:
-                last[_worker(r)] = r
-            fresh = [r for r in last.values() if r["t"] > after]
-            if len(fresh) < self.ranks or any(r["world"] != self.full_world for r in fresh):
-                return False
-        return True
-
-
-class InProcess(Cluster):
-    def __init__(
-        self,
-        work: Path,
-        profile: str,
-        ranks: int,
-        step_sleep: float,
-        run_s: float,
-        restart_as: str,
-    ) -> None:
-        super().__init__(ranks, restart_as)
-        self.work = work
-        self.profile = profile
-        self.deadline = time.monotonic() + run_s
-        self.args = (
-            *("--job", "eff", "--steps", "100000000", "--step-sleep", str(step_sleep)),
-            *("--pg-timeout", "60", "--min-nodes", "2"),
-        )
-        self.all: list[TrainingNode] = []
-        self.live: dict[str, TrainingNode] = {}
-        for node in start_nodes(["n0", "n1", "n2"], work, profile, ranks):
-            self.all.append(node)
-            self.live[node.name] = node
-        self.victims = ["n2", "n1", "n0"]
-        try:
-            for node in self.all:
-                self._start(node)
-        except BaseException:
-            self.close()
-            raise
-
-    def _start(self, node: TrainingNode) -> None:
-        left = max(self.deadline - time.monotonic(), 60)
-        node.start_trainers(SCRIPT, *self.args, timeout_s=left + 120)
-
-    def live_records(self) -> list[list[Record]]:
-        return [[r for r in n.all_records() if "loss" in r] for n in self.live.values()]
-
-    def records(self) -> list[Record]:
-        return [r for n in self.all for r in n.all_records() if "loss" in r]
-
-    def kill(self, slot: str) -> str:
-        node = self.live[slot]
-        node.stop()  # SIGKILL of the node's process group (agent + trainers), reaped
-        return node.name
-
-    def restart(self, slot: str, incarnation: int) -> None:
-        old = self.live[slot]
-        work = self.work / f"{slot}.{incarnation}"
-        work.mkdir()
-        seed = next(n for other, n in self.live.items() if other != slot)
-        name = self.name_for(slot, incarnation)
-        port = old.port if self.restart_as == "same-address" else None
-        with _agent_port(port):
-            node = TrainingNode(name, work, seed.port, self.profile, self.ranks)
-        self.all.append(node)
-        self.live[slot] = node
-        try:
-            node.wait_ready()
-        except RuntimeError:  # the old port was not free after all: a new one
-            if port is None:
-                raise
-            say(f"   {name}: its agent could not bind port {port} again; a new port")
-            self.port_fallbacks += 1
-            node.stop()
-            (work / "again").mkdir()
-            node = TrainingNode(name, work / "again", seed.port, self.profile, self.ranks)
-            self.all.append(node)
-            self.live[slot] = node
-            node.wait_ready()
-        self._start(node)
-
-    def close(self) -> None:
-        for node in self.all:
-            node.stop()
-
-    def generation(self, record: Record) -> object:
-        return record["formations"]
-
-
-@contextlib.contextmanager
-def _agent_port(port: int | None) -> Iterator[None]:
-    """TrainingNode binds its agent to ``free_port()``: make that ``port`` for a while."""
-    if port is None:
-        yield
-        return
-    with mock.patch.object(training_nodes, "free_port", lambda: port):
-        yield
-
-
-class Torchrun(Cluster):
-    def __init__(
-        self,
-        work: Path,
-        backend: torchrun_recovery.Backend,
-        profile: str,
-        ranks: int,
-        restart_as: str,
-    ):
-        super().__init__(ranks, restart_as)
-        self.work = work
-        self.backend = backend
-        self.profile = profile
-        self.seed = free_port()
-        self.all: list[torchrun_recovery.Node] = []
-        self.live: dict[str, torchrun_recovery.Node] = {}
-        self.victims = ["node2", "node1"]  # node0 hosts the c10d store / the swim endpoint
-        try:
-            for i in range(3):
-                slot = f"node{i}"
-                self._node(slot, slot, work, self.seed if i == 0 else None)
-        except BaseException:
-            self.close()
-            raise
-
-    def _node(self, slot: str, name: str, work: Path, agent_port: int | None) -> None:
-        c10d = self.backend == "c10d"
-        node = torchrun_recovery.Node(
-            name,
-            work,
-            backend=self.backend,
-            job="eff",
-            endpoint=f"127.0.0.1:{self.seed}",
-            profile=self.profile,
-            nproc_per_node=self.ranks,
-            max_restarts=1000,
-            agent_port=None if c10d else agent_port,
-            rdzv_conf=f"is_host={int(slot == 'node0')}" if c10d else "",
-            env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if c10d else None,
-        )
-        self.all.append(node)
-        self.live[slot] = node
-
-    def live_records(self) -> list[list[Record]]:
-        return [torchrun_recovery.read_steps([n]) for n in self.live.values()]
-
-    def records(self) -> list[Record]:
-        return torchrun_recovery.read_steps(self.all)
-
-    def kill(self, slot: str) -> str:
-        node = self.live[slot]
-        node.signal(signal.SIGKILL)
-        node.close()
-        return node.name
-
-    def restart(self, slot: str, incarnation: int) -> None:
-        old = self.live[slot]
-        work = self.work / f"{slot}.{incarnation}"
-        work.mkdir()
-        port = old.port if self.restart_as == "same-address" else None
-        self._node(slot, self.name_for(slot, incarnation), work, port)
-
-    def close(self) -> None:
-        for node in self.all:
-            node.close()
-
-    def generation(self, record: Record) -> object:
-        return record["group"]
-
-
-def _worker(r: Record) -> tuple[str, int]:
-    return (str(r["node"]), int(r.get("local_rank", 0)))
 
 
 def _rank0(records: Iterable[Record], start: float, end: float) -> list[Record]:
@@ -337,7 +110,7 @@ def pace(
 
 
 def failure(
-    cluster: Cluster, records: list[Record], victim: str, kill_t: float, until_t: float
+    cluster: Cluster[Any], records: list[Record], victim: str, kill_t: float, until_t: float
 ) -> dict[str, Any]:
     """For one kill: the first step of a group without the victim, and the first step back
     at the full world, both before ``until_t`` (the next kill or the end)."""
@@ -345,14 +118,14 @@ def failure(
     before: dict[tuple[str, int], object] = {}
     for r in records:
         if r["t"] <= kill_t and r["node"] != victim:
-            before[_worker(r)] = cluster.generation(r)
+            before[worker_of(r)] = cluster.generation(r)
     new = [
         r
         for r in records
         if kill_t < r["t"] <= until_t
         and r["node"] != victim
-        and _worker(r) in before
-        and cluster.generation(r) != before[_worker(r)]
+        and worker_of(r) in before
+        and cluster.generation(r) != before[worker_of(r)]
     ]
     out["recover_s"] = out["recover_world"] = out["full_s"] = out["regrow_pause_s"] = None
     if not new:
@@ -413,7 +186,7 @@ def run(
             work.mkdir(parents=True)
         result["workdir"] = str(work) + ("" if workdir is not None else " (removed)")
         began = time.monotonic()
-        cluster: Cluster
+        cluster: Cluster[Any]
         if setup == "in-process":
             run_s = start_timeout_s + baseline_s + window_s + 60
             cluster = InProcess(work, profile, ranks, step_sleep, run_s, restart_as)
@@ -472,7 +245,7 @@ def run(
 
 
 def _faults(
-    cluster: Cluster, start: float, window_s: float, every_s: float
+    cluster: Cluster[Any], start: float, window_s: float, every_s: float
 ) -> list[tuple[str, float, float]]:
     """Kill and restart a node every ``every_s`` from ``start`` for ``window_s``: (victim,
     kill wall time, seconds the kill waited for the job to be back at full size)."""

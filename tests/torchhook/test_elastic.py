@@ -41,14 +41,6 @@ def _common(tmp_path: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def _training_at(node: TrainingNode, world: int) -> bool:
-    def rank_at(lr: int) -> bool:
-        steps = node.steps(lr)
-        return len(steps) >= 3 and all(r["world"] == world for r in steps[-3:])
-
-    return all(rank_at(lr) for lr in range(node.ranks))
-
-
 def _finish(nodes: list[TrainingNode], tmp_path: Path, extra_steps: int = 20) -> int:
     last = max(int(r["step"]) for n in nodes for r in n.all_records() if "loss" in r)
     stop_at = last + extra_steps
@@ -106,11 +98,11 @@ def test_a_node_fails_its_ranks_leave_together_and_the_job_regrows(
             extra = ["--fault", fault, "--fault-file", str(fault_file)] if n.name == "n2" else []
             n.start_trainers(SCRIPT, *_common(tmp_path), *extra)
         survivors, victim = nodes[:2], nodes[2]
-        until(lambda: all(_training_at(n, 6) for n in nodes), 150, "3 nodes x 2 ranks train")
+        until(lambda: all(n.training_at(6) for n in nodes), 150, "3 nodes x 2 ranks train")
         fault_file.touch()
         until(lambda: any("fault" in r for r in victim.records()), 20, "the fault happens")
         fault_t = next(float(r["t"]) for r in victim.records() if "fault" in r)
-        until(lambda: all(_training_at(n, 4) for n in survivors), 60, "survivors train at 4")
+        until(lambda: all(n.training_at(4) for n in survivors), 60, "survivors train at 4")
         timing = {"fault_to_world4_s": _first_at(survivors, 4, fault_t) - fault_t}
         if fault == "kill-in-backward":
             back = TrainingNode("n3", tmp_path, nodes[0].port, ranks=RANKS)
@@ -121,7 +113,7 @@ def test_a_node_fails_its_ranks_leave_together_and_the_job_regrows(
         else:  # the stopped node resumes: its trainers find the group moved on and rejoin
             victim.signal_all(signal.SIGCONT)
             final = nodes
-        until(lambda: all(_training_at(n, 6) for n in final), 120, "regrown to 6")
+        until(lambda: all(n.training_at(6) for n in final), 120, "regrown to 6")
         stop_at = _finish(final, tmp_path)
         result = _check_consistent(final, stop_at, world=6)
         print(json.dumps({"fault": fault, **timing, **result, "steps": stop_at}))
@@ -139,15 +131,15 @@ def test_one_hung_trainer_takes_its_node_out_then_back(tmp_path: Path) -> None:
     try:
         for n in nodes:
             n.start_trainers(SCRIPT, *_common(tmp_path), "--heartbeat-pause-ms", "3000")
-        until(lambda: all(_training_at(n, 6) for n in nodes), 150, "3 nodes x 2 ranks train")
+        until(lambda: all(n.training_at(6) for n in nodes), 150, "3 nodes x 2 ranks train")
         hung = nodes[2]
         pid = hung.trainer_pid(local_rank=1)
         os.kill(pid, signal.SIGSTOP)
         stopped_at = time.time()
-        until(lambda: all(_training_at(n, 4) for n in nodes[:2]), 60, "others train at 4")
+        until(lambda: all(n.training_at(4) for n in nodes[:2]), 60, "others train at 4")
         went_on = max(r["step"] for r in nodes[0].steps())
         os.kill(pid, signal.SIGCONT)
-        until(lambda: all(_training_at(n, 6) for n in nodes), 90, "the node rejoins")
+        until(lambda: all(n.training_at(6) for n in nodes), 90, "the node rejoins")
         stop_at = _finish(nodes, tmp_path)
         assert stop_at > went_on
         result = _check_consistent(nodes, stop_at, world=6)

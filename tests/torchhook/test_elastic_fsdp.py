@@ -43,13 +43,6 @@ def _args(tmp_path: Path, pg_timeout_s: float, min_nodes: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _training_at(node: TrainingNode, world: int) -> bool:
-    return all(
-        len(s := node.steps(lr)) >= 3 and all(r["world"] == world for r in s[-3:])
-        for lr in range(node.ranks)
-    )
-
-
 def _reference(steps: int) -> list[float]:
     out = subprocess.run(
         [sys.executable, SCRIPT, "--reference", "--steps", str(steps), "--seed", str(SEED)],
@@ -123,10 +116,10 @@ def test_node_killed_survivors_reshard_roll_back_and_match_reference(
             args = _args(tmp_path, pg_timeout_s, count - 1)
             n.start_trainers(SCRIPT, *args, *extra, timeout_s=150)
         survivors, victim = nodes[:-1], nodes[-1]
-        until(lambda: all(_training_at(n, before) for n in nodes), 90, "the full group trains")
+        until(lambda: all(n.training_at(before) for n in nodes), 90, "the full group trains")
         fault_file.touch()
         until(lambda: any("fault" in r for r in victim.records()), 20, "the fault happens")
-        until(lambda: all(_training_at(n, after) for n in survivors), 45, "survivors train")
+        until(lambda: all(n.training_at(after) for n in survivors), 45, "survivors train")
         stop_at = max(r["step"] for n in survivors for r in n.steps()) + 4
         (tmp_path / "stop").write_text(str(stop_at))
         until(lambda: all(None not in n.finals() for n in survivors), 30, "survivors finish")

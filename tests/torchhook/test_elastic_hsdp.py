@@ -17,20 +17,13 @@ from pathlib import Path
 import pytest
 
 from agent.procs import until
-from agent.training_nodes import ROOT, TrainingNode, start_nodes
+from agent.training_nodes import ROOT, start_nodes
 
 pytest.importorskip("torch", reason="the torch hook needs torch (pip install '.[torch]')")
 pytestmark = pytest.mark.slow
 SCRIPT = "examples/elastic_hsdp.py"
 SEED = 5
 LOSS_RTOL = 1e-4
-
-
-def _training_at(node: TrainingNode, world: int) -> bool:
-    return all(
-        len(s := node.steps(lr)) >= 3 and all(r["world"] == world for r in s[-3:])
-        for lr in range(node.ranks)
-    )
 
 
 def test_a_node_dies_and_the_replicas_go_on_from_memory(tmp_path: Path) -> None:
@@ -45,11 +38,11 @@ def test_a_node_dies_and_the_replicas_go_on_from_memory(tmp_path: Path) -> None:
             extra = ["--fault", "kill-in-backward", "--fault-file", str(fault_file)]
             n.start_trainers(SCRIPT, *args, *(extra if n.name == "n2" else []))
         survivors, victim = nodes[:2], nodes[2]
-        until(lambda: all(_training_at(n, 6) for n in nodes), 150, "a 3 x 2 mesh trains")
+        until(lambda: all(n.training_at(6) for n in nodes), 150, "a 3 x 2 mesh trains")
         fault_file.touch()
         until(lambda: any("fault" in r for r in victim.records()), 20, "the fault happens")
         fault = next(r for r in victim.records() if "fault" in r)
-        until(lambda: all(_training_at(n, 4) for n in survivors), 60, "a 2 x 2 mesh trains")
+        until(lambda: all(n.training_at(4) for n in survivors), 60, "a 2 x 2 mesh trains")
         stop_at = max(r["step"] for n in survivors for r in n.all_records() if "loss" in r) + 4
         (tmp_path / "stop").write_text(str(stop_at))
         until(lambda: all(None not in n.finals() for n in survivors), 60, "survivors finish")
