@@ -25,12 +25,14 @@ import contextlib
 import heapq
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
 
+from agent.config import parse_host_port
+from agent.control import MAX_PROBE_NODES
 from agent.events import Events
 from agent.transport import Streams, Transport
 from phi import PhiRegistry, RegistryFullError
@@ -45,6 +47,7 @@ from swim import (
     StreamMessage,
     StreamRequest,
     Timer,
+    UrgentProbeOutcome,
 )
 
 log = logging.getLogger("swim.agent")
@@ -157,6 +160,28 @@ class Driver:
             nursery.start_soon(self._streams.serve, self._deliver_stream)
             task_status.started()
 
+    def stats(self) -> dict[str, Any]:
+        """The Node's counters and the driver's stall counts (``info``'s ``stats``)."""
+        node = self.node
+        st = node.stats
+        return {
+            "packets_in": st.packets_in,
+            "packets_out": st.packets_out,
+            "bytes_in": st.bytes_in,
+            "bytes_out": st.bytes_out,
+            "probes_sent": st.probes_sent,
+            "probes_failed": st.probes_failed,
+            "suspicions_raised": st.suspicions_raised,
+            "refutations": st.refutations,
+            "deaths_declared": st.deaths_declared,
+            "urgent_probes": dict(st.urgent_probes),
+            "urgent_probes_failed": st.urgent_probes_failed,
+            "dropped": dict(st.dropped),
+            "broadcast_queue": node.broadcast_queue_depth,
+            "stalls": self.stalls,
+            "stall_datagrams": self.stall_datagrams,
+        }
+
     # --- inputs from other tasks ----------------------------------------------------------
 
     async def command(self, run: Callable[[int], Any]) -> Any:
@@ -168,8 +193,30 @@ class Driver:
             raise value
         return value
 
+    async def join(self, addresses: list[str]) -> dict[str, Any]:
+        """Push-pull with each ``host:port`` (names resolved by the transport), one after
+        another; ``{"joined": successes, "errors": [why each other failed]}``."""
+        joined = 0
+        errors: list[str] = []
+        for text in addresses:
+            try:
+                hp = parse_host_port(text, "join")
+                targets = await self.transport.resolve(hp.host, hp.port)
+            except (ValueError, OSError) as exc:
+                errors.append(f"{text}: {exc}")
+                continue
+            for target in targets:
+                result = await self.join_one(target)
+                if result.ok:
+                    joined += 1
+                else:
+                    errors.append(f"{target}: {result.detail}")
+        return {"joined": joined, "errors": errors}
+
     async def join_one(self, target: Address) -> JoinResult:
         """Push-pull with one address; its result, or "timed out"."""
+        if target == self.node.address:
+            return JoinResult(target, False, "that is this agent's own address")
         send, receive = trio.open_memory_channel[JoinResult](1)
         self._join_waiters[target] = send
         await self.command(lambda t: self.apply(self.node.join([target], t)))
@@ -177,6 +224,39 @@ class Driver:
             return await receive.receive()
         self._join_waiters.pop(target, None)
         return JoinResult(target, False, "timed out")
+
+    async def probe_now(self, names: Sequence[str]) -> dict[str, Any]:
+        """Probe these members at once instead of at their round-robin turn: a trainer's
+        collectives lost them, which is evidence, not a verdict (``Node.probe_now``; only
+        the probe can make them suspect). Runs in the node task. Repeated names count once;
+        more than ``MAX_PROBE_NODES`` names, or a name that is not a string, raise
+        ``ValueError``. Returns ``{"started": [name], "refused": {name: reason}}``, reasons
+        as ``swim.UrgentProbeOutcome`` values (schema: the ``probe`` op, agent/control.py).
+        """
+        if len(names) > MAX_PROBE_NODES:
+            raise ValueError(f"probe takes at most {MAX_PROBE_NODES} names, got {len(names)}")
+        if not all(isinstance(name, str) for name in names):
+            raise ValueError("probe takes member names (strings)")
+        wanted = list(dict.fromkeys(names))
+
+        def run(now: int) -> dict[str, Any]:
+            started: list[str] = []
+            refused: dict[str, str] = {}
+            for name in wanted:
+                outcome, out = self.node.probe_now(name, now)
+                self.apply(out)
+                if outcome is UrgentProbeOutcome.STARTED:
+                    started.append(name)
+                else:
+                    refused[name] = outcome.value
+            return {"started": started, "refused": refused}
+
+        result: dict[str, Any] = await self.command(run)
+        if result["started"]:
+            log.info("probing %s at once (reported lost)", ", ".join(result["started"]))
+        if result["refused"]:
+            log.debug("not probing at once: %s", result["refused"])
+        return result
 
     async def _read_datagrams(self) -> None:
         while True:

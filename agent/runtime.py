@@ -20,7 +20,6 @@ Time is trio's clock in integer milliseconds, so tests run on a MockClock.
 
 from __future__ import annotations
 
-import base64
 import logging
 import random
 import signal
@@ -33,9 +32,8 @@ import trio
 import agent.systemd as systemd
 from agent import serf
 from agent.api import Snapshot
-from agent.config import AgentConfig, AgentConfigError, parse_host_port
+from agent.config import AgentConfig, AgentConfigError
 from agent.config import load as load_config
-from agent.control import MAX_PROBE_NODES
 from agent.control_server import ControlServer
 from agent.departed import Departed
 from agent.driver import Driver, now_ms
@@ -45,7 +43,7 @@ from agent.registrations import JobRegistry
 from agent.serf_runtime import SerfRuntime
 from agent.transport import SocketTransport, Transport
 from phi import PhiConfig, PhiRegistry
-from swim import Address, JoinResult, Member, Node, UrgentProbeOutcome
+from swim import Address, Member, Node
 
 if TYPE_CHECKING:
     from agent.metrics import AgentMetrics
@@ -92,7 +90,7 @@ class Agent:
         )
         self.events = Events()
         self.departed = Departed(config.reconnect_timeout_ms, config.tombstone_timeout_ms)
-        self._jobs = JobRegistry(lambda: self._tags, self.update_tags)
+        self.jobs = JobRegistry(lambda: self._tags, self.update_tags)
         self.metrics: AgentMetrics | None = None  # only with --metrics-addr
         self.driver: Driver | None = None
         self.serf: SerfRuntime | None = None
@@ -124,20 +122,8 @@ class Agent:
         return MappingProxyType(self._tags)
 
     @property
-    def jobs(self) -> JobRegistry:
-        return self._jobs
-
-    @property
     def changed(self) -> trio.Event:
         return self.events.changed
-
-    @property
-    def stalls(self) -> int:
-        return 0 if self.driver is None else self.driver.stalls
-
-    @property
-    def stall_datagrams(self) -> int:
-        return 0 if self.driver is None else self.driver.stall_datagrams
 
     async def command(self, run: Callable[[int], Any]) -> Any:
         """Run ``run(now_ms)`` in the node task and return its result (or raise its error)."""
@@ -303,45 +289,14 @@ class Agent:
         return result
 
     async def probe_now(self, names: Sequence[str]) -> dict[str, Any]:
-        """Probe these members at once instead of at their round-robin turn: a trainer's
-        collectives lost them, which is evidence, not a verdict (``Node.probe_now``; only
-        the probe can make them suspect). Runs in the node task. Repeated names count once;
-        more than ``MAX_PROBE_NODES`` names, or a name that is not a string, raise
-        ``ValueError``. Returns ``{"started": [name], "refused": {name: reason}}``, reasons
-        as ``swim.UrgentProbeOutcome`` values (schema: the ``probe`` op, agent/control.py).
-        """
-        if len(names) > MAX_PROBE_NODES:
-            raise ValueError(f"probe takes at most {MAX_PROBE_NODES} names, got {len(names)}")
-        if not all(isinstance(name, str) for name in names):
-            raise ValueError("probe takes member names (strings)")
-        wanted = list(dict.fromkeys(names))
-        driver, _ = self._parts()
-
-        def run(now: int) -> dict[str, Any]:
-            started: list[str] = []
-            refused: dict[str, str] = {}
-            for name in wanted:
-                outcome, out = driver.node.probe_now(name, now)
-                driver.apply(out)
-                if outcome is UrgentProbeOutcome.STARTED:
-                    started.append(name)
-                else:
-                    refused[name] = outcome.value
-            return {"started": started, "refused": refused}
-
-        result: dict[str, Any] = await driver.command(run)
-        if result["started"]:
-            log.info("probing %s at once (reported lost)", ", ".join(result["started"]))
-        if result["refused"]:
-            log.debug("not probing at once: %s", result["refused"])
-        return result
+        """Probe these members at once (``Driver.probe_now``; the ``probe`` op)."""
+        return await self._parts()[0].probe_now(names)
 
     async def snapshot(self) -> Snapshot:
         driver, serf_runtime = self._parts()
 
         def run(now: int) -> Snapshot:
             node = driver.node
-            st = node.stats
             return Snapshot(
                 name=node.name,
                 address=node.address,
@@ -354,23 +309,7 @@ class Agent:
                 now_ms=now,
                 members=serf_runtime.all_members(now),
                 phi=self.phi.phi_all(now),
-                stats={
-                    "packets_in": st.packets_in,
-                    "packets_out": st.packets_out,
-                    "bytes_in": st.bytes_in,
-                    "bytes_out": st.bytes_out,
-                    "probes_sent": st.probes_sent,
-                    "probes_failed": st.probes_failed,
-                    "suspicions_raised": st.suspicions_raised,
-                    "refutations": st.refutations,
-                    "deaths_declared": st.deaths_declared,
-                    "urgent_probes": dict(st.urgent_probes),
-                    "urgent_probes_failed": st.urgent_probes_failed,
-                    "dropped": dict(st.dropped),
-                    "broadcast_queue": node.broadcast_queue_depth,
-                    "stalls": driver.stalls,
-                    "stall_datagrams": driver.stall_datagrams,
-                },
+                stats=driver.stats(),
             )
 
         result: Snapshot = await driver.command(run)
@@ -394,28 +333,10 @@ class Agent:
         return result
 
     async def change_keys(self, action: str, key: str | None) -> tuple[list[bytes], bytes]:
-        driver, serf_runtime = self._parts()
-
-        def run(now: int) -> tuple[list[bytes], bytes]:
-            node = driver.node
-            keyring = node.keyring
-            if keyring is None:
-                raise ValueError("encryption is not enabled on this agent")
-            if action != "list":
-                if key is None:
-                    raise ValueError(f"keys {action} needs a key")
-                try:
-                    raw = base64.b64decode(key, validate=True)
-                except ValueError:
-                    raise ValueError("the key is not valid base64") from None
-                ops = {"install": node.install_key, "use": node.use_key, "remove": node.remove_key}
-                if action not in ops:
-                    raise ValueError(f"unknown keys action {action!r}")
-                ops[action](raw)
-                serf_runtime.persist_keyring()
-            return list(keyring.keys), keyring.primary_key
-
-        result: tuple[list[bytes], bytes] = await driver.command(run)
+        _, serf_runtime = self._parts()
+        result: tuple[list[bytes], bytes] = await self.command(
+            lambda t: serf_runtime.change_keys(action, key)
+        )
         return result
 
     def subscribe(self, depth: int = 256) -> trio.MemoryReceiveChannel[dict[str, Any]]:
@@ -425,29 +346,7 @@ class Agent:
 
     async def join(self, addresses: list[str]) -> dict[str, Any]:
         """Push-pull with each address (resolving names); counts the successes."""
-        driver, _ = self._parts()
-        joined = 0
-        errors: list[str] = []
-        for text in addresses:
-            try:
-                hp = parse_host_port(text, "join")
-                targets = await driver.transport.resolve(hp.host, hp.port)
-            except (ValueError, OSError) as exc:
-                errors.append(f"{text}: {exc}")
-                continue
-            for target in targets:
-                result = await self._join_one(target)
-                if result.ok:
-                    joined += 1
-                else:
-                    errors.append(f"{target}: {result.detail}")
-        return {"joined": joined, "errors": errors}
-
-    async def _join_one(self, target: Address) -> JoinResult:
-        driver, _ = self._parts()
-        if target == driver.node.address:
-            return JoinResult(target, False, "that is this agent's own address")
-        return await driver.join_one(target)
+        return await self._parts()[0].join(addresses)
 
     async def _retry_join(self) -> None:
         attempt = 0

@@ -1,25 +1,20 @@
-"""The agent as a Serf member: what it does with Serf's messages, in the node task.
+"""The agent as a Serf member: executes the pure Serf delegate's actions in the node task.
 
-The codecs and the pure rules live in the package agent/serf/ (messages, push-pull state,
-queries); this module is the agent's side of Serf's delegate (serf.go, delegate.go,
-internal_query.go): it implements ``agent.driver.Delegate`` and executes through the
-driver. Every method runs in the node task (the driver calls it, or ``Driver.command``).
+The rules live in the package agent/serf/: ``SerfDelegate`` (agent/serf/delegate.py) decides
+what a member does with each serf message, push-pull state and intent of its own, and
+returns actions; this module feeds it (``agent.driver.Delegate`` hooks: user messages,
+push-pull states, member events) and executes what it returns through the driver:
+``Broadcast`` -> ``Node.broadcast_user``, ``SendUser`` -> ``Node.send_user``,
+``ForceLeave`` -> ``Node.force_leave``, ``MarkDepartedLeft`` -> agent/departed.py and a
+"left" event, ``UserEventReceived`` -> the events fan-out, ``Log`` -> the log. Every
+method runs in the node task (the driver calls it, or ``Driver.command``).
 
-Rules (serf.go ``handleNodeJoinIntent``/``handleNodeLeaveIntent``, delegate.go
-``NotifyMsg``/``MergeRemoteState``):
-- Witness every Lamport time seen (intents, user events; queries on the query clock;
-  ``ltime - 1`` of a push-pull state) so our own intents are never ignored as old.
-- An intent matters only if newer than the last one seen for that node; intents that are
-  news are re-gossiped (Serf relies on every member passing them on); per-name intent
-  clocks are bounded (``MAX_INTENT_NAMES``) and forgotten with the member.
-- A stale leave intent about us is answered with a fresh join intent; a leave intent for
-  a failed member marks it left (Serf's force-leave), also after the core reaped it
-  (agent/departed.py keeps reaped members listed, as serf does).
-- Queries: pass news on (unless no-broadcast), ack when asked, answer the key-management
-  queries on our keyring so ``serf keys`` rotates it too (and persist it).
+It also keeps Serf's view of members that are gone (agent/departed.py: serf lists failed
+and left members long after memberlist reaps them) and forgets their intent clocks with
+them, and writes the keyring file after a key change (serf's keyring file format).
 
-Where a new Serf message goes: its codec in agent/serf/messages.py, then one branch in
-``SerfRuntime.on_user_message`` here.
+Where a new Serf message goes: its codec in agent/serf/messages.py, its row in
+``agent.serf.delegate.MESSAGE_RULES``; a new kind of action, one branch in ``_execute``.
 """
 
 from __future__ import annotations
@@ -31,27 +26,25 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from agent import serf
 from agent.departed import Departed
 from agent.driver import Driver, now_ms
-from agent.serf import queries
-from swim import (
-    LEAVE_FANOUT,
-    Address,
-    EventKind,
-    Keyring,
-    KeyringError,
-    Member,
-    MemberEvent,
-    NodeStateType,
+from agent.serf.delegate import (
+    Broadcast,
+    ForceLeave,
+    Log,
+    MarkDepartedLeft,
+    SendUser,
+    SerfAction,
+    SerfDelegate,
+    SerfView,
+    UserEventReceived,
 )
+from agent.serf.state import LamportClock
+from swim import EventKind, Keyring, Member, MemberEvent
 
 log = logging.getLogger("swim.agent")
 
-MAX_INTENT_NAMES = 65_536
-"""Serf intent clocks remembered (one per member name)."""
-MAX_LEFT_MEMBERS = 65_536
-"""LeftMembers names honoured from one push-pull state."""
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 
 
 class SerfRuntime:
@@ -69,12 +62,13 @@ class SerfRuntime:
         self.departed = departed
         self._tags = tags
         self._keyring_file = keyring_file
-        self.clock = serf.LamportClock()
-        self.query_clock = serf.LamportClock()
-        self._queries_seen = queries.QuerySeen()
-        self._status_ltimes: dict[str, int] = {}
+        self.delegate = SerfDelegate(driver.node.name)
         self.leaving = False
         """Set by the agent when it leaves: a leave intent about us is then no longer stale."""
+
+    @property
+    def clock(self) -> LamportClock:
+        return self.delegate.clock
 
     # --- the driver's delegate hooks -------------------------------------------------------
 
@@ -83,88 +77,26 @@ class SerfRuntime:
         if event.kind == EventKind.REAPED:
             # Serf keeps failed and left members listed (and their intent clocks) long
             # after memberlist reaps them; so do we, bounded (agent/departed.py).
-            self._forget_intents(self.departed.record(m, event.at_ms))
-            self._forget_intents(self.departed.expire(event.at_ms))
+            self.delegate.forget(self.departed.record(m, event.at_ms))
+            self.delegate.forget(self.departed.expire(event.at_ms))
             if m.name not in self.departed:
-                self._status_ltimes.pop(m.name, None)
+                self.delegate.forget([m.name])
         elif event.kind == EventKind.JOINED:
             self.departed.forget(m.name)
 
     def on_user_message(self, payload: bytes) -> None:
-        """Serf messages from Serf peers (and from our agents), as serf.go handles them:
-        witness Lamport times; re-gossip join/leave intents that are news (Serf relies on
-        every member passing intents on); answer a stale leave about us with a join intent;
-        and honour a leave intent for a failed member (Serf's force-leave)."""
-        try:
-            _, message = serf.decode_serf_message(payload)
-        except ValueError:
-            return
-        ltime = getattr(message, "ltime", None)
-        if isinstance(message, serf.Query):
-            self._on_query(message, payload)
-            return
-        if isinstance(ltime, int) and not isinstance(message, serf.QueryResponse):
-            self.clock.witness(ltime)
-        if isinstance(message, serf.JoinIntent | serf.LeaveIntent):
-            if self._intent_is_news(message.node, message.ltime):
-                self._broadcast(payload)
-            else:
-                return
-        if isinstance(message, serf.LeaveIntent):
-            self._on_leave_intent(message.node)
-        elif isinstance(message, serf.UserEvent):
-            self._driver.events.publish(
-                {
-                    "type": "user_event",
-                    "node": "",
-                    "name": message.name,
-                    "payload": message.payload,
-                    "at_ms": now_ms(),
-                    "message": "",
-                }
-            )
+        self._execute(self.delegate.on_user_message(payload, self._view()))
 
     def on_push_pull_state(self, state: bytes) -> None:
-        """Serf's push-pull state: witness its clock (serf delegate.go MergeRemoteState)."""
-        try:
-            decoded = serf.decode_push_pull_state(state)
-        except ValueError:
-            return
-        ltime = decoded.get("ltime")
-        if isinstance(ltime, int) and ltime > 0:
-            self.clock.witness(ltime - 1)
-        # delegate.go MergeRemoteState: each LeftMembers name is a leave intent one past
-        # its join LTime, so a leave we missed in gossip still arrives within a push-pull.
-        status_ltimes = decoded.get("status_ltimes", {})
-        for name in decoded.get("left_members", [])[:MAX_LEFT_MEMBERS]:
-            if self._intent_is_news(name, status_ltimes.get(name, 0) + 1):
-                self._on_leave_intent(name)
+        self._execute(self.delegate.on_push_pull_state(state, self._view()))
 
     # --- what the agent asks for (in the node task) ------------------------------------
 
     def send_join_intent(self) -> None:
-        # serf.go: intents carry the current Lamport time, then the clock moves on.
-        node = self._driver.node
-        intent = serf.JoinIntent(self.clock.time(), node.name)
-        self.clock.increment()
-        self._broadcast(serf.encode_join_intent(intent))
+        self._execute(self.delegate.join_intent())
 
     def send_leave_intent(self, name: str, *, direct: bool = False) -> None:
-        intent = serf.LeaveIntent(self.clock.time(), name)
-        self.clock.increment()
-        self._status_ltimes[name] = intent.ltime
-        payload = serf.encode_leave_intent(intent)
-        self._broadcast(payload)
-        if direct:
-            # Serf peers call a departure "left" only if the intent came first; tell every
-            # live member directly rather than hope gossip gets there in time.
-            node = self._driver.node
-            now = now_ms()
-            alive = [
-                m for m in node.members() if m.state == NodeStateType.ALIVE and m.name != node.name
-            ]
-            for member in alive[:LEAVE_FANOUT]:
-                self._driver.apply(node.send_user(member.address, payload, now))
+        self._execute(self.delegate.leave_intent(name, self._view(), direct=direct))
 
     def force_leave(self, name: str, now: int) -> Member | None:
         """Serf ``force-leave``: a failed member is marked left and a leave intent for it
@@ -182,7 +114,7 @@ class SerfRuntime:
     def all_members(self, now: int) -> list[Member]:
         """The core's table plus departed members it has already reaped (as serf lists
         failed and left members until their reconnect/tombstone timeout)."""
-        self._forget_intents(self.departed.expire(now))
+        self.delegate.forget(self.departed.expire(now))
         live = self._driver.node.members()
         known = {m.name for m in live}
         return live + [m for m in self.departed.members() if m.name not in known]
@@ -194,67 +126,68 @@ class SerfRuntime:
         if self._keyring_file is not None and keyring is not None:
             write_keyring(self._keyring_file, keyring)
 
-    # --- internals ------------------------------------------------------------------------
-
-    def _on_query(self, query: serf.Query, payload: bytes) -> None:
-        """A Serf query (rules in agent/serf/queries.py): pass news on, ack when asked,
-        answer the key-management queries so ``serf keys`` rotates our keyring too."""
-        self.query_clock.witness(query.ltime)
-        if not self._queries_seen.is_news(query.ltime, query.id):
-            return
-        if not query.no_broadcast:
-            self._broadcast(payload)
-        node = self._driver.node
-        if not queries.for_us(query.filters, node.name, dict(self._tags())):
-            return
-        try:
-            dest = Address(*queries.response_address(query))
-        except ValueError:
-            return
-        now = now_ms()
-        if query.ack:
-            ack = queries.response(query, node.name, b"", ack=True)
-            self._driver.apply(node.send_user(dest, ack, now))
-        name = query.name.removeprefix(serf.INTERNAL_QUERY_PREFIX)
-        if query.name.startswith(serf.INTERNAL_QUERY_PREFIX) and name in queries.KEY_QUERIES:
-            answer = queries.response(query, node.name, self._key_query(name, query.payload))
-            self._driver.apply(node.send_user(dest, answer, now))
-
-    def _key_query(self, name: str, payload: bytes) -> bytes:
-        """internal_query.go ``handleInstallKey`` and friends, on our keyring."""
+    def change_keys(self, action: str, key: str | None) -> tuple[list[bytes], bytes]:
+        """The control API's ``keys``: list, or install/use/remove a base64 key, then
+        persist the keyring; ``(keys, primary)`` after. ``ValueError`` (``KeyringError``
+        is one) with the client's message."""
         node = self._driver.node
         keyring = node.keyring
         if keyring is None:
-            empty = "Keyring is empty" if name == "list-keys" else "No keyring to modify"
-            return queries.key_response(False, f"{empty} (encryption not enabled)", [], None)
-        if name == "list-keys":
-            return queries.key_response(True, "", list(keyring.keys), keyring.primary_key)
-        change = {"install-key": node.install_key, "use-key": node.use_key}
-        try:
-            key = queries.key_request(payload)
-            change.get(name, node.remove_key)(key)
+            raise ValueError("encryption is not enabled on this agent")
+        if action != "list":
+            if key is None:
+                raise ValueError(f"keys {action} needs a key")
+            try:
+                raw = base64.b64decode(key, validate=True)
+            except ValueError:
+                raise ValueError("the key is not valid base64") from None
+            ops = {"install": node.install_key, "use": node.use_key, "remove": node.remove_key}
+            if action not in ops:
+                raise ValueError(f"unknown keys action {action!r}")
+            ops[action](raw)
             self.persist_keyring()
-        except (ValueError, KeyringError, OSError) as exc:
-            log.warning("serf %s query failed: %s", name, exc)
-            return queries.key_response(False, str(exc), [], None)
-        log.info("serf %s query: done", name)
-        return queries.key_response(True, "", [], None)
+        return list(keyring.keys), keyring.primary_key
 
-    def _on_leave_intent(self, name: str) -> None:
-        """A leave intent that is news (serf.go ``handleNodeLeaveIntent``)."""
+    # --- internals ------------------------------------------------------------------------
+
+    def _view(self) -> SerfView:
         node = self._driver.node
-        if name == node.name:
-            if not self.leaving:
-                # A stale leave about us (e.g. from before a restart): serf peers would keep
-                # us "leaving"; a newer join intent refutes it.
-                self.send_join_intent()
-            return
-        member = node.member(name)
-        if member is not None:
-            if member.state in (NodeStateType.DEAD, NodeStateType.SUSPECT):
-                self._driver.apply(node.force_leave(name, now_ms()))
-            return
-        self._departed_left(name, now_ms())
+        return SerfView(
+            members=node,
+            tags=self._tags(),
+            leaving=self.leaving,
+            keys=node,
+            persist_keys=self.persist_keyring,
+        )
+
+    def _execute(self, actions: list[SerfAction]) -> None:
+        driver = self._driver
+        node = driver.node
+        for action in actions:
+            now = now_ms()
+            if isinstance(action, Broadcast):
+                driver.apply(node.broadcast_user(action.payload, now))
+            elif isinstance(action, SendUser):
+                driver.apply(node.send_user(action.dest, action.payload, now))
+            elif isinstance(action, ForceLeave):
+                driver.apply(node.force_leave(action.name, now))
+            elif isinstance(action, MarkDepartedLeft):
+                self._departed_left(action.name, now)
+            elif isinstance(action, UserEventReceived):
+                driver.events.publish(
+                    {
+                        "type": "user_event",
+                        "node": "",
+                        "name": action.name,
+                        "payload": action.payload,
+                        "at_ms": now,
+                        "message": "",
+                    }
+                )
+            elif isinstance(action, Log):
+                log.log(_LEVELS.get(action.level, logging.INFO), "%s", action.message)
+            else:
+                raise TypeError(f"unknown serf action {action!r}")
 
     def _departed_left(self, name: str, now: int) -> None:
         """A member the core already reaped as failed left after all: a late leave intent or
@@ -262,24 +195,6 @@ class SerfRuntime:
         left = self.departed.mark_left(name, now)
         if left is not None:
             self._driver.emit(MemberEvent(EventKind.LEFT, left, now))
-
-    def _forget_intents(self, names: list[str]) -> None:
-        for name in names:
-            self._status_ltimes.pop(name, None)
-
-    def _intent_is_news(self, name: str, ltime: int) -> bool:
-        """serf.go: an intent matters only if newer than the last one seen for that node.
-        Bounded: one entry per name, dropped when the member is forgotten (reaped and,
-        if failed or left, its departed record expired or evicted)."""
-        if ltime <= self._status_ltimes.get(name, -1):
-            return False
-        if name not in self._status_ltimes and len(self._status_ltimes) >= MAX_INTENT_NAMES:
-            return False
-        self._status_ltimes[name] = ltime
-        return True
-
-    def _broadcast(self, payload: bytes) -> None:
-        self._driver.apply(self._driver.node.broadcast_user(payload, now_ms()))
 
 
 def write_keyring(path: Path, keyring: Keyring) -> None:
