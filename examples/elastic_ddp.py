@@ -13,8 +13,17 @@ from __future__ import annotations
 
 import zlib
 
-import torch
-from job import Faults, StepLog, batch, build_model, optimizer_for, parser, start, train
+from job import (
+    Faults,
+    StepLog,
+    build_model,
+    hook_options,
+    optimizer_for,
+    parser,
+    slice_step,
+    start,
+    train,
+)
 from torch import nn
 
 from agent.control import ControlClient
@@ -44,29 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     el = ElasticDDP(
         model,
         opt,
-        job=args.job,
-        control=args.control,
-        min_nodes=args.min_nodes,
-        pg_timeout_s=args.pg_timeout,
-        heartbeat_pause_ms=args.heartbeat_pause_ms,
         local_rank=local_rank,
         local_world_size=local_world_size,
+        **hook_options(args),
     )
     log = StepLog(args.log)
     faults = Faults(args, log, fires=el.local_rank == 0)
 
     def train_step(ddp: nn.Module) -> float:
-        lo, hi = el.shard(args.global_batch)
-        x, y = batch(el.step, args.global_batch)
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(ddp(x[lo:hi]), y[lo:hi])
-        faults.in_backward(el.step, loss)
-        torch.autograd.backward(loss)
-        opt.step()
-        # the mean of the ranks' means is the whole batch's mean (equal slices)
-        total = el.all_reduce(loss.detach().clone() * (hi - lo))
-        mean: float = float(total) / args.global_batch
-        return mean
+        return slice_step(el, ddp, args, faults, opt)
 
     def details() -> dict[str, object]:
         return {"source": el.last_plan.source if el.last_plan else None}

@@ -17,8 +17,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-from job import Faults, StepLog, batch, build_model, optimizer_for, parser, start, train
+from job import (
+    Faults,
+    StepLog,
+    build_model,
+    hook_options,
+    optimizer_for,
+    parser,
+    slice_step,
+    start,
+    train,
+)
 from torch import nn
 
 from torchhook.elastic_fsdp import ElasticFSDP
@@ -36,30 +45,15 @@ def main(argv: list[str] | None = None) -> int:
         optimizer_for,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
-        job=args.job,
-        control=args.control,
-        min_nodes=args.min_nodes,
-        pg_timeout_s=args.pg_timeout,
-        heartbeat_pause_ms=args.heartbeat_pause_ms,
+        **hook_options(args),
     )
     log = StepLog(args.log)
     every = args.checkpoint_every
     faults = Faults(args, log, fires=el.local_rank == 0, skip=lambda step: step % every == 0)
 
     def train_step(model: nn.Module) -> float:
-        # optimizer and step are read here: both change when the group re-forms
-        lo, hi = el.shard(args.global_batch)
-        x, y = batch(el.step, args.global_batch)
-        opt = el.optimizer
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi])
-        faults.in_backward(el.step, loss)
-        torch.autograd.backward(loss)
-        opt.step()
-        # the global batch's mean from the ranks' slice means, weighted by slice size
-        total = el.all_reduce(loss.detach().clone() * (hi - lo))
-        mean: float = float(total) / args.global_batch
-        return mean
+        # the optimizer is read here: it changes when the group re-forms
+        return slice_step(el, model, args, faults, el.optimizer)
 
     def details() -> dict[str, object]:
         return {"resumed": el.resumed_step, "load_s": round(el.last_load_s, 4)}

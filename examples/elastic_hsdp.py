@@ -13,8 +13,17 @@ record's checksum covers this rank's shards, equal on every node for the same lo
 
 from __future__ import annotations
 
-import torch
-from job import Faults, StepLog, batch, build_model, optimizer_for, parser, start, train
+from job import (
+    Faults,
+    StepLog,
+    build_model,
+    hook_options,
+    optimizer_for,
+    parser,
+    slice_step,
+    start,
+    train,
+)
 from torch import nn
 
 from torchhook.elastic_hsdp import ElasticHSDP
@@ -27,26 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     el = ElasticHSDP(
         lambda: build_model(args.seed),
         optimizer_for,
-        job=args.job,
-        control=args.control,
-        min_nodes=args.min_nodes,
-        pg_timeout_s=args.pg_timeout,
-        heartbeat_pause_ms=args.heartbeat_pause_ms,
+        **hook_options(args),
     )
     log = StepLog(args.log)
     faults = Faults(args, log, fires=el.local_rank == 0)
 
     def forward_backward(model: nn.Module) -> float:
         # forward and backward only: ElasticHSDP reduces across nodes, commits and steps
-        lo, hi = el.shard(args.global_batch)
-        x, y = batch(el.step, args.global_batch)
-        loss = nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi])
-        faults.in_backward(el.step, loss)
-        torch.autograd.backward(loss)
-        # the global batch's mean from the ranks' slice means, weighted by slice size
-        total = el.all_reduce(loss.detach().clone() * (hi - lo))
-        mean: float = float(total) / args.global_batch
-        return mean
+        return slice_step(el, model, args, faults, None)
 
     def details() -> dict[str, object]:
         plan = el.last_plan

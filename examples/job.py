@@ -1,7 +1,8 @@
 """What the in-process example trainers share: one job (model, data, optimizer, the
-failure-free reference), their command line, their step log, planned faults and the
-training loop. elastic_ddp.py, elastic_hsdp.py and elastic_fsdp.py differ only in the
-hook they drive and in what one step does. Run as scripts, this directory is on sys.path.
+failure-free reference), their command line and the hook options it sets, one step on a
+rank's slice of the global batch, their step log, planned faults and the training loop.
+elastic_ddp.py, elastic_hsdp.py and elastic_fsdp.py differ only in the hook they drive and
+in what they pass to one step. Run as scripts, this directory is on sys.path.
 
 The job: a small MLP on a fixed synthetic regression. The global batch of each step is
 fixed (``--global-batch``, 12) and every rank takes an equal slice of it, so the loss curve
@@ -100,6 +101,42 @@ def parser(description: str | None, *, job: str, pg_timeout_s: float) -> argpars
     ap.add_argument("--reference", action="store_true", help="print the failure-free curve")
     ap.add_argument("--seed", type=int, default=0)
     return ap
+
+
+def hook_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments every elastic hook takes from the command line."""
+    return {
+        "job": args.job,
+        "control": args.control,
+        "min_nodes": args.min_nodes,
+        "pg_timeout_s": args.pg_timeout,
+        "heartbeat_pause_ms": args.heartbeat_pause_ms,
+    }
+
+
+def slice_step(
+    el: Any,
+    model: nn.Module,
+    args: argparse.Namespace,
+    faults: Faults,
+    opt: torch.optim.Optimizer | None,
+) -> float:
+    """Forward and backward on this rank's equal slice of step ``el.step``'s global batch
+    (``faults`` may fire inside backward), between ``opt.zero_grad()`` and ``opt.step()``
+    when ``opt`` is given (ElasticHSDP steps its optimizer itself); returns the global
+    batch's mean loss, from the ranks' slice means weighted by slice size."""
+    lo, hi = el.shard(args.global_batch)
+    x, y = batch(el.step, args.global_batch)
+    if opt is not None:
+        opt.zero_grad()
+    loss = nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi])
+    faults.in_backward(el.step, loss)
+    torch.autograd.backward(loss)
+    if opt is not None:
+        opt.step()
+    total = el.all_reduce(loss.detach().clone() * (hi - lo))
+    mean: float = float(total) / args.global_batch
+    return mean
 
 
 def start(args: argparse.Namespace) -> bool:
