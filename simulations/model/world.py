@@ -1,48 +1,47 @@
 """A deterministic discrete-event world of real ``swim.Node`` state machines.
 
 Rules:
-- One event queue: a heap of the distinct integer virtual milliseconds that have events,
-  and per millisecond a list of plain tuples ``(kind, node, a, b)`` in the order they were
-  scheduled (a calendar queue: with thousands of nodes most milliseconds hold many events,
-  so a push is a list append and the heap stays small; the order is exactly that of a
-  heap on (time, sequence number)). A dispatch on ``kind`` (packet, timer, stream served,
-  stream result, scheduled call). No trio, sockets, threads or wall clock: the driver
-  advances time with ``run_until``.
+- One event queue (``calendar``: same time ⇒ handled in schedule order) and a dispatch on
+  the event's kind (packet, timer, stream served, stream result, scheduled call). No trio,
+  sockets, threads or wall clock: the driver advances time with ``run_until``.
 - One seeded ``random.Random``; the network, the scenario's fault choices and every node's
   RNG are derived from it in a fixed order, so the same seed gives the same run.
 - Packets are the real encoded bytes a node emitted, routed by address through the
-  ``Network`` (latency, loss, partitions). Streams (push-pull, TCP ping) are parsed with
-  the receiving node's own ``parse_stream`` and answered with ``handle_stream``; a
-  connection costs three one-way delays (SYN, SYN-ACK, data) before the server sees it.
+  ``Network`` (latency, loss, partitions). A stream connection costs three one-way delays
+  (SYN, SYN-ACK, data) before the server sees it; what the ends read: ``streams``.
 - A crashed node handles nothing (its in-flight timers are dropped, packets to it are
   lost); a restarted node is a new ``Node`` under the same name and address that joins
   through a live member. A leaving node stops one second after ``leave`` (serf
-  ``LeavePropagateDelay``).
-- Slow members (Lifeguard paper §V, CPU exhaustion): every datagram or stream to a slow
-  node waits for the previous ones to finish, plus ``delay_ms`` of service time; timers
-  fire ``timer_delay_ms`` late; nothing is handled during a pause. Inputs queue up and are
-  handled late (with the late time as ``now_ms``), and datagrams beyond ``queue_limit``
-  queued ones are dropped (memberlist ``HandoffQueueDepth`` 1024).
-- The trace hash is blake2b over (time, observer, kind, member, incarnation) of every
-  membership event, then the packet and stream totals: equal seeds give equal hashes.
+  ``LeavePropagateDelay``, https://github.com/hashicorp/serf/blob/master/serf/config.go).
+  Slow members: ``faults``. The trace hash: ``trace``.
 
-Sources: DESIGN.md (sans-IO core, timers as values), research/protocol-anchors.md §1.1
-(HandoffQueueDepth), §1.5, §3 (Lifeguard evaluation), serf ``LeavePropagateDelay``.
+Design: docs/design.md §1 (the sans-IO core, timers as values), §5 (SWIM/memberlist facts).
 """
 
 from __future__ import annotations
 
-import hashlib
-import heapq
 import random
 from collections.abc import Callable
 from typing import Any
 
 import swim
+from simulations.model.calendar import Calendar
+from simulations.model.faults import DROP, NOW, SlowSpec, SlowState
 from simulations.model.network import Latency, Network
-from simulations.model.world_types import InputChecker, Listener, SlowSpec, SlowState, Traffic
-from swim import Address, Config, MemberEvent, Node, Output, StreamRequest, UrgentProbeOutcome
-from swim.wire import WireError
+from simulations.model.streams import read_reply, read_request
+from simulations.model.trace import Trace
+from simulations.model.world_types import InputChecker, Listener, Traffic
+from swim import (
+    Address,
+    Config,
+    MemberEvent,
+    MembershipSnapshot,
+    Node,
+    Output,
+    SeedMember,
+    StreamRequest,
+    UrgentProbeOutcome,
+)
 
 K_PACKET = 0
 K_TIMER = 1
@@ -105,11 +104,8 @@ class World:
         self.packets_queue_dropped = 0
         self._addr_idx: dict[Address, int] = {}
         self._slow: dict[int, SlowState] = {}
-        self._times: list[int] = []
-        """Heap of the distinct virtual times that have events."""
-        self._buckets: dict[int, list[tuple[int, int, Any, Any]]] = {}
-        """Events per time, in the order they were scheduled: ``(kind, node, a, b)``."""
-        self._hash = hashlib.blake2b(digest_size=16)
+        self._calendar = Calendar()
+        self._trace = Trace()
         self._width = max(3, len(str(max(n - 1, 0))))
         for _ in range(n):
             self.add_node()
@@ -163,16 +159,12 @@ class World:
         return False
 
     def _bootstrap(self) -> None:
-        api: Any = swim  # typed loosely: the snapshot API is newer than some cores
-        members = [
-            api.SeedMember(self.names[i], self.nodes[i].address) for i in range(len(self.nodes))
-        ]
-        snapshot = api.MembershipSnapshot.build(members, self.now_ms)
+        members = [SeedMember(self.names[i], node.address) for i, node in enumerate(self.nodes)]
+        snapshot = MembershipSnapshot.build(members, self.now_ms)
         for idx, node in enumerate(self.nodes):
             self.up[idx] = True
             out = node.start(self.now_ms)
-            boot: Any = node
-            out.extend(boot.bootstrap(snapshot, self.now_ms))
+            out.extend(node.bootstrap(snapshot, self.now_ms))
             self._apply(idx, node, out)
 
     def live(self, idx: int) -> bool:
@@ -197,10 +189,6 @@ class World:
             self.up[idx] = False
             self._notify("crash", idx)
 
-    def _random_live_peer(self, idx: int) -> int | None:
-        peers = [i for i in self.live_indices() if i != idx]
-        return peers[self.rng.randrange(len(peers))] if peers else None
-
     def restart(self, idx: int, via: int | None = None) -> None:
         """A new process with the same name and address joins through a live member."""
         self.up[idx] = False
@@ -215,7 +203,10 @@ class World:
         self._join(idx, via)
 
     def _join(self, idx: int, via: int | None) -> None:
-        peer = self._random_live_peer(idx) if via is None else via
+        peer = via
+        if via is None:  # a random live member
+            peers = [i for i in self.live_indices() if i != idx]
+            peer = peers[self.rng.randrange(len(peers))] if peers else None
         if peer is not None:
             node = self.nodes[idx]
             self._apply(idx, node, node.join([self.nodes[peer].address], self.now_ms))
@@ -289,8 +280,9 @@ class World:
         return self.now_ms if predicate() else -1
 
     def run_until(self, t_end: int) -> None:
-        times = self._times
-        buckets = self._buckets
+        calendar = self._calendar
+        times = calendar.times
+        buckets = calendar.buckets
         nodes = self.nodes
         up = self.up
         slow = self._slow
@@ -327,8 +319,7 @@ class World:
                 else:
                     self._dispatch_rare(t, kind, idx, a, b)
             processed += i
-            heapq.heappop(times)
-            del buckets[t]
+            calendar.done(t)
         self.events_processed += processed
         if t_end > self.now_ms:
             self.now_ms = t_end
@@ -366,32 +357,19 @@ class World:
 
     def _defer(self, t: int, kind: int, idx: int, a: Any, b: Any) -> bool:
         """Queue an input of a slow node; False if it can be handled right now."""
-        st = self._slow[idx]
-        spec = st.spec
-        timer = kind == K_TIMER
-        start = t if timer else max(t, st.free_at_ms)
-        for p_start, p_end in spec.pauses:
-            if p_start <= start < p_end:
-                start = p_end
-        done = start + (spec.timer_delay_ms if timer else spec.delay_ms)
-        if done <= t:
+        due = self._slow[idx].admit(t, timer=kind == K_TIMER, datagram=kind == K_PACKET)
+        if due == NOW:
             return False
-        if timer:
-            self._push(done, kind + LATE, idx, a, b)
-            return True
-        if kind == K_PACKET and st.queued >= spec.queue_limit:
-            st.dropped += 1
+        if due == DROP:
             self.packets_queue_dropped += 1
-            return True
-        st.free_at_ms = done
-        st.queued += 1
-        self._push(done, kind + LATE, idx, a, b)
+        else:
+            self._push(due, kind + LATE, idx, a, b)
         return True
 
     def _apply(self, idx: int, node: Node, out: Output) -> None:
         if out.events:
             self._on_events(idx, out.events)
-        buckets = self._buckets
+        buckets = self._calendar.buckets
         for timer in out.timers:
             at = timer.deadline_ms
             bucket = buckets.get(at)
@@ -431,12 +409,11 @@ class World:
             self._open_stream(idx, node, request)
 
     def _on_events(self, idx: int, events: list[MemberEvent]) -> None:
-        h = self._hash
+        record = self._trace.record
         t = self.now_ms
         listeners = self.listeners
         for e in events:
-            m = e.member
-            h.update(f"{t} {idx} {e.kind.value} {m.name} {m.incarnation}\n".encode())
+            record(t, idx, e)
             self.member_events += 1
             for listener in listeners:
                 listener.on_event(idx, e)
@@ -457,14 +434,7 @@ class World:
 
     def _push(self, t: int, kind: int, idx: int, a: Any, b: Any) -> None:
         """Schedule an event; never in the past. Same time ⇒ handled in schedule order."""
-        if t < self.now_ms:
-            t = self.now_ms
-        bucket = self._buckets.get(t)
-        if bucket is None:
-            self._buckets[t] = [(kind, idx, a, b)]
-            heapq.heappush(self._times, t)
-        else:
-            bucket.append((kind, idx, a, b))
+        self._calendar.push(t if t >= self.now_ms else self.now_ms, (kind, idx, a, b))
 
     def _result_at(
         self, t: int, idx: int, node: Node, stream_id: int, reply: bytes | None, error: str
@@ -484,15 +454,11 @@ class World:
         traffic = self.traffic
         traffic.streams_in[idx] += 1
         traffic.stream_bytes_in[idx] += len(request.data)
-        try:
-            parsed = node.parse_stream(request.data)
-        except WireError as exc:
-            node.record_drop(exc.reason)
-            parsed = None
-        if parsed is None:
+        message = read_request(node, request.data)
+        if message is None:
             self._result_at(self.now_ms + d, src, src_node, request.stream_id, None, "bad request")
             return
-        out = node.handle_stream(src_node.address, parsed[0], self.now_ms)
+        out = node.handle_stream(src_node.address, message, self.now_ms)
         reply = out.reply
         self._apply(idx, node, out)
         if not request.expect_reply:
@@ -509,51 +475,21 @@ class World:
 
     def _stream_result(self, idx: int, node: Node, b: tuple[int, bytes | None, str]) -> Output:
         stream_id, reply, error = b
-        message: Any = None
         if reply is not None:
             self.traffic.stream_bytes_in[idx] += len(reply)
-            try:
-                got = node.parse_stream(reply)
-                message = None if got is None else got[0]
-                if got is None:
-                    error = "truncated reply"
-            except WireError as exc:
-                error = str(exc)
+        message, error = read_reply(node, reply, error)
         return node.handle_stream_response(stream_id, message, self.now_ms, error)
 
     # --- results ------------------------------------------------------------------------
 
     def trace_hash(self) -> str:
-        """blake2b of every membership event so far, then the traffic totals."""
-        h = self._hash.copy()
+        """The run's fingerprint so far (``simulations.model.trace``)."""
         t = self.traffic
-        totals = (
-            self.now_ms,
-            sum(t.pkts_out),
-            sum(t.bytes_out),
-            sum(t.pkts_in),
-            sum(t.streams_out),
-            self.packets_lost,
-            self.packets_to_down,
-        )
-        h.update(repr(totals).encode())
-        return h.hexdigest()
+        sums = (sum(t.pkts_out), sum(t.bytes_out), sum(t.pkts_in), sum(t.streams_out))
+        return self._trace.digest((self.now_ms, *sums, self.packets_lost, self.packets_to_down))
 
     def pending_events(self) -> int:
-        return sum(len(b) for b in self._buckets.values())
+        return self._calendar.pending()
 
 
-__all__ = [
-    "K_CALL",
-    "K_PACKET",
-    "K_RESULT",
-    "K_SERVE",
-    "K_TIMER",
-    "LATE",
-    "InputChecker",
-    "Listener",
-    "SlowSpec",
-    "Traffic",
-    "World",
-    "snapshot_available",
-]
+__all__ = ["InputChecker", "Listener", "SlowSpec", "Traffic", "World", "snapshot_available"]

@@ -1,5 +1,5 @@
-"""Value types of the simulated world: slow-member specs, per-node traffic counters, and
-the listener protocols that the invariant checker and the metrics implement.
+"""Value types of the simulated world: per-node traffic counters, and the listener
+protocols that the invariant checker and the metrics implement.
 
 Rules: plain slotted dataclasses and lists indexed by node number, so the event loop's
 per-packet bookkeeping is a list increment (see ``simulations.model.world``).
@@ -11,32 +11,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from swim import MemberEvent, Node
-
-
-@dataclass(slots=True)
-class SlowSpec:
-    """How a slow member processes its inputs."""
-
-    delay_ms: int = 0
-    """Service time per input: each input finishes this long after the previous one."""
-    pauses: tuple[tuple[int, int], ...] = ()
-    """Virtual-time intervals [start, end) during which the process is stopped."""
-    queue_limit: int = 1024
-    """Datagrams beyond this many queued inputs are dropped."""
-    timer_delay_ms: int = 0
-    """Timers fire this late (and after any pause), without waiting behind queued packets:
-    a starved process still runs its timer goroutine while its receive path lags, which is
-    how a slow member comes to miss acks and accuse healthy peers (Lifeguard §III)."""
-
-
-@dataclass(slots=True)
-class SlowState:
-    """A slow member's queue: when its receive path is free again, how much is queued."""
-
-    spec: SlowSpec
-    free_at_ms: int = 0
-    queued: int = 0
-    dropped: int = 0
 
 
 class Listener(Protocol):
@@ -82,4 +56,4 @@ class Traffic:
         return {k: list(v) for k, v in self.columns().items()}
 
 
-__all__ = ["InputChecker", "Listener", "SlowSpec", "SlowState", "Traffic"]
+__all__ = ["InputChecker", "Listener", "Traffic"]
