@@ -29,7 +29,7 @@ import click
 
 from agent.config import AgentConfigError, load, parse_tag_args
 from agent.control import ControlClient, ControlError
-from swim.config import PROFILES
+from swim import PROFILES
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
