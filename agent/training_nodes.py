@@ -26,7 +26,7 @@ from agent.control import ControlClient, ControlError
 from agent.demo import agent_command
 from agent.procs import free_port, stop, until
 
-__all__ = ["ROOT", "TrainingNode", "start_nodes"]
+__all__ = ["ROOT", "TrainingNode", "reference_losses", "start_nodes"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,6 +152,21 @@ class TrainingNode:
         """SIGKILL the whole node (a stopped process dies of SIGKILL too) and reap it."""
         stop(self.agent, sig=signal.SIGKILL, group=True)  # the agent leads the node's group
         stop(*self.trainers, sig=signal.SIGKILL)  # gone with the group: reaped here
+
+
+def reference_losses(script: str | Path, steps: int, seed: int) -> list[float]:
+    """The failure-free loss curve of an example trainer (its ``--reference``: the same
+    training in one process on the whole batch), for comparing a run's losses against."""
+    out = subprocess.run(
+        [sys.executable, str(script), "--reference", "--steps", str(steps), "--seed", str(seed)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=True,
+    )
+    losses: list[float] = json.loads(out.stdout)
+    return losses
 
 
 def start_nodes(

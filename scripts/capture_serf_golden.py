@@ -157,6 +157,12 @@ class NodeSpec:
     def rpc_addr(self) -> str:
         return f"127.0.0.1:{self.rpc_port}"
 
+    @property
+    def dscp_rule(self) -> list[str]:
+        """The mangle/OUTPUT rule that stamps this agent's packets with its DSCP value."""
+        owner = ["-m", "owner", "--gid-owner", str(self.gid)]
+        return ["-o", "lo", *owner, "-j", "DSCP", "--set-dscp", str(self.dscp)]
+
 
 def make_nodes(gossip_base: int, rpc_base: int) -> list[NodeSpec]:
     return [
@@ -398,18 +404,7 @@ class Scenario:
         until(lambda: "listening on" in read_text(td_log), 15, "tcpdump to listen")
 
         for node in self.nodes.values():
-            spec = [
-                "-o",
-                "lo",
-                "-m",
-                "owner",
-                "--gid-owner",
-                str(node.gid),
-                "-j",
-                "DSCP",
-                "--set-dscp",
-                str(node.dscp),
-            ]
+            spec = node.dscp_rule
             self.res.add_rule("mangle", "OUTPUT", spec)
             self.run.commands.append(
                 {
@@ -520,22 +515,7 @@ class Scenario:
             self.res.stop(f"serf-{name}")
         self.res.stop("tcpdump", signal.SIGINT, timeout=10)
         for node in self.nodes.values():
-            self.res.remove_rule(
-                "mangle",
-                "OUTPUT",
-                [
-                    "-o",
-                    "lo",
-                    "-m",
-                    "owner",
-                    "--gid-owner",
-                    str(node.gid),
-                    "-j",
-                    "DSCP",
-                    "--set-dscp",
-                    str(node.dscp),
-                ],
-            )
+            self.res.remove_rule("mangle", "OUTPUT", node.dscp_rule)
         self.run.tcpdump_stats = " / ".join(
             line.strip() for line in read_text(td_log).splitlines() if "packets" in line
         )

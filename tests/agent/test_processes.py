@@ -60,15 +60,20 @@ def test_sixteen_agents_join_detect_and_rejoin(sixteen: list[LocalAgent], tmp_pa
     assert survivors[0].members()[victim.name]["incarnation"] > old_incarnation
 
 
-def _swimctl(agent: LocalAgent, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
+    """``swimctl ARGS`` (python -m agent.cli) from the repository root."""
     return subprocess.run(
-        [sys.executable, "-m", "agent.cli", "--control", str(agent.control), *args],
+        [sys.executable, "-m", "agent.cli", *args],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=timeout_s,
         cwd=ROOT,
         check=False,
     )
+
+
+def _swimctl(agent: LocalAgent, *args: str) -> subprocess.CompletedProcess[str]:
+    return _cli("--control", str(agent.control), *args)
 
 
 def test_swimctl_against_live_agents(tmp_path: Path) -> None:
@@ -115,21 +120,7 @@ def test_swimctl_against_live_agents(tmp_path: Path) -> None:
         assert refused.returncode == 1 and refused.stdout == ""
         assert "ghost: not probed (unknown)" in refused.stderr
         assert "agent-0: not probed (self)" in refused.stderr
-        nobody = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "agent.cli",
-                "--control",
-                str(tmp_path / "none.sock"),
-                "members",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            cwd=ROOT,
-            check=False,
-        )
+        nobody = _cli("--control", str(tmp_path / "none.sock"), "members")
         assert nobody.returncode == 1 and "cannot reach the agent" in nobody.stderr
         # join is idempotent for known members; a dead address reports an error
         ok = _swimctl(agents[2], "join", f"127.0.0.1:{agents[0].port}")
@@ -170,26 +161,12 @@ def test_sigterm_leaves_and_sighup_reloads_tags(tmp_path: Path) -> None:
 
 
 def test_bad_flags_exit_2_with_a_clear_message(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "agent", "--bind", "nowhere:1"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        cwd=ROOT,
-        check=False,
-    )
+    out = _cli("agent", "--bind", "nowhere:1")
     assert out.returncode == 2 and "bind: 'nowhere' is not an IP address" in out.stderr
 
 
 def test_swimctl_demo_runs_and_cleans_up() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "agent.cli", "demo", "--agents", "4"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=ROOT,
-        check=False,
-    )
+    out = _cli("demo", "--agents", "4", timeout_s=240)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "all 4 agents see each other alive" in out.stdout
     assert "every survivor declared agent-3 dead" in out.stdout

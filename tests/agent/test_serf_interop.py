@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +84,13 @@ def _stop_all(serfs: list[LocalSerf], swims: list[LocalAgent]) -> None:
         w.stop(signal.SIGKILL)
 
 
+def _see_alive(observers: Sequence[LocalSerf | LocalAgent], names: set[str]) -> bool:
+    """Every observer sees exactly ``names`` alive."""
+    return all(
+        {n for n, m in o.members().items() if m["status"] == "alive"} == names for o in observers
+    )
+
+
 @pytest.fixture(params=[None, KEY], ids=["plain", "encrypted"])
 def mixed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Mixed]:
     cluster = _start(tmp_path, request.param)
@@ -95,22 +102,8 @@ def mixed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Mixed]:
 
 def test_mixed_cluster_forms_fails_leaves_and_shares_tags(mixed: Mixed) -> None:
     names = {"s0", "s1", "s2", "w0", "w1", "w2"}
-    settle(
-        lambda: all(
-            {n for n, m in s.members().items() if m["status"] == "alive"} == names
-            for s in mixed.serfs
-        ),
-        30,
-        "serf sees everyone alive",
-    )
-    settle(
-        lambda: all(
-            {n for n, m in w.members().items() if m["status"] == "alive"} == names
-            for w in mixed.swims
-        ),
-        30,
-        "swim sees everyone alive",
-    )
+    settle(lambda: _see_alive(mixed.serfs, names), 30, "serf sees everyone alive")
+    settle(lambda: _see_alive(mixed.swims, names), 30, "swim sees everyone alive")
     # tags cross both ways
     assert mixed.serfs[0].members()["w1"]["tags"] == {"role": "swim"}
     assert mixed.swims[0].members()["s1"]["tags"] == {"role": "serf"}

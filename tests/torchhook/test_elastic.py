@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -25,7 +23,7 @@ from typing import Any
 import pytest
 
 from agent.procs import until
-from agent.training_nodes import ROOT, TrainingNode, start_nodes
+from agent.training_nodes import TrainingNode, reference_losses, start_nodes
 
 pytest.importorskip("torch", reason="the torch hook needs torch (pip install '.[torch]')")
 pytestmark = pytest.mark.slow
@@ -53,12 +51,7 @@ def _finish(nodes: list[TrainingNode], tmp_path: Path, extra_steps: int = 20) ->
 
 def _reference(steps: int, first_leader: str) -> list[float]:
     seed = zlib.crc32(f"{first_leader}/0".encode())  # examples/elastic_ddp.py rank_seed
-    out = subprocess.run(
-        [sys.executable, SCRIPT, "--reference", "--steps", str(steps), "--seed", str(seed)],
-        capture_output=True, text=True, timeout=60, cwd=ROOT, check=True,
-    )  # fmt: skip
-    losses: list[float] = json.loads(out.stdout)
-    return losses
+    return reference_losses(SCRIPT, steps, seed)
 
 
 def _check_consistent(nodes: list[TrainingNode], stop_at: int, world: int) -> dict[str, Any]:

@@ -13,15 +13,13 @@ in order from it, and every logged loss equals the unsharded single-process refe
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.procs import until
-from agent.training_nodes import ROOT, TrainingNode, start_nodes
+from agent.training_nodes import TrainingNode, reference_losses, start_nodes
 
 pytest.importorskip("torch", reason="the torch hook needs torch (pip install '.[torch]')")
 
@@ -43,15 +41,6 @@ def _args(tmp_path: Path, pg_timeout_s: float, min_nodes: int) -> list[str]:
     ]  # fmt: skip
 
 
-def _reference(steps: int) -> list[float]:
-    out = subprocess.run(
-        [sys.executable, SCRIPT, "--reference", "--steps", str(steps), "--seed", str(SEED)],
-        capture_output=True, text=True, timeout=60, cwd=ROOT, check=True,
-    )  # fmt: skip
-    losses: list[float] = json.loads(out.stdout)
-    return losses
-
-
 def _check(
     survivors: list[TrainingNode], victim: TrainingNode, stop_at: int, before: int, after: int
 ) -> dict[str, Any]:
@@ -59,7 +48,7 @@ def _check(
     fault_step = max(r["step"] for r in victim.steps()) + 1  # steps completed at the kill
     assert fault_step % EVERY != 0, "the fault must land between checkpoints"
     assert victim.steps()[-1]["world"] == before  # earlier steps may be smaller (joining)
-    ref = _reference(stop_at)
+    ref = reference_losses(SCRIPT, stop_at, SEED)
     worst = 0.0
     first_new: list[dict[str, Any]] = []
     for n, lr in ((node, lr) for node in survivors for lr in range(node.ranks)):

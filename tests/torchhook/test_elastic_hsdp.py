@@ -10,14 +10,12 @@ reference. Every surviving replica ends with the same shards and optimizer state
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from agent.procs import until
-from agent.training_nodes import ROOT, start_nodes
+from agent.training_nodes import reference_losses, start_nodes
 
 pytest.importorskip("torch", reason="the torch hook needs torch (pip install '.[torch]')")
 pytestmark = pytest.mark.slow
@@ -49,13 +47,7 @@ def test_a_node_dies_and_the_replicas_go_on_from_memory(tmp_path: Path) -> None:
         for n in survivors:
             assert all(t.wait(20) == 0 for t in n.trainers), n.tail()
 
-        command = [sys.executable, SCRIPT, "--reference", "--steps", str(stop_at)]
-        reference = json.loads(
-            subprocess.run(
-                [*command, "--seed", str(SEED)],
-                capture_output=True, text=True, timeout=60, cwd=ROOT, check=True,
-            ).stdout
-        )  # fmt: skip
+        reference = reference_losses(SCRIPT, stop_at, SEED)
         worst = 0.0
         for n in survivors:
             for lr in range(n.ranks):
