@@ -8,9 +8,10 @@ SIGSTOP = hung host. The measure is the time from the fault to the first trainin
 completed in a new group without the victim (world 3N → 2N), read from the workers' step
 logs (one JSON line per step and worker).
 
-Research/torch-elastic.md §B6 found stock c10d recovering from a SIGKILL in ~38 s and not at
-all from a SIGSTOP within 40 s (gloo's 30 min timeout, pytorch#111646); the observation
-window here is bounded the same way.
+Stock c10d needs its keep-alive expiry and last call after a SIGKILL (~38 s measured here
+before this benchmark existed) and does not recover from a SIGSTOP within 40 s at all: the
+survivors wait out gloo's 30 min collective timeout (pytorch/pytorch#111646; docs/design.md
+§7). The observation window here is bounded accordingly.
 
     python -m bench.torchrun_recovery [--nproc-per-node 1] [--window-s 40] [--c10d-kill-window-s 90]
 """
@@ -340,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         "--c10d-kill-window-s",
         type=float,
         default=90.0,
-        help="c10d needs keep-alive expiry (15 s) + last call (30 s) after a crash (§A1)",
+        help="c10d needs keep-alive expiry (15 s) + last call (30 s) after a crash",
     )
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args(argv)

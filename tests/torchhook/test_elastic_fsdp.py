@@ -88,7 +88,7 @@ def _check(
 # "kill": the node dies at a step boundary; the survivors wait in our interruptible
 # all-reduces and leave on the verdict (or a gloo error). "kill-in-backward": it dies inside
 # an FSDP reduce-scatter, which nothing can interrupt; whoever is not wired to it leaves
-# only at the PG timeout (research §B5), so that case runs with a short one.
+# only at the PG timeout (docs/training.md §5, facts 1-2), so that case runs with a short one.
 @pytest.mark.parametrize(
     ("fault", "pg_timeout_s", "count", "ranks"),
     [("kill", 15.0, 3, 2), ("kill-in-backward", 8.0, 4, 1)],
