@@ -61,9 +61,7 @@ from simulations.experiments import heartbeat as hb
 from simulations.experiments.harness import Params, Sim, build, combine_hashes, pauses
 from simulations.model.metrics import CrashRecord, LoadWindow
 from simulations.model.world import SlowSpec, World
-from swim import Config, EventKind, MemberEvent, Node
-from swim.config import PROFILES
-from swim.membership import suspicion_window_ms
+from swim import PROFILES, Config, EventKind, MemberEvent, Node, suspicion_window_ms
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "lan": ("lan", {}),

@@ -28,8 +28,7 @@ from simulations.model.invariants import InvariantChecker
 from simulations.model.metrics import Metrics
 from simulations.model.network import GilbertElliott, parse_latency
 from simulations.model.world import World
-from swim import Config, Node
-from swim.config import PROFILES
+from swim import PROFILES, Config, Node
 
 PRESETS: dict[str, Callable[..., Config]] = {
     name: functools.partial(Config.profile, name) for name in PROFILES
@@ -253,15 +252,3 @@ def pauses(
 
 def mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
-
-
-def agree_all_alive(world: World) -> bool:
-    """Every live member sees exactly the live members as alive (and nothing else alive)."""
-    live = world.live_indices()
-    want = {world.names[i] for i in live}
-    for i in live:
-        node = world.nodes[i]
-        alive = {m.name for m in node.members() if m.state.name == "ALIVE"}
-        if alive != want:
-            return False
-    return True

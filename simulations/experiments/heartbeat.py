@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from phi.detector import PhiAccrualDetector, PhiConfig
+from phi import PhiAccrualDetector, PhiConfig
 from swim import (
     Address,
     Config,
@@ -49,13 +49,15 @@ from swim import (
     Member,
     MemberEvent,
     MembershipSnapshot,
+    MsgType,
     Node,
+    NodeStateType,
     Output,
     Packet,
+    Ping,
     Timer,
+    encode_message,
 )
-from swim.messages import MsgType, NodeStateType, Ping
-from swim.wire import encode_message
 
 HEARTBEAT_TICK = "heartbeat"
 CHECK_TICK = "check"

@@ -28,7 +28,6 @@ from typing import Any
 from simulations.experiments.harness import (
     LIFEGUARD,
     Params,
-    agree_all_alive,
     build,
     combine_hashes,
     drive,
@@ -38,6 +37,7 @@ from simulations.experiments.harness import (
 )
 from simulations.experiments.result import Plot, Result
 from simulations.model.metrics import LoadWindow, Metrics
+from simulations.model.views import converged
 from simulations.model.world import SlowSpec, World
 
 ABLATION_ORDER = ["swim", "lha-probe", "lha-suspicion", "buddy", "full"]
@@ -161,10 +161,10 @@ def partition(p: Params) -> Result:
 def _run_until_agree(world: World, limit_ms: int, p: Params) -> int:
     end = world.now_ms + limit_ms
     while world.now_ms < end:
-        if agree_all_alive(world):
+        if converged(world):
             return world.now_ms
         drive(world, min(end, world.now_ms + 500), p.progress, chunk_ms=500)
-    return world.now_ms if agree_all_alive(world) else -1
+    return world.now_ms if converged(world) else -1
 
 
 def _partial_phase(

@@ -4,7 +4,7 @@ measured for it (command line: ``python -m simulations.params``).
 
 Rules:
 - Computed columns call the same functions as ``swim.Node`` (``swim.formulas``,
-  ``swim.membership.suspicion_window_ms``): nothing is re-derived here.
+  ``swim.suspicion_window_ms``): nothing is re-derived here.
 - Measured columns read a ``simulations.scaling`` result directory (cells.csv, runs.csv):
   latency from the clean condition; false positives as dead declarations about healthy
   members per condition with the healthy member-hours they were counted over (a 0 is
@@ -21,9 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from simulations.reports.files import read_csv
-from swim import Config, formulas
-from swim.config import PROFILES
-from swim.membership import suspicion_window_ms
+from swim import (
+    PROFILES,
+    Config,
+    push_pull_scale_ms,
+    retransmit_limit,
+    suspicion_window_ms,
+)
 
 NODES = (10, 100, 1_000, 10_000)
 
@@ -43,9 +47,9 @@ def computed_row(profile: str, n: int, rtt_ms: int) -> dict[str, Any]:
         "suspicion_min_s": min_ms / 1000,
         "suspicion_max_s": max_ms / 1000,
         "confirmations_k": k,
-        "retransmit_limit": formulas.retransmit_limit(c.retransmit_mult, n),
+        "retransmit_limit": retransmit_limit(c.retransmit_mult, n),
         "gossip": f"{c.gossip_interval_ms} ms × {c.gossip_nodes}",
-        "push_pull_s": formulas.push_pull_scale_ms(c.push_pull_interval_ms, n) / 1000,
+        "push_pull_s": push_pull_scale_ms(c.push_pull_interval_ms, n) / 1000,
     }
 
 
