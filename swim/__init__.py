@@ -30,7 +30,6 @@ from swim.formulas import (
     suspicion_timeout_ms,
     swim_expected_first_detection_periods,
 )
-from swim.membership import suspicion_window_ms
 from swim.messages import (
     Ack,
     Address,
@@ -50,6 +49,7 @@ from swim.messages import (
 )
 from swim.node import LEAVE_FANOUT, Node
 from swim.security import Keyring, KeyringError
+from swim.suspicion import suspicion_window_ms
 from swim.table import MembershipSnapshot, SeedMember
 from swim.wire import (
     Crypto,

@@ -1,19 +1,23 @@
 """The member table and its state transitions: SWIM §4.2 suspicion with incarnation numbers,
-as memberlist implements it, plus Lifeguard's LHA-Suspicion and refutation health.
+as memberlist implements it, plus Lifeguard's refutation health.
 
 Rules (hashicorp/memberlist @ 1b4c746 state.go ``aliveNode``, ``suspectNode``, ``deadNode``,
-``refute``, ``mergeState``, ``resetNodes``; suspicion.go):
-- Alive(i) replaces what we know of a member only if i is newer, or if the member left (or
-  died longer ago than the reclaim time) and comes back from another address. Alive about
-  ourselves that differs from what we are is refuted.
-- Suspect(i) applies to an alive member when i ≥ its incarnation; against an existing
-  suspicion it counts as a confirmation from a distinct sender (Lifeguard), re-gossiped once.
-  Suspicion of ourselves is refuted: incarnation = max(own+1, accused+1), health +1. With
-  ``verify_unconfirmed_suspicion`` (ours), a suspicion of ourselves at an older
-  incarnation re-announces our current alive: its sender missed the refutation.
-- Dead(i) applies when i ≥ the incarnation; a dead message sent by the member itself means
-  it left. Only a leaving node accepts its own death.
-- Only the node itself raises its incarnation.
+``refute``, ``mergeState``, ``resetNodes``; docs/design.md §5.6):
+- Validate, then decide, then mutate. An alive, suspect or dead message first passes the
+  input checks (malformed, a claim on our address under another name, a member at a new
+  address that may not reclaim its name, the member limit); the ``PRECEDENCE`` table then
+  decides, from whom it is about, what we know of them and how its incarnation compares
+  with theirs, what happens: ignore, apply, count a confirmation, refute, re-announce.
+- In words: Alive(i) replaces what we know only if i is newer, or if the member left (or
+  died longer ago than ``dead_node_reclaim_time_ms``) and comes back from another address.
+  Suspect(i) applies to an alive member when i ≥ its incarnation; against an open
+  suspicion it is a confirmation (``swim.suspicion``), re-gossiped once. Dead(i) applies
+  to an alive or suspect member when i ≥ its incarnation; sent by the member itself it
+  means it left. About ourselves: an accusation at our incarnation or newer is refuted
+  (incarnation = max(own+1, accused+1), health +1); our own alive echoed back is not news;
+  with ``verify_unconfirmed_suspicion`` (ours) a suspicion of an older incarnation
+  re-announces our alive, since its sender missed the refutation. A node that has left
+  takes no news about itself. Only the node itself raises its incarnation.
 - Dead and left members stay in the table, gossiped to, for gossip_to_the_dead_time; they
   are reaped when the round-robin probe order wraps, and the order is then reshuffled
   (SWIM §4.3). New members are inserted at a random position among those still to be
@@ -26,11 +30,10 @@ Rules (hashicorp/memberlist @ 1b4c746 state.go ``aliveNode``, ``suspectNode``, `
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from enum import Enum, IntEnum
 
 from swim import formulas, wire
 from swim.compat import Versions, VersionSummary, combine_bounds, summarize
-from swim.config import Config
 from swim.context import Context
 from swim.effects import EventKind
 from swim.member_state import MemberState
@@ -45,11 +48,11 @@ from swim.messages import (
     ip_from_bytes,
 )
 from swim.shared import PushPullDiff, SharedCodec, push_state
+from swim.suspicion import Suspicion, Suspicions
 from swim.table import MembershipSnapshot, MemberTable
-from swim.timers import SuspicionTimeout
 from swim.wire import DropReason
 
-__all__ = ["LEAVE_NOTIFY", "Membership", "suspicion_window_ms"]
+__all__ = ["LEAVE_NOTIFY", "PRECEDENCE", "About", "Membership", "News", "Outcome"]
 
 MAX_NAME_BYTES = 512
 """Longest node name accepted from the wire (memberlist has no bound; we need one)."""
@@ -57,39 +60,92 @@ MAX_NAME_BYTES = 512
 LEAVE_NOTIFY = 1
 
 
-def suspicion_window_ms(config: Config, n: int, typical_rtt_ms: int) -> tuple[int, int, int]:
-    """(min, max, k) of a suspicion opened among ``n`` members (state.go ``suspectNode``).
+class About(IntEnum):
+    """Whom an alive, suspect or dead message is about."""
 
-    min is memberlist's α·log10(n)·interval, or with ``derived_suspicion`` the window a
-    refutation needs (``formulas.derived_suspicion_timeout_ms``) with the RTT bounded by
-    ``probe_timeout_max_ms``, since a stalled member's RTTs include its own pauses. Without
-    dynamic suspicion, max = min and k = 0.
-    """
-    if config.derived_suspicion:
-        min_ms = formulas.derived_suspicion_timeout_ms(
-            n,
-            config.gossip_interval_ms,
-            config.gossip_nodes,
-            min(typical_rtt_ms, config.probe_timeout_max_ms),
-            config.suspicion_safety_mult,
-        )
-    else:
-        min_ms = formulas.suspicion_timeout_ms(config.suspicion_mult, n, config.probe_interval_ms)
-    if not config.lifeguard_dynamic_suspicion:
-        return min_ms, min_ms, 0
-    k = formulas.suspicion_confirmations(config.suspicion_mult, n)
-    return min_ms, config.suspicion_max_timeout_mult * min_ms, k
+    US = 0
+    MEMBER = 1
+    RECLAIMED = 2
+    """A member that left, or died more than ``dead_node_reclaim_time_ms`` ago, announced
+    alive from a new address: a new process under the old name (alive messages only)."""
 
 
-@dataclass(slots=True)
-class _Suspicion:
-    k: int
-    min_ms: int
-    max_ms: int
-    start_ms: int
-    timer_id: int
-    confirmers: set[str] = field(default_factory=set)
-    confirmations: int = 0
+class News(IntEnum):
+    """The message's incarnation against the one we know."""
+
+    OLDER = 0
+    SAME = 1
+    NEWER = 2
+
+
+class Outcome(Enum):
+    IGNORE = "ignore"
+    """Old news, or news that changes nothing."""
+    APPLY = "apply"
+    """Take the message's state and incarnation, gossip it on, report the change."""
+    CONFIRM = "confirm"
+    """Another accuser of an open suspicion: a confirmation (``swim.suspicion``); gossiped
+    on if it counted."""
+    REFUTE = "refute"
+    """An accusation of us: outbid it with a new incarnation and gossip our alive."""
+    REFUTE_IF_CHANGED = "refute_if_changed"
+    """An alive about us at our incarnation: our own echo if meta and versions are ours
+    (ignore), else a stale or forged version of us (refute)."""
+    REANNOUNCE = "reannounce"
+    """An accusation of an older incarnation of us: with ``verify_unconfirmed_suspicion``
+    gossip our current alive again (no new incarnation), else ignore."""
+
+
+_ALIVE, _SUSPECT, _DEAD, _LEFT = (
+    NodeStateType.ALIVE,
+    NodeStateType.SUSPECT,
+    NodeStateType.DEAD,
+    NodeStateType.LEFT,
+)
+_IGNORE, _APPLY, _CONFIRM, _REFUTE, _REFUTE_IF_CHANGED, _REANNOUNCE = Outcome
+_ALL_IGNORED = (_IGNORE, _IGNORE, _IGNORE)
+
+_RULES: tuple[tuple[About, NodeStateType, NodeStateType, tuple[Outcome, Outcome, Outcome]], ...] = (
+    # about, what we know, the message: outcome for an (older, same, newer) incarnation
+    (About.US, _ALIVE, _ALIVE, (_IGNORE, _REFUTE_IF_CHANGED, _REFUTE)),
+    (About.US, _ALIVE, _SUSPECT, (_REANNOUNCE, _REFUTE, _REFUTE)),
+    (About.US, _ALIVE, _DEAD, (_IGNORE, _REFUTE, _REFUTE)),
+    # we have left (Node.leave): nothing about us is news any more
+    (About.US, _LEFT, _ALIVE, _ALL_IGNORED),
+    (About.US, _LEFT, _SUSPECT, (_REANNOUNCE, _IGNORE, _IGNORE)),
+    (About.US, _LEFT, _DEAD, _ALL_IGNORED),
+    (About.MEMBER, _ALIVE, _ALIVE, (_IGNORE, _IGNORE, _APPLY)),
+    (About.MEMBER, _ALIVE, _SUSPECT, (_IGNORE, _APPLY, _APPLY)),
+    (About.MEMBER, _ALIVE, _DEAD, (_IGNORE, _APPLY, _APPLY)),
+    (About.MEMBER, _SUSPECT, _ALIVE, (_IGNORE, _IGNORE, _APPLY)),
+    # memberlist, not the paper: a newer suspicion of a suspect only confirms the open one
+    (About.MEMBER, _SUSPECT, _SUSPECT, (_IGNORE, _CONFIRM, _CONFIRM)),
+    (About.MEMBER, _SUSPECT, _DEAD, (_IGNORE, _APPLY, _APPLY)),
+    (About.MEMBER, _DEAD, _ALIVE, (_IGNORE, _IGNORE, _APPLY)),
+    (About.MEMBER, _DEAD, _SUSPECT, _ALL_IGNORED),
+    (About.MEMBER, _DEAD, _DEAD, _ALL_IGNORED),
+    (About.MEMBER, _LEFT, _ALIVE, (_IGNORE, _IGNORE, _APPLY)),
+    (About.MEMBER, _LEFT, _SUSPECT, _ALL_IGNORED),
+    (About.MEMBER, _LEFT, _DEAD, _ALL_IGNORED),
+    # a new process under a departed member's name: whatever its incarnation
+    (About.RECLAIMED, _DEAD, _ALIVE, (_APPLY, _APPLY, _APPLY)),
+    (About.RECLAIMED, _LEFT, _ALIVE, (_APPLY, _APPLY, _APPLY)),
+)
+
+PRECEDENCE: dict[tuple[About, NodeStateType, NodeStateType, News], Outcome] = {
+    (about, known, message, news): outcome
+    for about, known, message, outcomes in _RULES
+    for news, outcome in zip(News, outcomes, strict=True)
+}
+"""SWIM §4.2 precedence as memberlist applies it: (about, the state we know, the state the
+message claims, its incarnation against ours) -> what to do. We are only ever alive or, once
+we have left, left; a reclaimed name is only ever dead or left and announced alive."""
+
+
+def _news(incarnation: int, known: int) -> News:
+    if incarnation > known:
+        return News.NEWER
+    return News.SAME if incarnation == known else News.OLDER
 
 
 class Membership:
@@ -99,7 +155,7 @@ class Membership:
         self._ctx = ctx
         self.local_name = local.name
         self._members = MemberTable(local)
-        self._suspicions: dict[str, _Suspicion] = {}
+        self._suspicions = Suspicions(ctx)
         self.health_score = 0
         self.leaving = False
         self.failed: dict[str, tuple[Address, int]] = {}
@@ -152,14 +208,7 @@ class Membership:
             self._ctx.broadcasts.discard(self.local_name)
 
     def suspicion_deadline_ms(self, name: str) -> int | None:
-        s = self._suspicions.get(name)
-        if s is None:
-            return None
-        if s.k < 1:
-            return s.start_ms + s.min_ms
-        return s.start_ms + formulas.remaining_suspicion_time_ms(
-            s.confirmations, s.k, 0, s.min_ms, s.max_ms
-        )
+        return self._suspicions.deadline_ms(name)
 
     def random_members(self, k: int, exclude: Callable[[MemberState], bool]) -> list[MemberState]:
         """Up to k distinct members not excluded, uniformly at random (util.go
@@ -197,7 +246,7 @@ class Membership:
 
     def _forget(self, m: MemberState) -> None:
         self._members.remove(m.name)
-        self._cancel_suspicion(m.name)
+        self._suspicions.cancel(m.name)
         self._ctx.rtt.forget(m.name)
         self._ctx.event(EventKind.REAPED, m.snapshot())
 
@@ -231,21 +280,20 @@ class Membership:
 
     # --- transitions --------------------------------------------------------------------
 
-    def apply_alive(self, a: Alive, bootstrap: bool = False) -> None:
-        """state.go ``aliveNode``."""
+    def apply_alive(self, a: Alive) -> None:
+        """state.go ``aliveNode``: input checks, then the ``PRECEDENCE`` row."""
         ctx = self._ctx
         if not self._valid_alive(a):
             return
-        if self.leaving and a.node == self.local_name:
-            return
+        is_local = a.node == self.local_name
         address = Address(ip_from_bytes(a.addr), a.port or self.local.address.port)
-        if address == self.local.address and a.node != self.local_name:
+        if address == self.local.address and not is_local:
             # Someone claims our own address under another name: never true, never useful.
             ctx.drop(DropReason.REJECTED)
             ctx.notice("error", "address_conflict", f"{a.node} claims our address {address}")
             return
+        about = About.US if is_local else About.MEMBER
         state = self._members.get(a.node)
-        updates_address = False
         if state is None:
             if len(self._members) >= ctx.config.max_members:
                 ctx.drop(DropReason.LIMIT)
@@ -261,23 +309,18 @@ class Membership:
                     f"{address}, state {state.state.name.lower()}",
                 )
                 return
-            updates_address = True
-        is_local = a.node == self.local_name
-        if a.incarnation <= state.incarnation and not is_local and not updates_address:
+            if not is_local:
+                about = About.RECLAIMED
+        outcome = PRECEDENCE[about, state.state, _ALIVE, _news(a.incarnation, state.incarnation)]
+        if outcome is _IGNORE:
             return
-        if a.incarnation < state.incarnation and is_local:
+        if outcome is _REFUTE_IF_CHANGED and (a.meta, tuple(a.vsn)) == (state.meta, state.vsn):
             return
-        self._cancel_suspicion(a.node)
-        if not bootstrap and is_local:
-            if (
-                a.incarnation == state.incarnation
-                and a.meta == state.meta
-                and tuple(a.vsn) == state.vsn
-            ):
-                return
+        if outcome is _REFUTE or outcome is _REFUTE_IF_CHANGED:
             self.refute(a.incarnation)
             ctx.notice("warning", "refute", f"refuting an alive message about us ({a.node})")
             return
+        self._suspicions.cancel(a.node)
         self._broadcast(a.node, a)
         state = self._members.mutable(a.node)
         old_state, old_meta = state.state, state.meta
@@ -286,12 +329,12 @@ class Membership:
         state.incarnation = a.incarnation
         state.meta = a.meta
         self._members.set_address(state, address)
-        if state.state != NodeStateType.ALIVE:
-            self._members.set_state(state, NodeStateType.ALIVE, ctx.now_ms)
+        if state.state != _ALIVE:
+            self._members.set_state(state, _ALIVE, ctx.now_ms)
         self.failed.pop(a.node, None)
-        if old_state in (NodeStateType.DEAD, NodeStateType.LEFT):
+        if old_state in (_DEAD, _LEFT):
             ctx.event(EventKind.JOINED, state.snapshot())
-        elif old_state == NodeStateType.SUSPECT:
+        elif old_state == _SUSPECT:
             ctx.stats.suspicions_refuted_by_others += 1
             ctx.event(EventKind.ALIVE, state.snapshot())
         elif old_meta != state.meta:
@@ -339,25 +382,26 @@ class Membership:
         return state
 
     def apply_suspect(self, s: Suspect) -> None:
-        """state.go ``suspectNode``."""
+        """state.go ``suspectNode``: the ``PRECEDENCE`` row."""
         ctx = self._ctx
         state = self._members.get(s.node)
         if state is None:
             return
-        if s.incarnation < state.incarnation:
-            if s.node == self.local_name and ctx.config.verify_unconfirmed_suspicion:
+        about = About.US if s.node == self.local_name else About.MEMBER
+        outcome = PRECEDENCE[about, state.state, _SUSPECT, _news(s.incarnation, state.incarnation)]
+        if outcome is _IGNORE:
+            return
+        if outcome is _REANNOUNCE:
+            if ctx.config.verify_unconfirmed_suspicion:
                 # The accuser missed our refutation: say it again, without outbidding
                 # ourselves (it rides on the ack of a verification ping; probe.py).
                 self._broadcast(s.node, self.local_alive())
             return
-        suspicion = self._suspicions.get(s.node)
-        if suspicion is not None:
-            if self._confirm(s.node, suspicion, s.sender):
+        if outcome is _CONFIRM:
+            if self._suspicions.confirm(s.node, state.state_change_ms, s.sender):
                 self._broadcast(s.node, s)
             return
-        if state.state != NodeStateType.ALIVE:
-            return
-        if state.name == self.local_name:
+        if outcome is _REFUTE:
             self.refute(s.incarnation)
             ctx.notice("warning", "refute", f"refuting a suspect message (from: {s.sender})")
             return
@@ -366,47 +410,13 @@ class Membership:
             ctx.stats.suspicions_raised += 1
         state = self._members.mutable(s.node)
         state.incarnation = s.incarnation
-        self._members.set_state(state, NodeStateType.SUSPECT, ctx.now_ms)
-        self._start_suspicion(state, s.sender)
+        self._members.set_state(state, _SUSPECT, ctx.now_ms)
+        self._suspicions.start(state.name, state.state_change_ms, s.sender, len(self._members))
         ctx.event(EventKind.SUSPECT, state.snapshot())
-
-    def _start_suspicion(self, state: MemberState, sender: str) -> None:
-        min_ms, max_ms, k = suspicion_window_ms(
-            self._ctx.config, len(self._members), self._ctx.rtt.typical_ms
-        )
-        timeout_ms = max_ms if k >= 1 else min_ms
-        timer_id = self._ctx.set_timer(
-            SuspicionTimeout, timeout_ms, state.name, state.state_change_ms
-        )
-        suspicion = _Suspicion(k, min_ms, max_ms, self._ctx.now_ms, timer_id)
-        suspicion.confirmers.add(sender)
-        self._suspicions[state.name] = suspicion
-
-    def _confirm(self, name: str, s: _Suspicion, sender: str) -> bool:
-        """suspicion.go ``Confirm``: a new independent suspicion shortens the timeout."""
-        if s.confirmations >= s.k or sender in s.confirmers:
-            return False
-        s.confirmers.add(sender)
-        s.confirmations += 1
-        elapsed = self._ctx.now_ms - s.start_ms
-        remaining = formulas.remaining_suspicion_time_ms(
-            s.confirmations, s.k, elapsed, s.min_ms, s.max_ms
-        )
-        state = self._members.mutable(name)
-        self._ctx.cancel_timer(s.timer_id)
-        s.timer_id = self._ctx.set_timer(
-            SuspicionTimeout, max(remaining, 0), name, state.state_change_ms
-        )
-        return True
-
-    def _cancel_suspicion(self, name: str) -> None:
-        s = self._suspicions.pop(name, None)
-        if s is not None:
-            self._ctx.cancel_timer(s.timer_id)
 
     def _live_suspicion(
         self, name: str, state_change_ms: int
-    ) -> tuple[MemberState, _Suspicion] | None:
+    ) -> tuple[MemberState, Suspicion] | None:
         state = self._members.get(name)
         suspicion = self._suspicions.get(name)
         if (
@@ -421,7 +431,7 @@ class Membership:
     def unconfirmed(self, name: str, state_change_ms: int) -> bool:
         """The suspicion is still live and has fewer than k confirmations (or k is 0)."""
         live = self._live_suspicion(name, state_change_ms)
-        return live is not None and (live[1].k == 0 or live[1].confirmations < live[1].k)
+        return live is not None and live[1].unconfirmed
 
     def on_suspicion_timeout(self, name: str, state_change_ms: int) -> None:
         live = self._live_suspicion(name, state_change_ms)
@@ -441,28 +451,31 @@ class Membership:
         self.apply_dead(Dead(state.incarnation, name, self.local_name))
 
     def apply_dead(self, d: Dead) -> None:
-        """state.go ``deadNode``."""
-        ctx = self._ctx
+        """state.go ``deadNode``: the ``PRECEDENCE`` row."""
         state = self._members.get(d.node)
-        if state is None or d.incarnation < state.incarnation:
+        if state is None:
             return
-        self._cancel_suspicion(d.node)
-        if state.dead_or_left():
+        about = About.US if d.node == self.local_name else About.MEMBER
+        outcome = PRECEDENCE[about, state.state, _DEAD, _news(d.incarnation, state.incarnation)]
+        if outcome is _IGNORE:
             return
-        if state.name == self.local_name:
-            if not self.leaving:
-                self.refute(d.incarnation)
-                ctx.notice("warning", "refute", f"refuting a dead message (from: {d.sender})")
-                return
-            self._broadcast(d.node, d, notify=LEAVE_NOTIFY)
-        else:
-            self._broadcast(d.node, d)
+        if outcome is _REFUTE:
+            self.refute(d.incarnation)
+            self._ctx.notice("warning", "refute", f"refuting a dead message (from: {d.sender})")
+            return
+        self._declare_dead(d)
+
+    def _declare_dead(self, d: Dead, notify: int | None = None) -> None:
+        """The member is dead, or has left if the message is its own."""
+        ctx = self._ctx
+        self._suspicions.cancel(d.node)
+        self._broadcast(d.node, d, notify=notify)
         state = self._members.mutable(d.node)
         state.incarnation = d.incarnation
-        new = NodeStateType.LEFT if d.node == d.sender else NodeStateType.DEAD
+        new = _LEFT if d.node == d.sender else _DEAD
         self._members.set_state(state, new, ctx.now_ms)
         self._remember_failure(state)
-        kind = EventKind.LEFT if state.state == NodeStateType.LEFT else EventKind.DEAD
+        kind = EventKind.LEFT if state.state == _LEFT else EventKind.DEAD
         ctx.event(kind, state.snapshot())
 
     def _remember_failure(self, state: MemberState) -> None:
@@ -573,6 +586,8 @@ class Membership:
             self.apply_dead(Dead(state.incarnation, name, name))
 
     def leave(self) -> None:
+        """We leave: our own dead message, gossiped with ``LEAVE_NOTIFY`` so the node can
+        tell when it is out (``Node.leave_done``). From now on we are LEFT."""
         self.leaving = True
         me = self.local
-        self.apply_dead(Dead(me.incarnation, me.name, me.name))
+        self._declare_dead(Dead(me.incarnation, me.name, me.name), notify=LEAVE_NOTIFY)

@@ -1,0 +1,122 @@
+"""Lifeguard's LHA-Suspicion: one timer per suspected member, shortened by independent
+confirmations.
+
+Rules (hashicorp/memberlist @ 1b4c746 suspicion.go, state.go ``suspectNode``; Lifeguard,
+arXiv:1707.00788 §IV-B; docs/design.md §5.3):
+- A suspicion opened among n members runs for ``max_ms`` and expects ``k`` confirmations
+  (``suspicion_window_ms``). Each accuser not heard before is one confirmation; with c of k
+  the timer is re-armed for ``formulas.remaining_suspicion_time_ms`` (log-decay from max
+  towards min), counted from when the suspicion began. With k = 0 the timer runs for min.
+- Confirmations stop counting at k; a repeated accuser never counts twice.
+- A member has at most one open suspicion; the timer carries the member's
+  ``state_change_ms``, so the timer of an earlier suspicion of the same member is stale.
+- What happens when the timer fires (a last-chance ping, or death) is ``swim.node``'s and
+  ``swim.membership``'s; this module only keeps the clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from swim import formulas
+from swim.config import Config
+from swim.context import Context
+from swim.timers import SuspicionTimeout
+
+__all__ = ["Suspicion", "Suspicions", "suspicion_window_ms"]
+
+
+def suspicion_window_ms(config: Config, n: int, typical_rtt_ms: int) -> tuple[int, int, int]:
+    """(min, max, k) of a suspicion opened among ``n`` members (state.go ``suspectNode``).
+
+    min is memberlist's α·log10(n)·interval, or with ``derived_suspicion`` the window a
+    refutation needs (``formulas.derived_suspicion_timeout_ms``) with the RTT bounded by
+    ``probe_timeout_max_ms``, since a stalled member's RTTs include its own pauses. Without
+    dynamic suspicion, max = min and k = 0.
+    """
+    if config.derived_suspicion:
+        min_ms = formulas.derived_suspicion_timeout_ms(
+            n,
+            config.gossip_interval_ms,
+            config.gossip_nodes,
+            min(typical_rtt_ms, config.probe_timeout_max_ms),
+            config.suspicion_safety_mult,
+        )
+    else:
+        min_ms = formulas.suspicion_timeout_ms(config.suspicion_mult, n, config.probe_interval_ms)
+    if not config.lifeguard_dynamic_suspicion:
+        return min_ms, min_ms, 0
+    k = formulas.suspicion_confirmations(config.suspicion_mult, n)
+    return min_ms, config.suspicion_max_timeout_mult * min_ms, k
+
+
+@dataclass(slots=True)
+class Suspicion:
+    """One open suspicion (suspicion.go ``suspicion``)."""
+
+    k: int
+    min_ms: int
+    max_ms: int
+    start_ms: int
+    timer_id: int
+    confirmers: set[str] = field(default_factory=set)
+    confirmations: int = 0
+
+    @property
+    def unconfirmed(self) -> bool:
+        """Fewer than k confirmations (or k is 0): nobody else has backed the accusation."""
+        return self.k == 0 or self.confirmations < self.k
+
+
+class Suspicions:
+    """The open suspicions of one node, by member name."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self._open: dict[str, Suspicion] = {}
+
+    def get(self, name: str) -> Suspicion | None:
+        return self._open.get(name)
+
+    def start(self, name: str, state_change_ms: int, accuser: str, n: int) -> None:
+        """Open the suspicion of ``name`` (now suspect since ``state_change_ms``)."""
+        ctx = self._ctx
+        min_ms, max_ms, k = suspicion_window_ms(ctx.config, n, ctx.rtt.typical_ms)
+        timeout_ms = max_ms if k >= 1 else min_ms
+        timer_id = ctx.set_timer(SuspicionTimeout, timeout_ms, name, state_change_ms)
+        suspicion = Suspicion(k, min_ms, max_ms, ctx.now_ms, timer_id)
+        suspicion.confirmers.add(accuser)
+        self._open[name] = suspicion
+
+    def confirm(self, name: str, state_change_ms: int, accuser: str) -> bool:
+        """suspicion.go ``Confirm``: True if ``accuser`` is a new, counted confirmation (the
+        timer is then shortened); False if there is no suspicion or it does not count."""
+        s = self._open.get(name)
+        if s is None or s.confirmations >= s.k or accuser in s.confirmers:
+            return False
+        ctx = self._ctx
+        s.confirmers.add(accuser)
+        s.confirmations += 1
+        elapsed = ctx.now_ms - s.start_ms
+        remaining = formulas.remaining_suspicion_time_ms(
+            s.confirmations, s.k, elapsed, s.min_ms, s.max_ms
+        )
+        ctx.cancel_timer(s.timer_id)
+        s.timer_id = ctx.set_timer(SuspicionTimeout, max(remaining, 0), name, state_change_ms)
+        return True
+
+    def cancel(self, name: str) -> None:
+        s = self._open.pop(name, None)
+        if s is not None:
+            self._ctx.cancel_timer(s.timer_id)
+
+    def deadline_ms(self, name: str) -> int | None:
+        """When the suspicion of ``name`` runs out as things stand, or None if none is open."""
+        s = self._open.get(name)
+        if s is None:
+            return None
+        if s.k < 1:
+            return s.start_ms + s.min_ms
+        return s.start_ms + formulas.remaining_suspicion_time_ms(
+            s.confirmations, s.k, 0, s.min_ms, s.max_ms
+        )
