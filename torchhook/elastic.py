@@ -8,7 +8,8 @@ torchrun's ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``); the view lists nodes, global ra
 ``jobs.py`` says why). The rules of the moving parts live next to them:
 ``torchhook.strategy`` (pure: layouts, shrink or reform, teardown, where the state comes
 from), ``torchhook.formation`` (agreeing through stores), ``torchhook.groups`` (c10d
-plumbing per backend). This module is the training loop's side:
+plumbing per backend), ``torchhook.verdicts`` (failing a group's collectives on a
+verdict). This module is the training loop's side:
 
 - Escape comes from the membership verdict, never from gloo, which cannot abort: DDP
   gradients go through a comm hook whose Future a watcher fails when the view drops a
@@ -45,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -74,6 +74,7 @@ from torchhook.strategy import (
     teardown_of,
     tears_down_at_failure,
 )
+from torchhook.verdicts import GroupWatch
 
 __all__ = ["ElasticDDP", "MembershipChanged"]
 
@@ -157,10 +158,7 @@ class ElasticDDP:
         """Node names in rank order (``order[0]`` holds rank 0)."""
         self.group_token = ""
         self.last_plan: Plan | None = None
-        self._group_ids: frozenset[tuple[str, int]] = frozenset()
-        self._seen: set[tuple[str, int]] = set()
         self._addrs: dict[str, str] = {}
-        self._confirmed: set[str] = set()
         self._has_state = False
         self._applied_in = ""
         """Token of the group in which this rank applied its last step or took its state."""
@@ -168,13 +166,7 @@ class ElasticDDP:
         self._last_beat = 0.0
         self.reconfigurations = 0
         self.last_formation_s = 0.0
-        self.verdict_time: float | None = None
-        """Wall clock when the view last dropped a member of our group (for measurements)."""
         self._formation_store: TCPStore | None = None
-        self._lock = threading.Lock()
-        self._pending: list[torch.futures.Future[torch.Tensor]] = []
-        self._broken = False
-        self._running = False
         self.formation = Formation(
             lambda: self.membership.view,
             local_rank=local_rank,
@@ -193,7 +185,9 @@ class ElasticDDP:
         )
         self.node = self.membership.node
         self.local_rank = self.membership.local_rank
-        self.membership.add_listener(self._on_view)
+        self.watch = GroupWatch(self.node)
+        """Fails this group's collectives when the view drops one of its nodes."""
+        self.membership.add_listener(self.watch.on_view)
 
     # --- the training-loop API --------------------------------------------------------
 
@@ -219,7 +213,7 @@ class ElasticDDP:
             except Exception as exc:
                 if not self._group_failed(exc):
                     raise
-                lost = None if self._broken else self._lost_peers(str(exc))
+                lost = None if self.watch.broken else self._lost_peers(str(exc))
                 # do not keep the exception: its frames pin the dead group
                 del exc
                 self._report_lost(lost)
@@ -252,54 +246,19 @@ class ElasticDDP:
             self._last_beat = now
             self.membership.heartbeat(self.step)
 
-    # --- verdicts (the watcher thread) -------------------------------------------------
+    @property
+    def verdict_time(self) -> float | None:
+        """Wall clock when the view last dropped a member of our group (for measurements)."""
+        return self.watch.verdict_time
 
-    def _on_view(self, view: View) -> None:
-        if not self._running:
-            return
-        ids = {(m.name, m.registered_ms) for m in view.members}
-        lost = self._lost(ids)
-        # a peer that showed our group's token and now shows another has moved on without
-        # us (we were stopped, or cut off); one that never showed ours is only late gossip
-        moved = False
-        for m in view.members:
-            if (m.name, m.registered_ms) not in self._group_ids or m.name == self.node:
-                continue
-            if m.group == self.group_token:
-                self._confirmed.add(m.name)
-            elif m.name in self._confirmed:
-                moved = True
-        if lost or moved:
-            self.verdict_time = time.time()
-            self._fail_pending(
-                f"view {view.generation} dropped {sorted(n for n, _ in lost)}"
-                if lost
-                else "the group moved on without us"
-            )
-
-    def _lost(self, ids: set[tuple[str, int]]) -> set[tuple[str, int]]:
-        """Group nodes that this rank's view showed and no longer shows. The group formed
-        on the leader's view, which may list a node that our view does not show yet: that
-        is late gossip, not a loss."""
-        with self._lock:  # the watcher thread and the training thread both ask
-            self._seen |= ids & self._group_ids
-            return self._seen - ids
-
-    def _fail_pending(self, why: str) -> None:
-        with self._lock:
-            self._broken = True
-            pending, self._pending = self._pending, []
-            for fut in pending:
-                if not fut.done():
-                    fut.set_exception(MembershipChanged(why))  # type: ignore[arg-type]
-        log.warning("abandoning group %s: %s", self.group_token, why)
+    # --- failures -----------------------------------------------------------------------
 
     def _group_failed(self, exc: BaseException) -> bool:
         """After an exception in a step: did the group fail (verdict, or a peer gone)?
         Anything else is the caller's bug and propagates. Gloo's errors have no type of
         their own (and an interrupted DDP hook surfaces as "Unable to cast ... to
         Tensor"), hence the flag first and the text last."""
-        if self._broken or isinstance(exc, dist.DistError):
+        if self.watch.broken or isinstance(exc, dist.DistError):
             return True
         text = str(exc)
         return any(mark in text for mark in FAILURE_MARKS)
@@ -316,36 +275,11 @@ class ElasticDDP:
     # --- collectives ------------------------------------------------------------------
 
     def _wait(self, work: Any) -> None:
-        self.groups.wait(work, lambda: self._broken, self._beat)
-
-    def _comm_hook(self, _state: object, bucket: Any) -> torch.futures.Future[torch.Tensor]:
-        out: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        with self._lock:
-            if self._broken:
-                out.set_exception(MembershipChanged("membership changed"))  # type: ignore[arg-type]
-                return out
-            self._pending.append(out)
-        tensor = bucket.buffer().div_(self.world_size)
-        fut = dist.all_reduce(tensor, async_op=True).get_future()
-
-        def done(f: torch.futures.Future[Any]) -> None:
-            with self._lock:
-                if out.done():
-                    return
-                if out in self._pending:
-                    self._pending.remove(out)
-                try:
-                    out.set_result(f.value()[0])
-                except Exception as exc:
-                    out.set_exception(RuntimeError(str(exc)))  # type: ignore[arg-type]
-
-        fut.add_done_callback(done)
-        return out
+        self.groups.wait(work, lambda: self.watch.broken, self._beat)
 
     def _control_says_switch(self) -> bool:
         """Step boundary: does any member see a view that differs from the group?"""
-        ids = {(m.name, m.registered_ms) for m in self.membership.view.members}
-        differs = bool(ids - self._group_ids or self._lost(ids))
+        differs = self.watch.differs(self.membership.view)
         flag = torch.tensor([1 if differs else 0], dtype=torch.int32, device=self.device)
         self._wait(dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True))
         return bool(flag.item())
@@ -356,7 +290,7 @@ class ElasticDDP:
         """Stop using the group. Gloo releases it at once after a failure (its closed
         sockets make peers not wired to the dead rank fail too); otherwise the group is
         kept until the next plan says whether to shrink it or tear it down."""
-        self._running = False
+        self.watch.disarm()
         self.ddp = None
         self._held_failed = self._held_failed or failed
         self._on_abandon(failed)
@@ -464,15 +398,10 @@ class ElasticDDP:
         self.rank, self.world_size = rank, layout.world_size
         self.layout = layout
         self.order = self.group_names = tuple(n.name for n in layout.nodes)
-        self._group_ids = layout.ids
-        self._seen = {(m.name, m.registered_ms) for m in view.members} & layout.ids
         self._addrs = {m.name: m.addr for m in view.members}
         self.group_token = token
         self.last_plan = plan
-        self._confirmed = set()
-        with self._lock:
-            self._broken = False
-        self._running = True  # from here a verdict can interrupt the setup's collectives
+        self.watch.arm(view, layout.ids, token)
         log.debug("group %s: setting up the model", token)
         self.ddp = self._setup_model(plan)
         self._has_state = True
@@ -503,7 +432,9 @@ class ElasticDDP:
         device_ids = [self.device] if self.device.type == "cuda" else None
         ddp = DDP(self.model, device_ids=device_ids, init_sync=False)
         # a lambda: DDP inspects annotations, which __future__ annotations turn into strings
-        ddp.register_comm_hook(None, lambda state, bucket: self._comm_hook(state, bucket))
+        ddp.register_comm_hook(
+            None, lambda _, bucket: self.watch.comm_hook(bucket, self.world_size)
+        )
         return ddp
 
     def _broadcast_tensors(self, tensors: list[torch.Tensor], source: int) -> None:
