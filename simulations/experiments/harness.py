@@ -9,7 +9,7 @@ everyone sees everyone), and advances time
 only through ``drive`` (which calls the progress hook between chunks; wall-clock time is
 read by the caller, never inside the world).
 
-Lifeguard ablation (arXiv 1707.00788 §IV/§V; research notes §3.1): ``swim`` turns every
+Lifeguard ablation (arXiv 1707.00788 §IV/§V; docs/design.md §5.3, §5.4, §5.8): ``swim`` turns every
 Lifeguard mechanism off (fixed suspicion timeout = min, no local health, no nacks, no
 buddy); ``lha-probe`` = local health multiplier with nacks; ``lha-suspicion`` = dynamic
 suspicion timeouts with confirmations; ``buddy`` = buddy system only; ``full`` = all.

@@ -26,12 +26,12 @@ Rules:
   "unreachable", which is what a membership consumer acts on), and a heartbeat from a
   member held dead makes it alive again: there is no suspicion stage and no
   dissemination, each member judges alone.
-- Defaults are Akka cluster's failure detector (research/protocol-anchors.md §4.2):
+- Defaults are Akka cluster's failure detector (reference.conf; docs/design.md §6.2):
   1 s heartbeats, threshold 8, window 1000, min std 100 ms, acceptable pause 3 s, which
   convicts ≈ 4.52 s after the last heartbeat at steady 1 s beats.
 
-Sources: SWIM §1 (all-to-all heartbeating, O(n²) load), research/protocol-anchors.md §4
-(phi formulas and the Akka/Cassandra/chitchat defaults).
+Sources: SWIM §1 (all-to-all heartbeating, O(n²) load), docs/design.md §6 (phi formulas
+and the Akka/Cassandra/chitchat defaults).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ number it is compared with:
   everyone-agrees latency. SWIM §3.1: expected first detection ≤ e/(e−1) ≈ 1.58 periods
   (the target is picked by someone within that), plus the probe's own period.
 - ``dissemination``: metadata updates injected at random members; time to 50/99/99.99/100%
-  for a sweep of n (SWIM §4.1: O(log n) periods; Serf's model in research notes §5).
+  for a sweep of n (SWIM §4.1: O(log n) periods; Serf's model in docs/design.md §5.8).
 - ``loss``: the same under independent packet loss p, next to Serf's convergence model
   ``1/(1 + (n+1)·e^(−contact·n·r))``, contact = (fanout/n)(1−p)·0.5, rounds of the
   gossip interval (a lower bound: it ignores retransmit and packet-size limits).
@@ -184,7 +184,7 @@ def _spread_summary(spreads: list[Spread]) -> dict[str, float | None]:
 
 
 def serf_model_s(n: int, q: float, loss: float, interval_ms: int, fanout: int) -> float:
-    """Serf simulator: first whole round r with converged(r) ≥ q (research notes §5)."""
+    """Serf simulator: first whole round r with converged(r) ≥ q (docs/design.md §5.8)."""
     contact = (fanout / n) * (1 - loss) * 0.5
     r = math.log((n + 1) * q / (1 - q)) / (contact * n) if q < 1 else math.inf
     return math.ceil(r) * interval_ms / 1000
@@ -254,7 +254,7 @@ def _spread_scenario(
         )
     result.plots.append(_spread_plot("curves", "update reaching the members", all_spreads))
     result.notes.append(
-        "serf_model_* is Serf's convergence simulator (research notes §5), a lower bound."
+        "serf_model_* is Serf's convergence simulator (docs/design.md §5.8), a lower bound."
     )
     return result
 

@@ -7,14 +7,14 @@
   (``pause_ms`` every ``pause_every_ms``). Halfway through, a healthy member crashes, so
   one run gives false positives (total, FP− at healthy observers, about healthy members),
   the detection latency of a real failure under stress and the message load. With
-  ``--lifeguard all`` the run is repeated for every ablation mode (research notes §3.2
+  ``--lifeguard all`` the run is repeated for every ablation mode (docs/design.md §5.8
   table: SWIM 100%, LHA-Probe 68%, LHA-Suspicion 3%, Buddy 94%, Lifeguard 1.5% FPs).
 - ``partition``: the members split in two halves (symmetric, or asymmetric with
   ``asymmetric=1``) for longer than the maximum suspicion timeout, then heal; measured:
   deaths across the cut, time until one membership again (serf's reconnect merges the
-  halves: research notes §5 ReconnectInterval 30 s). Then, unless ``partial=0``, one member
-  is reachable only from three peers for ``partial_s`` (serf#185): false positives about
-  the *other* members show the collateral damage.
+  halves: serf ``ReconnectInterval`` 30 s, docs/design.md §5.5). Then, unless
+  ``partial=0``, one member is reachable only from three peers for ``partial_s``
+  (serf#185): false positives about the *other* members show the collateral damage.
 - ``churn``: Poisson crash/restart/join/leave at given rates per minute (``crash_per_min``,
   ``restart_per_min``, ``join_per_min``, ``leave_per_min``), then a quiet period; measured:
   detection of each crash, false positives, and whether and when the live members agree
@@ -41,7 +41,7 @@ from simulations.model.views import converged
 from simulations.model.world import SlowSpec, World
 
 ABLATION_ORDER = ["swim", "lha-probe", "lha-suspicion", "buddy", "full"]
-"""The Lifeguard paper's table order (research notes §3.2), SWIM first as the baseline."""
+"""The Lifeguard paper's table order (docs/design.md §5.8), SWIM first as the baseline."""
 assert sorted(ABLATION_ORDER) == sorted(LIFEGUARD)
 
 

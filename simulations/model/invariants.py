@@ -1,8 +1,8 @@
 """Protocol invariants, checked while the world runs.
 
 Rules checked (SWIM §4.2 "Suspicion mechanism"; memberlist state.go ``aliveNode``,
-``suspectNode``, ``deadNode``, ``refute``; DESIGN.md "only a node raises its own
-incarnation"):
+``suspectNode``, ``deadNode``, ``refute``; docs/design.md §5.6: "only a node raises its
+own incarnation"):
 1. A node's own incarnation never decreases (checked after every input it handles).
 2. A live node never reports itself suspect or dead (only a leaving node may report
    that it left).

@@ -4,8 +4,8 @@ Definitions:
 - Detection (per crash, SWIM §3.1/§5 Fig. 3): first suspect and first dead anywhere after
   the crash, and the time until every live member (other than the victim, and live at
   the crash or still live now) reports it dead. SWIM's analysis predicts first detection
-  ≈ e/(e−1) ≈ 1.58 protocol periods after the failure (research notes §2.1).
-- False positives (Lifeguard §V, research notes §3.2): a suspect or dead event about a
+  ≈ e/(e−1) ≈ 1.58 protocol periods after the failure (docs/design.md §5.8).
+- False positives (Lifeguard §V; docs/design.md §5.8): a suspect or dead event about a
   member that is live (running and not leaving), counted separately; FP− are those
   observed at healthy members (observer not in ``world.faulty``: slow or cut off).
   Events about a member restarted within ``restart_grace_ms`` refer to its previous
@@ -14,7 +14,7 @@ Definitions:
   streams separately, over a measurement window (SWIM Fig. 2: ≈2 msgs/member/period).
 - Dissemination: for an injected update (a ``set_meta`` with a unique value, or a
   crash's dead message) the time until 50/99/99.99/100% of the members live at the
-  injection have seen it (research notes §5: Serf's convergence model).
+  injection have seen it (Serf's convergence model: docs/design.md §5.8).
 """
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ Rules:
   (symmetric = both directions, asymmetric = one); partial reachability blocks individual
   directed node pairs (serf#185: a node reachable only from some peers). Streams (TCP)
   honour reachability but not loss (TCP retransmits; memberlist's TCP fallback ping exists
-  because UDP can be lost while TCP gets through: research notes §1.5).
+  because UDP can be lost while TCP gets through: memberlist state.go ``probeNode``).
 - Duplication: a delivered packet is delivered again with probability ``duplicate``, with
   its own latency draw.
 
-Sources: SWIM §5 (receiver-side loss experiments), research/protocol-anchors.md §2.2, §5
-(Serf's convergence model), Gilbert (1960) / Elliott (1963) burst-noise channel.
+Sources: SWIM §5 (receiver-side loss experiments), docs/design.md §5.8 (Serf's convergence
+model), Gilbert (1960) / Elliott (1963) burst-noise channel.
 """
 
 from __future__ import annotations

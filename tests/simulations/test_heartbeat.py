@@ -28,7 +28,7 @@ def _world(n: int, config: hb.HeartbeatConfig, seed: int = 1, settle_ms: int = 5
 @pytest.mark.parametrize(
     ("config", "expected_ms"),
     [
-        # research/protocol-anchors.md §4.2: Akka cluster defaults convict ≈ 4.52 s after
+        # docs/design.md §6.2: Akka cluster defaults convict ≈ 4.52 s after
         # the last of steady 1 s heartbeats (mean 1 s + pause 3 s + z(φ=8)·100 ms).
         (hb.HeartbeatConfig.akka(), 4522),
         # 250 ms beats, pause 500 ms, min std 50 ms: 750 ms + 5.23 · 50 ms.

@@ -16,7 +16,7 @@ from simulations.reports import scaling as scaling_report
 @pytest.mark.parametrize(
     ("profile", "n", "expected"),
     [
-        # memberlist DefaultLANConfig at 100 members (research/protocol-anchors.md §1):
+        # memberlist DefaultLANConfig at 100 members (docs/design.md §5.1):
         # suspicion min = 4·log10(100)·1 s, max = 6·min, k = 4 − 2, retransmit
         # 4·ceil(log10(101)), push-pull 30 s · (ceil(log2 100 − 5) + 1)
         ("lan", 100, (1000, "500", 8.0, 48.0, 2, 12, 90.0)),

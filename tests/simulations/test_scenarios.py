@@ -51,7 +51,7 @@ def test_loss_still_reaches_everyone() -> None:
 
 
 def test_serf_model_matches_the_published_table() -> None:
-    # research notes §5: n=30, loss 0: 0.6 / 1.2 / 1.8 s; n=10 000 at 30% loss: 1.8/2.8/3.6
+    # docs/design.md §5.8: n=30, loss 0: 0.6 / 1.2 / 1.8 s; n=10 000 at 30% loss: 1.8/2.8/3.6
     assert serf_model_s(30, 0.5, 0.0, 200, 3) == pytest.approx(0.6)
     assert serf_model_s(30, 0.99, 0.0, 200, 3) == pytest.approx(1.2)
     assert serf_model_s(30, 0.9999, 0.0, 200, 3) == pytest.approx(1.8)
