@@ -1,10 +1,7 @@
-"""Protocols across cluster sizes: the frontier method (``simulations.frontier``) run at
-several n, with load, bandwidth, detection latency and false positives per (variant,
-condition, n), and plots against n.
-
-    python -m simulations.scaling --nodes 10,100,1000 \\
-        --variants lan,fast,heartbeat,heartbeat/fast --conditions clean,loss1,loss10,slow1 \\
-        --crashes 3,8,3 --seeds 1,2,3,4,5:1,2:1 --out simulations/results/baseline
+"""Protocols across cluster sizes: the frontier method (``simulations.experiments.frontier``)
+run at several n, with load, bandwidth, detection latency and false positives per
+(variant, condition, n); output: ``simulations.reports.scaling``; command line:
+``python -m simulations.scaling``.
 
 Rules:
 - Every cell is a pooled ``frontier`` cell (same worlds, victims and slow members for a
@@ -15,7 +12,8 @@ Rules:
   detectors (10⁸ at n = 10,000, tens of GB) and handles n² heartbeats per interval (10⁸
   events per simulated second). Its load there is computed, not simulated: (n − 1) /
   interval packets per member per second, each the size measured at smaller n.
-- Results are rewritten after each n, so a long sweep keeps what it finished.
+- Results are rewritten after each n (by the command), so a long sweep keeps what it
+  finished.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def markdown(report: Report) -> str:
         "",
         f"n = {o.nodes}; seeds {','.join(map(str, o.seeds))}; {o.crashes} crashes per run; "
         f"{len(report.runs)} runs; trace hash of the sweep `{report.trace_hash}` "
-        "(per run: runs.csv). Method and definitions: `simulations/frontier.py`.",
+        "(per run: runs.csv). Method and definitions: `simulations/experiments/frontier.py`.",
         "",
         "## Per variant, pooled over conditions and seeds",
         "",

@@ -43,7 +43,8 @@ def markdown(sweep: Sweep) -> str:
         "",
         f"    {sweep.command}",
         "",
-        "Method and definitions: `simulations/scaling.py`, `simulations/frontier.py`. "
+        "Method and definitions: `simulations/experiments/scaling.py`, "
+        "`simulations/experiments/frontier.py`. "
         "Trace hash per n: "
         + ", ".join(f"{n}: `{h}`" for n, h in sorted(sweep.hashes.items()))
         + "; wall time per n: "
@@ -93,7 +94,7 @@ def markdown(sweep: Sweep) -> str:
         lines.append("")
     lines += ["Variants:", ""]
     lines += [f"- `{v}`: {variant_text(v)}" for v in sweep.variants]
-    lines += ["", "Conditions: see `simulations/frontier.py` `CONDITIONS`:", ""]
+    lines += ["", "Conditions: see `simulations/experiments/frontier.py` `CONDITIONS`:", ""]
     lines += [f"- `{c}`: {CONDITIONS[c]}" for c in sweep.conditions]
     return "\n".join(lines) + "\n"
 
