@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec
 
+from swim.awareness import Awareness
 from swim.config import Config
 from swim.effects import (
     EventKind,
@@ -41,6 +42,8 @@ class Context:
         self.broadcasts = BroadcastQueue(config.retransmit_mult, config.max_broadcast_queue)
         self.user_broadcasts = BroadcastQueue(config.retransmit_mult, config.max_broadcast_queue)
         self.rtt = RttTable(config)
+        self.awareness = Awareness(config)
+        """Our own health (Lifeguard LHA-Probe, ``swim.awareness``)."""
         self._timers: dict[int, NodeTimer] = {}
         self._next_timer_id = 0
 

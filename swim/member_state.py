@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swim.effects import Member
-from swim.messages import Address, NodeStateType
+from swim.messages import Address, Alive, NodeStateType
 
 
 @dataclass(slots=True)
@@ -40,6 +40,13 @@ class MemberState:
             self.state,
             self.state_change_ms,
             self.vsn,
+        )
+
+    def alive(self) -> Alive:
+        """The alive message that says what this record says."""
+        vsn = bytes(self.vsn)
+        return Alive(
+            self.incarnation, self.name, self.address.ip_bytes, self.address.port, self.meta, vsn
         )
 
     def snapshot(self) -> Member:

@@ -8,16 +8,10 @@ Rules (hashicorp/memberlist @ 1b4c746 state.go ``aliveNode``, ``suspectNode``, `
   address that may not reclaim its name, the member limit); the ``PRECEDENCE`` table then
   decides, from whom it is about, what we know of them and how its incarnation compares
   with theirs, what happens: ignore, apply, count a confirmation, refute, re-announce.
-- In words: Alive(i) replaces what we know only if i is newer, or if the member left (or
-  died longer ago than ``dead_node_reclaim_time_ms``) and comes back from another address.
-  Suspect(i) applies to an alive member when i ≥ its incarnation; against an open
-  suspicion it is a confirmation (``swim.suspicion``), re-gossiped once. Dead(i) applies
-  to an alive or suspect member when i ≥ its incarnation; sent by the member itself it
-  means it left. About ourselves: an accusation at our incarnation or newer is refuted
-  (incarnation = max(own+1, accused+1), health +1); our own alive echoed back is not news;
-  with ``verify_unconfirmed_suspicion`` (ours) a suspicion of an older incarnation
-  re-announces our alive, since its sender missed the refutation. A node that has left
-  takes no news about itself. Only the node itself raises its incarnation.
+- The table in words is docs/design.md §5.6. A refutation sets our incarnation to
+  max(own+1, accused+1) and raises our health score by 1 (``swim.awareness``); only the
+  node itself ever raises its incarnation. A dead message sent by the member itself means
+  it left.
 - Dead and left members stay in the table, gossiped to, for gossip_to_the_dead_time; they
   are reaped when the round-robin probe order wraps, and the order is then reshuffled
   (SWIM §4.3). New members are inserted at a random position among those still to be
@@ -32,10 +26,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from enum import Enum, IntEnum
 
-from swim import formulas, wire
-from swim.compat import Versions, VersionSummary, combine_bounds, summarize
+from swim import push_pull, wire
+from swim.compat import VersionSummary
 from swim.context import Context
 from swim.effects import EventKind
+from swim.failed import FailedMembers
 from swim.member_state import MemberState
 from swim.messages import (
     Address,
@@ -43,11 +38,10 @@ from swim.messages import (
     Dead,
     NodeStateType,
     PushNodeState,
-    PushPull,
     Suspect,
     ip_from_bytes,
 )
-from swim.shared import PushPullDiff, SharedCodec, push_state
+from swim.shared import PushPullDiff, SharedCodec
 from swim.suspicion import Suspicion, Suspicions
 from swim.table import MembershipSnapshot, MemberTable
 from swim.wire import DropReason
@@ -156,11 +150,9 @@ class Membership:
         self.local_name = local.name
         self._members = MemberTable(local)
         self._suspicions = Suspicions(ctx)
-        self.health_score = 0
         self.leaving = False
-        self.failed: dict[str, tuple[Address, int]] = {}
-        """Members declared dead (not left), kept after reaping so we can try to reconnect
-        to them when a partition heals (serf ``failedMembers``); insertion-ordered."""
+        self.failed = FailedMembers(ctx)
+        """Members declared dead, for serf's reconnect (``swim.failed``)."""
 
     # --- queries ------------------------------------------------------------------------
 
@@ -218,31 +210,20 @@ class Membership:
     def next_probe_target(self) -> MemberState | None:
         """Randomized round-robin, skipping ourselves and the dead (SWIM §4.3): each member
         is drawn once per round; when all were drawn the round wraps (``resetNodes``)."""
-        table = self._members
-        wrapped = False
-        while True:
-            if table.undrawn() == 0:
-                if wrapped:
-                    return None
-                self._reset_order()
-                wrapped = True
-                continue
-            m = table.draw(self._ctx.rng)
-            if m.name != self.local_name and not m.dead_or_left():
-                return m
+        local = self.local_name
+        return self._members.next_in_round(
+            self._ctx.rng, lambda m: m.name == local or m.dead_or_left(), self._reap
+        )
 
-    def _reset_order(self) -> None:
-        """state.go ``resetNodes``: reap the long dead, then start a freshly shuffled round.
-
-        Only our own records can be dead or left (the shared base is all alive), so this
-        scans O(changed members), not O(n).
-        """
+    def _reap(self) -> None:
+        """state.go ``resetNodes``: forget the members dead or left for longer than
+        ``gossip_to_the_dead_time_ms``. Only our own records can be dead or left (the shared
+        base is all alive), so this scans O(changed members), not O(n)."""
         now = self._ctx.now_ms
         window = self._ctx.config.gossip_to_the_dead_time_ms
         for m in self._members.overrides():
             if m.dead_or_left() and now - m.state_change_ms > window and m.name != self.local_name:
                 self._forget(m)
-        self._members.new_round()
 
     def _forget(self, m: MemberState) -> None:
         self._members.remove(m.name)
@@ -250,33 +231,10 @@ class Membership:
         self._ctx.rtt.forget(m.name)
         self._ctx.event(EventKind.REAPED, m.snapshot())
 
-    # --- local health (Lifeguard LHA-Probe) ---------------------------------------------
-
-    def apply_health_delta(self, delta: int) -> None:
-        if not self._ctx.config.lifeguard_lhm:
-            return
-        self.health_score = formulas.awareness_apply_delta(
-            self.health_score, delta, self._ctx.config.awareness_max_multiplier
-        )
-
-    def scale_ms(self, timeout_ms: int) -> int:
-        return formulas.awareness_scale_ms(timeout_ms, self.health_score)
-
     # --- broadcasting -------------------------------------------------------------------
 
     def _broadcast(self, name: str, msg: Alive | Suspect | Dead, notify: int | None = None) -> None:
         self._ctx.broadcasts.queue(wire.encode_message(msg), name=name, notify=notify)
-
-    def local_alive(self) -> Alive:
-        me = self.local
-        return Alive(
-            me.incarnation,
-            me.name,
-            me.address.ip_bytes,
-            me.address.port,
-            me.meta,
-            bytes(me.vsn),
-        )
 
     # --- transitions --------------------------------------------------------------------
 
@@ -331,7 +289,7 @@ class Membership:
         self._members.set_address(state, address)
         if state.state != _ALIVE:
             self._members.set_state(state, _ALIVE, ctx.now_ms)
-        self.failed.pop(a.node, None)
+        self.failed.forget(a.node)
         if old_state in (_DEAD, _LEFT):
             ctx.event(EventKind.JOINED, state.snapshot())
         elif old_state == _SUSPECT:
@@ -395,7 +353,7 @@ class Membership:
             if ctx.config.verify_unconfirmed_suspicion:
                 # The accuser missed our refutation: say it again, without outbidding
                 # ourselves (it rides on the ack of a verification ping; probe.py).
-                self._broadcast(s.node, self.local_alive())
+                self._broadcast(s.node, self.local.alive())
             return
         if outcome is _CONFIRM:
             if self._suspicions.confirm(s.node, state.state_change_ms, s.sender):
@@ -414,30 +372,23 @@ class Membership:
         self._suspicions.start(state.name, state.state_change_ms, s.sender, len(self._members))
         ctx.event(EventKind.SUSPECT, state.snapshot())
 
-    def _live_suspicion(
-        self, name: str, state_change_ms: int
-    ) -> tuple[MemberState, Suspicion] | None:
+    def _live_suspicion(self, name: str, state_change_ms: int) -> Suspicion | None:
+        """The open suspicion of ``name`` if it is the one begun at ``state_change_ms``."""
         state = self._members.get(name)
-        suspicion = self._suspicions.get(name)
-        if (
-            state is None
-            or suspicion is None
-            or state.state != NodeStateType.SUSPECT
-            or state.state_change_ms != state_change_ms
-        ):
+        if state is None or (state.state, state.state_change_ms) != (_SUSPECT, state_change_ms):
             return None
-        return state, suspicion
+        return self._suspicions.get(name)
 
     def unconfirmed(self, name: str, state_change_ms: int) -> bool:
         """The suspicion is still live and has fewer than k confirmations (or k is 0)."""
         live = self._live_suspicion(name, state_change_ms)
-        return live is not None and live[1].unconfirmed
+        return live is not None and live.unconfirmed
 
     def on_suspicion_timeout(self, name: str, state_change_ms: int) -> None:
-        live = self._live_suspicion(name, state_change_ms)
-        if live is None:
+        suspicion = self._live_suspicion(name, state_change_ms)
+        state = self._members.get(name)
+        if suspicion is None or state is None:
             return
-        state, suspicion = live
         if suspicion.k > 0 and suspicion.confirmations < suspicion.k:
             # memberlist's "degraded timeout" metric: fewer confirmations than hoped for
             self._ctx.stats.suspicion_timeouts_degraded += 1
@@ -474,26 +425,12 @@ class Membership:
         state.incarnation = d.incarnation
         new = _LEFT if d.node == d.sender else _DEAD
         self._members.set_state(state, new, ctx.now_ms)
-        self._remember_failure(state)
+        if new == _DEAD and d.node != self.local_name:
+            self.failed.remember(d.node, state.address)
+        else:
+            self.failed.forget(d.node)
         kind = EventKind.LEFT if state.state == _LEFT else EventKind.DEAD
         ctx.event(kind, state.snapshot())
-
-    def _remember_failure(self, state: MemberState) -> None:
-        self.failed.pop(state.name, None)
-        if state.state != NodeStateType.DEAD or state.name == self.local_name:
-            return
-        self.failed[state.name] = (state.address, self._ctx.now_ms)
-        while len(self.failed) > self._ctx.config.max_members:
-            del self.failed[next(iter(self.failed))]
-
-    def expire_failed(self) -> None:
-        """Forget failed members older than the reconnect timeout (oldest first)."""
-        horizon = self._ctx.now_ms - self._ctx.config.reconnect_timeout_ms
-        while self.failed:
-            name, (_, failed_at) = next(iter(self.failed.items()))
-            if failed_at > horizon:
-                break
-            del self.failed[name]
 
     def refute(self, accused_incarnation: int) -> None:
         """state.go ``refute``: outbid the accusation and tell everyone we are alive."""
@@ -504,8 +441,8 @@ class Membership:
             return
         me.incarnation = incarnation
         self._ctx.stats.refutations += 1
-        self.apply_health_delta(1)
-        self._broadcast(me.name, self.local_alive())
+        self._ctx.awareness.apply_delta(1)
+        self._broadcast(me.name, self.local.alive())
 
     def bump_local(self, meta: bytes | None = None) -> None:
         """A new local incarnation (startup, metadata update), gossiped as alive."""
@@ -513,7 +450,7 @@ class Membership:
         me.incarnation += 1
         if meta is not None:
             me.meta = meta
-        self._broadcast(me.name, self.local_alive())
+        self._broadcast(me.name, self.local.alive())
 
     def merge(self, remote: Sequence[PushNodeState]) -> None:
         """state.go ``mergeState``: a pushed state is replayed as alive/dead/suspect."""
@@ -525,52 +462,21 @@ class Membership:
             else:
                 self.apply_suspect(Suspect(r.incarnation, r.name, self.local_name))
 
-    def push_states(self) -> tuple[PushNodeState, ...]:
-        return tuple(push_state(m) for m in self.states())
-
     @property
     def codec(self) -> SharedCodec | None:
         """Shared push-pull work, for a node bootstrapped from a snapshot."""
         return self._members.codec
 
     def encode_push_pull(self, join: bool, user_state: bytes) -> bytes:
-        """Our whole table as a push-pull (``wire.encode_push_pull`` of ``push_states``,
-        same order, same bytes). Bootstrapped: the shared encoding of the base, with our
-        changed records spliced in, removed ones blanked, added ones appended."""
-        table, codec = self._members, self._members.codec
-        if codec is None:
-            return wire.encode_push_pull(PushPull(join, self.push_states(), user_state))
-        parts = codec.base_parts()
-        for m in table.base_overrides():
-            parts[codec.base_position(m.name)] = wire.encode_push_state(push_state(m))
-        for name in table.gone_names():
-            parts[codec.base_position(name)] = b""
-        for name in table.added_names():
-            state = table.get(name)
-            assert state is not None
-            parts.append(wire.encode_push_state(push_state(state)))
-        return wire.encode_push_pull_parts(join, len(table), parts, user_state)
+        """Our whole table as a push-pull (``swim.push_pull.encode_table``)."""
+        return push_pull.encode_table(self._members, join, user_state)
 
     def version_summary(self, codec: SharedCodec) -> VersionSummary:
-        """Our side of ``verifyProtocol``; O(changed members) when the base is uniform."""
-        base, uniform = codec.base_versions()
-        table = self._members
-        if not uniform:
-            return summarize((Versions(m.name, m.state, m.vsn) for m in table), remote=False)
-        own = summarize((Versions(m.name, m.state, m.vsn) for m in table.overrides()), remote=False)
-        if table.untouched_base() == 0:
-            return own
-        currents = dict.fromkeys((*own.currents, *base.currents))
-        return VersionSummary(combine_bounds(own.bounds, base.bounds), tuple(currents))
+        return push_pull.version_summary(self._members, codec)
 
     def merge_diff(self, remote: Sequence[PushNodeState], diff: PushPullDiff) -> None:
-        """``merge`` of only the entries that can change anything (``swim.shared``)."""
-        picks = set(diff.differs)
-        for name in self._members.changed_names():
-            index = diff.index.get(name)
-            if index is not None:
-                picks.add(index)
-        self.merge([remote[i] for i in sorted(picks)])
+        """``merge`` of only the entries that can change anything (``swim.push_pull``)."""
+        self.merge([remote[i] for i in push_pull.merge_picks(self._members, diff)])
 
     def force_left(self, name: str) -> None:
         """Mark a failed member as left, as if it had said so itself (its own incarnation,
@@ -579,7 +485,7 @@ class Membership:
         if state.state == NodeStateType.DEAD:
             # apply_dead ignores news about the already dead; replace the record directly
             self._members.set_state(state, NodeStateType.LEFT, self._ctx.now_ms)
-            self.failed.pop(name, None)
+            self.failed.forget(name)
             self._broadcast(name, Dead(state.incarnation, name, name))
             self._ctx.event(EventKind.LEFT, state.snapshot())
         else:

@@ -140,7 +140,7 @@ class Node:
 
     @property
     def health_score(self) -> int:
-        return self._members.health_score
+        return self._ctx.awareness.score
 
     @property
     def stats(self) -> NodeStats:

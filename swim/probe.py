@@ -161,7 +161,7 @@ class Prober:
         """The ping and the two timers of state.go ``probeNode``."""
         ctx = self._ctx
         seq_no = self.next_seq_no()
-        interval_ms = self._members.scale_ms(ctx.config.probe_interval_ms)
+        interval_ms = ctx.awareness.scale_ms(ctx.config.probe_interval_ms)
         ping = wire.encode_message(self._self_ping(seq_no, target.name))
         if target.state != NodeStateType.ALIVE and ctx.config.lifeguard_buddy:
             accusation = Suspect(target.incarnation, target.name, self._members.local_name)
@@ -174,7 +174,7 @@ class Prober:
         timers = [
             ctx.set_timer(
                 ProbeTimeout,
-                ctx.rtt.probe_timeout_ms(target.name, self._members.health_score),
+                ctx.rtt.probe_timeout_ms(target.name, ctx.awareness.score),
                 seq_no,
             ),
             ctx.set_timer(ProbeDeadline, interval_ms, seq_no),
@@ -349,7 +349,7 @@ class Prober:
     def _end(self, probe: _Probe, health_delta: int) -> None:
         for timer_id in probe.timer_ids:
             self._ctx.cancel_timer(timer_id)
-        self._members.apply_health_delta(health_delta)
+        self._ctx.awareness.apply_delta(health_delta)
         if probe.urgent:
             del self._urgent[probe.seq_no]
             return
@@ -374,7 +374,7 @@ class Prober:
         for _ in range(VERIFY_COPIES):
             self._transport.send_parts(target.address, [accusation, ping], target)
         ctx.stats.suspicion_verifications += 1
-        grace_ms = ctx.rtt.probe_timeout_ms(name, self._members.health_score)
+        grace_ms = ctx.rtt.probe_timeout_ms(name, ctx.awareness.score)
         ctx.set_timer(SuspicionVerify, grace_ms, name, state_change_ms)
 
     # --- answering ----------------------------------------------------------------------
@@ -411,7 +411,7 @@ class Prober:
         seq_no = self.next_seq_no()
         me = self._members.local
         ping = Ping(seq_no, req.node, me.address.ip_bytes, me.address.port, me.name)
-        timeout_ms = ctx.rtt.probe_timeout_ms(req.node, self._members.health_score)
+        timeout_ms = ctx.rtt.probe_timeout_ms(req.node, ctx.awareness.score)
         timer_id = ctx.set_timer(RelayTimeout, timeout_ms, seq_no)
         self._relays[seq_no] = _Relay(
             req.seq_no, reply_to, req.nack, timer_id, req.node, ctx.now_ms

@@ -214,15 +214,12 @@ class Streams:
         dead, and only a new exchange of full state lets the accused refute.
         """
         members = self._members
-        members.expire_failed()
-        if not members.failed or members.leaving:
+        members.failed.expire()
+        if members.leaving:
             return
-        alive = max(members.count(NodeStateType.ALIVE), 1)
-        rng = self._ctx.rng
-        if rng.random() > len(members.failed) / alive:
+        address = members.failed.pick(self._ctx.rng, members.count(NodeStateType.ALIVE))
+        if address is None:
             return
-        names = list(members.failed)
-        address, _ = members.failed[names[rng.randrange(len(names))]]
         stream_id = self.open_push_pull(address, join=True)
         if stream_id in self._streams:
             self._streams[stream_id].reconnect = True

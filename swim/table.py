@@ -373,6 +373,28 @@ class MemberTable:
         self._drawn.clear()
         self._tail = None
 
+    def next_in_round(
+        self,
+        rng: random.Random,
+        skip: Callable[[MemberState], bool],
+        on_wrap: Callable[[], None],
+    ) -> MemberState | None:
+        """The next member of the round not skipped. When every member of the round has
+        been drawn, ``on_wrap`` runs (reaping, state.go ``resetNodes``) and a new round
+        begins; None if even a fresh round offers nobody."""
+        wrapped = False
+        while True:
+            if self.undrawn() == 0:
+                if wrapped:
+                    return None
+                on_wrap()
+                self.new_round()
+                wrapped = True
+                continue
+            m = self.draw(rng)
+            if not skip(m):
+                return m
+
 
 def _sample_indexes(rng: random.Random, n: int, k: int) -> list[int]:
     """k distinct indexes of range(n), uniformly (a partial Fisher-Yates)."""

@@ -19,6 +19,7 @@ from swim import (
     Output,
     SeedMember,
     formulas,
+    push_pull,
     wire,
 )
 from swim import streams as streams_module
@@ -382,7 +383,8 @@ def test_shared_encoding_is_the_plain_encoding() -> None:
     node.handle_datagram(address(500), packet(_alive(200)), 10)
     members = node._members
     members._members.remove("n040")
-    plain = wire.encode_push_pull(PushPull(True, members.push_states(), b"state"))
+    states = push_pull.push_states(members._members)
+    plain = wire.encode_push_pull(PushPull(True, states, b"state"))
     assert members.encode_push_pull(True, b"state") == plain
     parsed = wire.parse_stream(plain, None, wire.StreamLimits())
     assert parsed is not None and isinstance(parsed[0], PushPull)
