@@ -13,17 +13,7 @@ from __future__ import annotations
 
 import zlib
 
-from job import (
-    Faults,
-    StepLog,
-    build_model,
-    hook_options,
-    optimizer_for,
-    parser,
-    slice_step,
-    start,
-    train,
-)
+import job
 from torch import nn
 
 from agent.control import ControlClient
@@ -38,35 +28,35 @@ def rank_seed(node: str, local_rank: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = parser(__doc__, job="elastic-demo", pg_timeout_s=60.0)
+    ap = job.parser(__doc__, job="elastic-demo", pg_timeout_s=60.0)
     ap.add_argument("--local-rank", type=int, default=None, help="default: LOCAL_RANK or 0")
     ap.add_argument(
         "--local-world-size", type=int, default=None, help="default: LOCAL_WORLD_SIZE or 1"
     )
     args = ap.parse_args(argv)
-    if not start(args):
+    if not job.start(args):
         return 0
     node = ControlClient(args.control).request("info")["node"]
     local_rank, local_world_size = local_place(args.local_rank, args.local_world_size)
-    model = build_model(rank_seed(node, local_rank))
-    opt = optimizer_for(model)
+    model = job.build_model(rank_seed(node, local_rank))
+    opt = job.optimizer_for(model)
     el = ElasticDDP(
         model,
         opt,
         local_rank=local_rank,
         local_world_size=local_world_size,
-        **hook_options(args),
+        **job.hook_options(args),
     )
-    log = StepLog(args.log)
-    faults = Faults(args, log, fires=el.local_rank == 0)
+    log = job.StepLog(args.log)
+    faults = job.Faults(args, log, fires=el.local_rank == 0)
 
     def train_step(ddp: nn.Module) -> float:
-        return slice_step(el, ddp, args, faults, opt)
+        return job.slice_step(el, ddp, args, faults, opt)
 
     def details() -> dict[str, object]:
         return {"source": el.last_plan.source if el.last_plan else None}
 
-    train(el, train_step, args, log, faults, details)
+    job.train(el, train_step, args, log, faults, details)
     el.exit(0)
     return 0
 

@@ -17,48 +17,38 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from job import (
-    Faults,
-    StepLog,
-    build_model,
-    hook_options,
-    optimizer_for,
-    parser,
-    slice_step,
-    start,
-    train,
-)
+import job
 from torch import nn
 
 from torchhook.elastic_fsdp import ElasticFSDP
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = parser(__doc__, job="elastic-fsdp-demo", pg_timeout_s=15.0)
+    ap = job.parser(__doc__, job="elastic-fsdp-demo", pg_timeout_s=15.0)
     ap.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"))
     ap.add_argument("--checkpoint-every", type=int, default=2)
     args = ap.parse_args(argv)
-    if not start(args):
+    if not job.start(args):
         return 0
     el = ElasticFSDP(
-        lambda: build_model(args.seed),
-        optimizer_for,
+        lambda: job.build_model(args.seed),
+        job.optimizer_for,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
-        **hook_options(args),
+        **job.hook_options(args),
     )
-    log = StepLog(args.log)
+    log = job.StepLog(args.log)
     every = args.checkpoint_every
-    faults = Faults(args, log, fires=el.local_rank == 0, skip=lambda step: step % every == 0)
+    faults = job.Faults(args, log, fires=el.local_rank == 0, skip=lambda step: step % every == 0)
 
     def train_step(model: nn.Module) -> float:
         # the optimizer is read here: it changes when the group re-forms
-        return slice_step(el, model, args, faults, el.optimizer)
+        return job.slice_step(el, model, args, faults, el.optimizer)
 
     def details() -> dict[str, object]:
         return {"resumed": el.resumed_step, "load_s": round(el.last_load_s, 4)}
 
-    train(el, train_step, args, log, faults, details)
+    job.train(el, train_step, args, log, faults, details)
     el.exit(0)
     return 0
 

@@ -13,43 +13,33 @@ record's checksum covers this rank's shards, equal on every node for the same lo
 
 from __future__ import annotations
 
-from job import (
-    Faults,
-    StepLog,
-    build_model,
-    hook_options,
-    optimizer_for,
-    parser,
-    slice_step,
-    start,
-    train,
-)
+import job
 from torch import nn
 
 from torchhook.elastic_hsdp import ElasticHSDP
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser(__doc__, job="elastic-hsdp-demo", pg_timeout_s=60.0).parse_args(argv)
-    if not start(args):
+    args = job.parser(__doc__, job="elastic-hsdp-demo", pg_timeout_s=60.0).parse_args(argv)
+    if not job.start(args):
         return 0
     el = ElasticHSDP(
-        lambda: build_model(args.seed),
-        optimizer_for,
-        **hook_options(args),
+        lambda: job.build_model(args.seed),
+        job.optimizer_for,
+        **job.hook_options(args),
     )
-    log = StepLog(args.log)
-    faults = Faults(args, log, fires=el.local_rank == 0)
+    log = job.StepLog(args.log)
+    faults = job.Faults(args, log, fires=el.local_rank == 0)
 
     def forward_backward(model: nn.Module) -> float:
         # forward and backward only: ElasticHSDP reduces across nodes, commits and steps
-        return slice_step(el, model, args, faults, None)
+        return job.slice_step(el, model, args, faults, None)
 
     def details() -> dict[str, object]:
         plan = el.last_plan
         return {"restore": plan.restore if plan else None, "resumed": plan.step if plan else None}
 
-    train(el, forward_backward, args, log, faults, details)
+    job.train(el, forward_backward, args, log, faults, details)
     el.exit(0)
     return 0
 
