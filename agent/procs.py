@@ -1,8 +1,8 @@
 """Local processes on one host: a free port, one poller, one stopper.
 
 Everything that runs real processes (``swimctl demo`` and ``demo --torch``, the process
-tests, the network-namespace harness, the benchmarks, scripts/capture_serf_golden.py) uses
-these three, so a wait and a teardown behave the same everywhere:
+tests, the network-namespace harness, the benchmarks, scripts/capture_serf_golden.py) waits
+and tears down with these, so a wait and a teardown behave the same everywhere:
 
 - ``free_port()``: a port free for UDP and TCP on 127.0.0.1, below the ephemeral range,
   never handed out twice by one process.
