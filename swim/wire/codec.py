@@ -1,0 +1,294 @@
+"""Messages to bytes and back: one packet message, the bodies of stream messages
+(push-pull, user message, TCP ping/ack), and the LZW compression wrapper. Part of
+``swim.wire`` (its docstring has the rules); the layers around a message (compound, CRC,
+encryption, stream frames) are ``swim.wire.framing``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from swim import lzw
+from swim.messages import (
+    Ack,
+    ErrResp,
+    Message,
+    MsgType,
+    NodeStateType,
+    Ping,
+    PushNodeState,
+    PushPull,
+    UserMsg,
+)
+from swim.wire.errors import DropReason, WireError
+from swim.wire.fields import (
+    CLASS_OF,
+    FIELDS,
+    HEADER_FIELDS,
+    TYPE_OF,
+    USER_HEADER_FIELDS,
+    decode_fields,
+    encode_fields,
+    new_unpacker,
+    pack,
+    unpack_one,
+)
+
+__all__ = [
+    "GOSSIP_CACHE_ENTRIES",
+    "MAX_DECOMPRESSED_BYTES",
+    "StreamLimits",
+    "StreamMessage",
+    "compress_message",
+    "decode_message",
+    "decompress_body",
+    "encode_message",
+    "encode_push_pull",
+    "encode_push_pull_parts",
+    "encode_push_state",
+    "encode_user_stream",
+    "gossip_cache_len",
+    "message_type_name",
+    "parse_plain_stream",
+    "type_name",
+]
+
+MAX_DECOMPRESSED_BYTES = 2 * 20 * 1024 * 1024
+"""net.go ``maxDecompressedBytes``."""
+_LZW_ALGO = 0
+
+
+def encode_message(msg: Message) -> bytes:
+    """``[type byte][msgpack body]`` for one packet message."""
+    if isinstance(msg, UserMsg):
+        return bytes([MsgType.USER]) + msg.payload
+    fields = FIELDS[type(msg)]
+    return bytes([TYPE_OF[type(msg)]]) + encode_fields(fields, lambda a: getattr(msg, a))
+
+
+def decode_message(data: bytes) -> Message:
+    """One message from ``[type byte][body]``; compound/compress/crc are not handled here."""
+    if not data:
+        raise WireError(DropReason.EMPTY, "missing message type byte")
+    kind, body = data[0], data[1:]
+    if kind == MsgType.USER:
+        return UserMsg(bytes(body))
+    cls = CLASS_OF.get(kind)  # type: ignore[call-overload]
+    if cls is None:
+        if kind in MsgType._value2member_map_:
+            raise WireError(DropReason.UNEXPECTED_TYPE, f"message type {kind} not valid here")
+        raise WireError(DropReason.UNKNOWN_TYPE, f"unknown message type {kind}")
+    gossip = kind in _GOSSIP_TYPES
+    if gossip:
+        cached = _GOSSIP_CACHE.get(data)
+        if cached is not None:
+            return cached
+    values = decode_fields(FIELDS[cls], unpack_one(body))
+    msg: Message = cls(**values)
+    if gossip:
+        # A broadcast arrives up to retransmit-limit times per member, as the same bytes;
+        # messages are frozen, so decoding them once is safe. Bounded: cleared when full.
+        if len(_GOSSIP_CACHE) >= GOSSIP_CACHE_ENTRIES:
+            _GOSSIP_CACHE.clear()
+        _GOSSIP_CACHE[bytes(data)] = msg
+    return msg
+
+
+GOSSIP_CACHE_ENTRIES = 4096
+"""Decoded alive/suspect/dead messages remembered by their bytes (a pure-function memo)."""
+_GOSSIP_TYPES = frozenset((MsgType.ALIVE, MsgType.SUSPECT, MsgType.DEAD))
+_GOSSIP_CACHE: dict[bytes, Message] = {}
+
+
+def gossip_cache_len() -> int:
+    """How many decoded broadcasts the memo holds (for tests and metrics)."""
+    return len(_GOSSIP_CACHE)
+
+
+def _type_label(kind: int) -> str:
+    member = MsgType._value2member_map_.get(kind)
+    return member.name.lower() if isinstance(member, MsgType) else f"type_{kind}"
+
+
+_TYPE_NAMES = tuple(_type_label(kind) for kind in range(256))
+_MESSAGE_TYPE_NAMES: dict[type, str] = {
+    **{cls: _TYPE_NAMES[kind] for cls, kind in TYPE_OF.items()},
+    UserMsg: "user",
+}
+
+
+def type_name(kind: int) -> str:
+    """Lower-case name of a message type byte, for counters."""
+    return _TYPE_NAMES[kind] if 0 <= kind < 256 else _type_label(kind)
+
+
+def message_type_name(msg: Message) -> str:
+    """The wire type name of a decoded message (``ping``, ``indirect_ping``, ``user``…)."""
+    return _MESSAGE_TYPE_NAMES[type(msg)]
+
+
+# --- compression --------------------------------------------------------------------------
+
+
+def compress_message(data: bytes) -> bytes:
+    """util.go ``compressPayload``: ``[9]`` + msgpack ``{Algo: 0, Buf: lzw(data)}``."""
+    return bytes([MsgType.COMPRESS]) + pack({"Algo": _LZW_ALGO, "Buf": lzw.compress(data)})
+
+
+def decompress_body(body: bytes, max_bytes: int = MAX_DECOMPRESSED_BYTES) -> bytes:
+    """The payload inside a compress message (bytes after the type byte)."""
+    return _decompress_obj(unpack_one(body), max_bytes)
+
+
+def _decompress_obj(obj: Any, max_bytes: int) -> bytes:
+    if not isinstance(obj, dict):
+        raise WireError(DropReason.MALFORMED, "compress body is not a map")
+    algo = obj.get(b"Algo", 0)
+    buf = obj.get(b"Buf", b"")
+    if algo != _LZW_ALGO:
+        raise WireError(DropReason.DECOMPRESS_FAILED, f"unknown compression algorithm {algo!r}")
+    if not isinstance(buf, bytes):
+        raise WireError(DropReason.MALFORMED, "compress Buf must be bytes")
+    try:
+        return lzw.decompress(buf, max_bytes)
+    except lzw.LZWError as exc:
+        raise WireError(DropReason.DECOMPRESS_FAILED, str(exc)) from exc
+
+
+# --- stream message bodies ------------------------------------------------------------------
+
+
+def encode_push_pull(pp: PushPull) -> bytes:
+    """net.go ``sendLocalState``: ``[6]`` header, each node state, then raw user state."""
+    states = [encode_push_state(state) for state in pp.nodes]
+    return encode_push_pull_parts(pp.join, len(states), states, pp.user_state)
+
+
+def encode_push_state(state: PushNodeState) -> bytes:
+    """One node state of a push-pull (a msgpack map)."""
+    return encode_fields(FIELDS[PushNodeState], state.__getattribute__)
+
+
+def encode_push_pull_parts(
+    join: bool, count: int, states: Sequence[bytes], user_state: bytes
+) -> bytes:
+    """``encode_push_pull`` from ``count`` node states already encoded with
+    ``encode_push_state`` (empty parts are allowed and stand for nothing)."""
+    header = encode_fields(
+        HEADER_FIELDS,
+        {"nodes": count, "user_state_len": len(user_state), "join": join}.get,
+    )
+    return b"".join([bytes([MsgType.PUSH_PULL]), header, *states, user_state])
+
+
+def encode_user_stream(payload: bytes) -> bytes:
+    """net.go ``sendUserMsg``: ``[8]`` + msgpack ``{UserMsgLen}`` + payload."""
+    return bytes([MsgType.USER]) + pack({"UserMsgLen": len(payload)}) + payload
+
+
+StreamMessage = Ping | Ack | ErrResp | PushPull | UserMsg
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    max_bytes: int = 20 * 1024 * 1024
+    max_nodes: int = 65_536
+    max_user_bytes: int = 20 * 1024 * 1024
+
+
+def parse_plain_stream(
+    data: bytes, limits: StreamLimits, allow_compress: bool
+) -> tuple[StreamMessage, int] | None:
+    kind = data[0]
+    if kind == MsgType.COMPRESS and allow_compress:
+        return _parse_compressed_stream(data, limits)
+    if kind == MsgType.PUSH_PULL:
+        return _parse_push_pull(data, limits)
+    if kind == MsgType.USER:
+        return _parse_user_stream(data, limits)
+    if kind in (MsgType.PING, MsgType.ACK, MsgType.ERR):
+        obj, used = _unpack_prefix(data, 1, limits)
+        if obj is _MORE:
+            return None
+        cls = CLASS_OF[MsgType(kind)]
+        msg: StreamMessage = cls(**decode_fields(FIELDS[cls], obj))
+        return msg, used
+    raise WireError(DropReason.UNEXPECTED_TYPE, f"message type {kind} not valid on a stream")
+
+
+_MORE = object()
+
+
+def _unpack_prefix(data: bytes, offset: int, limits: StreamLimits) -> tuple[Any, int]:
+    """The msgpack object at ``offset``, or ``_MORE`` if it is not complete yet."""
+    unpacker = new_unpacker(limits.max_bytes)
+    unpacker.feed(data[offset:])
+    try:
+        obj = unpacker.unpack()
+    except msgpack.OutOfData:
+        return _MORE, 0
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise WireError(DropReason.MALFORMED, f"bad msgpack: {exc}") from exc
+    return obj, offset + unpacker.tell()
+
+
+def _parse_compressed_stream(data: bytes, limits: StreamLimits) -> tuple[StreamMessage, int] | None:
+    obj, used = _unpack_prefix(data, 1, limits)
+    if obj is _MORE:
+        return None
+    plain = _decompress_obj(obj, min(limits.max_bytes * 2, MAX_DECOMPRESSED_BYTES))
+    if not plain:
+        raise WireError(DropReason.MALFORMED, "decompressed stream is empty")
+    parsed = parse_plain_stream(plain, limits, allow_compress=False)
+    if parsed is None:
+        raise WireError(DropReason.MALFORMED, "compressed stream holds a partial message")
+    return parsed[0], used
+
+
+def _parse_push_pull(data: bytes, limits: StreamLimits) -> tuple[StreamMessage, int] | None:
+    obj, offset = _unpack_prefix(data, 1, limits)
+    if obj is _MORE:
+        return None
+    header = decode_fields(HEADER_FIELDS, obj)
+    if header["nodes"] > limits.max_nodes:
+        raise WireError(DropReason.OVERSIZED, f"push-pull claims {header['nodes']} nodes")
+    if header["user_state_len"] > limits.max_user_bytes:
+        raise WireError(DropReason.OVERSIZED, "push-pull user state exceeds limit")
+    unpacker = new_unpacker(limits.max_bytes)
+    unpacker.feed(data[offset:])
+    states: list[PushNodeState] = []
+    fields = FIELDS[PushNodeState]
+    for _ in range(header["nodes"]):
+        try:
+            raw = unpacker.unpack()
+        except msgpack.OutOfData:
+            return None
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise WireError(DropReason.MALFORMED, f"bad node state: {exc}") from exc
+        values = decode_fields(fields, raw)
+        if values["state"] not in NodeStateType._value2member_map_:
+            raise WireError(DropReason.MALFORMED, f"unknown node state {values['state']}")
+        values["state"] = NodeStateType(values["state"])
+        states.append(PushNodeState(**values))
+    offset += unpacker.tell()
+    end = offset + header["user_state_len"]
+    if len(data) < end:
+        return None
+    pp = PushPull(join=header["join"], nodes=tuple(states), user_state=bytes(data[offset:end]))
+    return pp, end
+
+
+def _parse_user_stream(data: bytes, limits: StreamLimits) -> tuple[StreamMessage, int] | None:
+    obj, offset = _unpack_prefix(data, 1, limits)
+    if obj is _MORE:
+        return None
+    length = decode_fields(USER_HEADER_FIELDS, obj)["length"]
+    if length > limits.max_user_bytes:
+        raise WireError(DropReason.OVERSIZED, f"user message claims {length} bytes")
+    if len(data) < offset + length:
+        return None
+    return UserMsg(bytes(data[offset : offset + length])), offset + length
