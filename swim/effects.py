@@ -1,6 +1,6 @@
 """What the sans-IO node hands back to its driver, and the public views of its state.
 
-Rules (DESIGN.md "The core is a function of (state, input, now)"; h11/foca style):
+Rules (docs/design.md §1.3 "The core is a function of (state, input, now)"; h11/foca style):
 - Every input call returns one ``Output``: packets to send, streams to open, timers to set,
   membership events, user messages, probe results and log-worthy notices.
 - A timer is a value with a deadline; the driver hands it back when it fires. The node

@@ -1,6 +1,6 @@
 """``swim.Node``: the sans-IO SWIM + Lifeguard state machine speaking memberlist's protocol.
 
-Rules (DESIGN.md; h11/foca style):
+Rules (docs/design.md §1.3 and §4; h11/foca style):
 - Inputs: ``handle_datagram``, ``handle_stream`` (a complete stream message someone sent
   us), ``handle_stream_response`` (the answer on a stream we opened), ``handle_timer``, and
   commands (``join``, ``leave``, ``set_meta``, ``probe_now``, user messages, keyring
@@ -23,11 +23,14 @@ Rules (DESIGN.md; h11/foca style):
   helper that shares it; helpers never call back into the node except through the
   ``probe.Transport`` protocol (send, send_parts, open_stream).
 
-Module map: ``membership`` (§4.2 transitions), ``table`` (copy-on-write member storage,
-sampling, probe rounds), ``shared`` (push-pull work shared across bootstrapped nodes),
-``probe`` (the probe cycle), ``transport`` (packets out, gossip rounds), ``streams``
-(push-pull, TCP pings, reliable user messages, reconnect), ``wire`` (bytes), ``queue``
-(piggyback queue), ``formulas`` (every derived number).
+Module map: ``membership`` (SWIM §4.2 transitions: the ``PRECEDENCE`` table),
+``suspicion`` (Lifeguard suspicion timers), ``awareness`` (local health), ``member_state``
+(one member's record), ``table`` (copy-on-write member storage, sampling, probe rounds),
+``shared`` (push-pull work shared across bootstrapped nodes), ``push_pull`` (our side of a
+push-pull), ``failed`` (serf's failed members), ``probe`` (the probe cycle), ``transport``
+(packets out, gossip rounds), ``streams`` (push-pull, TCP pings, reliable user messages,
+reconnect), ``timers`` (every timer kind), ``wire`` (bytes), ``queue`` (piggyback queue),
+``formulas`` (every derived number), ``context`` (per-node state the helpers share).
 """
 
 from __future__ import annotations

@@ -1,9 +1,16 @@
-"""The import rules of DESIGN.md, enforced.
+"""The import rules of docs/design.md §1, enforced.
 
 swim/ (the sans-IO core): stdlib, msgpack, cryptography — and no sockets, clocks, threads,
 logging, environment, or module-level randomness. phi/: stdlib and numpy under the same
 bans. simulations/ runs the core: swim, phi and plotting, never the agent or trio. torchhook
 reaches the agent only through its pure control-protocol module.
+
+Across the whole repository (swim, phi, agent, torchhook, simulations, bench, tests,
+examples, scripts): no import circle (module-level, function-level and ``TYPE_CHECKING``
+imports all count); no module outside tests/ over ``MAX_MODULE_LINES`` lines unless
+``LONG_MODULES`` says why; outside swim/ and tests/swim/, swim only through
+``import swim`` / ``from swim import`` names of ``swim.__all__``, which is complete and
+sorted.
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ RULES: dict[str, dict[str, set[str]]] = {
 }
 PURE_MODULES = {
     # torchhook may only reach the agent through this module, which must stay free of trio
-    # and of the Node (DESIGN.md: "torchhook ──► agent's pure control-protocol module").
+    # and of the Node (docs/design.md §1.1: "torchhook ──► agent.control").
     "agent/control.py": {"trio", "swim", "phi", "agent"},
 }
 

@@ -7,7 +7,7 @@ import pytest
 from swim import Config, ConfigError
 
 
-# research notes §1.1: memberlist config.go Default{LAN,WAN,Local}Config
+# docs/design.md §5.1: memberlist config.go Default{LAN,WAN,Local}Config
 @pytest.mark.parametrize(
     ("preset", "expected"),
     [

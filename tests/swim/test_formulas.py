@@ -18,7 +18,7 @@ def test_suspicion_timeout_memberlist_table(n: int, per_mult_ms: int) -> None:
     assert formulas.suspicion_timeout_ms(3, n, 1000) // 3 == per_mult_ms
 
 
-# research notes §1.2 (memberlist config.go presets): min suspicion timeout per profile
+# docs/design.md §5.1, §5.3 (memberlist config.go presets): min suspicion timeout per profile
 @pytest.mark.parametrize(
     ("mult", "n", "interval_ms", "expected_ms"),
     [
@@ -60,7 +60,7 @@ def test_remaining_suspicion_time_memberlist_table(
     )
 
 
-# research notes §1.2 table: LAN min / max / after one confirmation (k = 2)
+# docs/design.md §5.3 (LAN values): min / max / after one confirmation (k = 2)
 @pytest.mark.parametrize(
     ("n", "min_ms", "max_ms", "after_one_ms"),
     [
@@ -106,8 +106,8 @@ def test_remaining_suspicion_time_needs_k() -> None:
 
 
 # memberlist util_test.go TestRetransmitLimit (mult 3) and the LAN (mult 4) steps.
-# Note: the research notes' table puts the step at n=99; memberlist's own test
-# (retransmitLimit(3, 99) == 6) shows the step is at n=100 (ceil(log10(100)) == 2).
+# The step is at n=100, not n=99: memberlist's own test has retransmitLimit(3, 99) == 6
+# (ceil(log10(100)) == 2).
 @pytest.mark.parametrize(
     ("mult", "n", "limit"),
     [
@@ -129,7 +129,7 @@ def test_retransmit_limit(mult: int, n: int, limit: int) -> None:
     assert formulas.retransmit_limit(mult, n) == limit
 
 
-# memberlist util_test.go TestPushPullScale, and research notes §1.6 (LAN 30 s)
+# memberlist util_test.go TestPushPullScale, and docs/design.md §5.5 (LAN 30 s)
 @pytest.mark.parametrize(
     ("interval_ms", "n", "expected_ms"),
     [
