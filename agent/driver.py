@@ -73,7 +73,14 @@ _LEVELS = {
 
 
 def now_ms() -> int:
-    return int(trio.current_time() * 1000)
+    """trio's clock in whole milliseconds. The node loop sleeps until ``deadline_ms / 1000``
+    and must then see ``now_ms() >= deadline_ms``; without the nanosecond of slack a
+    deadline like 1005 reads back as 1004.9999999 ms and the loop spins (forever on a
+    MockClock, whose time stands still while a task is runnable)."""
+    return int(trio.current_time() * 1000 + _SLACK_MS)
+
+
+_SLACK_MS = 1e-6
 
 
 class Delegate(Protocol):

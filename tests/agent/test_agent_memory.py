@@ -1,0 +1,349 @@
+"""Whole agents (driver, Serf runtime, API, control operations) on the in-memory transport
+(agent/memory_transport.py) and trio's MockClock: join, crash -> suspect -> dead, graceful
+leave, reaped members kept listed, force-leave, urgent probes, tags, keys, the events
+fan-out, a stall's catch-up and a partition. Protocol time passes on the virtual clock
+(``autojump_clock``), so a test of tens of protocol seconds runs in well under a second.
+
+Control operations go through ``agent.control_server.answer`` (the op table) with the same
+request frames ``swimctl`` sends; the socket side of the control API is tested on real
+Unix sockets in tests/agent/test_agent.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from agent import serf
+from agent.config import load
+from agent.control import make_request
+from agent.control_server import answer
+from agent.memory_transport import MemoryNetwork, address_of
+from agent.runtime import Agent
+from swim import Address, Node, NodeStateType
+
+pytestmark = pytest.mark.trio
+KEY = base64.b64encode(bytes(range(16))).decode()
+
+
+class Member:
+    """One agent of a memory cluster, with its cancel scope (a crash)."""
+
+    def __init__(self, agent: Agent, address: Address, scope: trio.CancelScope) -> None:
+        self.agent = agent
+        self.address = address
+        self.scope = scope
+
+    @property
+    def node(self) -> Node:
+        assert self.agent.node is not None
+        return self.agent.node
+
+    def state_of(self, name: str) -> NodeStateType | None:
+        m = self.node.member(name)
+        return None if m is None else m.state
+
+    async def op(self, op: str, **args: Any) -> Any:
+        """A control operation through the op table; its result, or AssertionError."""
+        reply = await answer(self.agent, make_request(op, **args))
+        assert reply["ok"], reply
+        return reply["result"]
+
+    async def op_error(self, op: str, **args: Any) -> str:
+        reply = await answer(self.agent, {"v": 1, "op": op, "args": args})
+        assert reply["ok"] is False, reply
+        return str(reply["error"])
+
+
+class Cluster:
+    def __init__(self, network: MemoryNetwork, nursery: trio.Nursery) -> None:
+        self.network = network
+        self.members: list[Member] = []
+        self._nursery = nursery
+
+    async def start(self, name: str, i: int, **extra: object) -> Member:
+        address = address_of(i)
+        overrides: dict[str, object] = {
+            "node": name,
+            "bind": f"{address.host}:{address.port}",
+            "profile": "local",
+            **extra,
+        }
+        agent = Agent(
+            load(None, overrides),
+            rng=random.Random(i),
+            transport=self.network.attach(address),
+            control=False,
+        )
+        scope = trio.CancelScope()
+
+        async def run(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            with scope:
+                await agent.run(task_status=task_status)
+
+        await self._nursery.start(run)
+        member = Member(agent, address, scope)
+        self.members.append(member)
+        return member
+
+    def crash(self, member: Member) -> None:
+        """The process dies: its address goes away and its tasks stop, no leave."""
+        self.network.crash(member.address)
+        member.scope.cancel()
+
+
+@asynccontextmanager
+async def cluster(n: int, **extra: object) -> AsyncIterator[Cluster]:
+    async with trio.open_nursery() as nursery:
+        c = Cluster(MemoryNetwork(random.Random(7)), nursery)
+        seed = address_of(1)
+        for i in range(n):
+            join = {"join": [f"{seed.host}:{seed.port}"]} if i else {}
+            await c.start(f"n{i}", i + 1, **join, **extra)
+        try:
+            yield c
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float) -> float:
+    """Virtual seconds until ``predicate`` holds; fails after ``timeout_s`` of them."""
+    start = trio.current_time()
+    with trio.fail_after(timeout_s):
+        while not predicate():
+            await trio.sleep(0.01)
+    return trio.current_time() - start
+
+
+def alive(members: list[Member]) -> Callable[[], bool]:
+    names = {m.agent.name for m in members}
+    return lambda: all(
+        {x.name for x in m.node.members() if x.state == NodeStateType.ALIVE} == names
+        for m in members
+    )
+
+
+async def test_join_detect_crash_and_leave(autojump_clock: trio.testing.MockClock) -> None:
+    async with cluster(4) as c:
+        agents = c.members
+        await until(alive(agents), 20)
+        c.crash(agents[3])
+        took = await until(
+            lambda: all(a.state_of("n3") == NodeStateType.DEAD for a in agents[:3]), 30
+        )
+        # local profile: 1 s probes; suspicion 3 s minimum (α=3, n=4, k=1 confirmation)
+        assert 1 < took < 3 + 18 + 2
+        agents[2].agent.request_shutdown()
+        took = await until(
+            lambda: all(a.state_of("n2") == NodeStateType.LEFT for a in agents[:2]), 5
+        )
+        assert took < 1.0, "peers see a graceful leave within one second"
+        await agents[2].agent.stopped.wait()
+        # serf peers call it "left", not "failed": the leave intent came first
+        assert agents[0].agent.serf is not None
+        assert agents[0].agent.serf.delegate.status_ltime("n2") is not None
+
+
+async def test_control_ops_members_info_tags_and_bad_requests(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster(2, tags={"rack": "r1"}) as c:
+        n0, n1 = c.members
+        await until(lambda: n1.state_of("n0") == NodeStateType.ALIVE, 10)
+        members = await n0.op("members")
+        assert {m["name"] for m in members} == {"n0", "n1"}
+        assert all(m["tags"] == {"rack": "r1"} for m in members)
+        assert {m["status"] for m in members} == {"alive"}
+        assert await n0.op("members", status="dead") == []
+        got = await n0.op("tags", set={"gpu": "h200"}, delete=["rack"])
+        assert got == {"tags": {"gpu": "h200"}}
+        await until(lambda: serf.decode_tags(n1.node.member("n0").meta) == {"gpu": "h200"}, 5)  # type: ignore[union-attr]
+        cases: list[tuple[str, dict[str, object], str]] = [
+            ("members", {"status": "zombie"}, "unknown status"),
+            ("join", {"addrs": "x"}, "list of HOST:PORT"),
+            ("force_leave", {"node": "n1"}, "is alive"),
+            ("force_leave", {"node": "ghost"}, "no member named"),
+            ("keys", {"action": "list"}, "encryption is not enabled"),
+            ("members", {"bogus": 1}, "bad arguments"),
+            ("probe", {}, "bad arguments"),
+            ("tags", {"set": {"k": 1}}, "keys and values must be strings"),
+            ("nonsense", {}, "unknown operation"),
+            ("monitor", {}, "streams"),
+        ]
+        for op, args, message in cases:
+            assert message in await n0.op_error(op, **args), (op, args)
+        info = await n0.op("info")
+        assert info["node"] == "n0" and info["members"]["alive"] == 2
+        assert info["addr"] == "10.0.0.1" and info["port"] == 7946
+        assert info["stats"]["packets_in"] > 0 and not info["encrypted"]
+        joined = await n0.op("join", addrs=["10.0.0.2:7946", "10.0.0.9:7946", "10.0.0.1:7946"])
+        assert joined["joined"] == 1
+        assert [e.split(": ", 1)[0] for e in joined["errors"]] == [
+            "10.0.0.9:7946",
+            "10.0.0.1:7946",
+        ]
+
+
+async def test_a_reaped_member_stays_listed_and_force_leave_makes_it_left(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Serf lists a failed member for its reconnect timeout, and a leave intent that comes
+    after the failure (here: an operator's force-leave on another node, gossiped) turns it
+    into "left" even after memberlist reaped it."""
+    fast_reap = {"protocol": {"gossip_to_the_dead_time_ms": 2_000}}
+    async with cluster(3, **fast_reap) as c:
+        agents = c.members
+        await until(alive(agents), 20)
+        c.crash(agents[2])
+        await until(lambda: all(a.state_of("n2") is None for a in agents[:2]), 40)
+
+        def listed(a: Member) -> NodeStateType | None:
+            found = [m.state for m in a.agent.all_members() if m.name == "n2"]
+            return found[0] if found else None
+
+        assert [listed(a) for a in agents[:2]] == [NodeStateType.DEAD] * 2
+        rows = await agents[0].op("members")
+        assert {r["name"]: r["status"] for r in rows}["n2"] == "dead"
+        reply = await agents[0].op("force_leave", node="n2")
+        assert reply["status"] == "left"
+        await until(lambda: listed(agents[1]) == NodeStateType.LEFT, 10)
+        assert "no member named" in await agents[0].op_error("force_leave", node="nobody")
+
+
+async def test_probe_op_suspects_a_crashed_member_at_once_and_answers_refusals(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A survivor told right after a crash that it lost the victim probes it at once, and
+    that probe (not a report) makes it suspect; bad names get reasons, bad input an error."""
+    async with cluster(4, profile="fast") as c:
+        agents = c.members
+        await until(alive(agents), 20)
+        survivor = agents[0]
+        assert await survivor.op("probe", nodes=["ghost", "n0", "ghost"]) == {
+            "started": [],
+            "refused": {"ghost": "unknown", "n0": "self"},
+        }
+        cases: list[tuple[dict[str, object], str]] = [
+            ({"nodes": "n1"}, "non-empty list of member names"),
+            ({"nodes": []}, "non-empty list of member names"),
+            ({"nodes": [1]}, "non-empty list of member names"),
+            ({"nodes": [f"x{i}" for i in range(65)]}, "at most 64 names"),
+            ({}, "bad arguments"),
+        ]
+        for args, message in cases:
+            assert message in await survivor.op_error("probe", **args)
+        assert await survivor.op("probe", nodes=["n1"]) == {"started": ["n1"], "refused": {}}
+        again = await survivor.op("probe", nodes=["n1"])
+        assert again["started"] == [] and again["refused"] in (
+            {"n1": "probing"},
+            {"n1": "rate_limited"},
+        )
+        c.crash(agents[3])
+        got = await survivor.op("probe", nodes=["n3"])
+        assert got in (
+            {"started": ["n3"], "refused": {}},
+            {"started": [], "refused": {"n3": "probing"}},
+        )
+        stats = survivor.node.stats
+        took = await until(
+            lambda: survivor.state_of("n3") in (NodeStateType.SUSPECT, NodeStateType.DEAD), 10
+        )
+        if got["started"]:
+            await until(lambda: stats.urgent_probes_failed == 1, 5)
+            # suspect within the urgent probe's own timeouts, not a round-robin turn later
+            assert took < 1.0
+        assert stats.urgent_probes_failed == len(got["started"])
+        members = {m["name"]: m["status"] for m in await survivor.op("members")}
+        assert members["n3"] in ("suspect", "dead") and members["n1"] == "alive"
+        info = await survivor.op("info")
+        assert info["stats"]["urgent_probes"]["unknown"] == 1
+        assert info["stats"]["urgent_probes"]["self"] == 1
+
+
+async def test_keys_and_a_stranger_with_another_key(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster(2, encrypt=KEY) as c:
+        n0, n1 = c.members
+        await until(lambda: n1.state_of("n0") == NodeStateType.ALIVE, 10)
+        other = base64.b64encode(bytes(16)).decode()
+        stranger = await c.start("x", 9, encrypt=other)
+        result = await stranger.agent.join(["10.0.0.1:7946"])
+        assert result["joined"] == 0
+        assert n0.node.member("x") is None
+        assert n0.node.stats.dropped["decrypt_failed"] >= 1
+        new = base64.b64encode(bytes(range(32))).decode()
+        got = await n0.op("keys", action="install", key=new)
+        assert got["keys"] == [KEY, new] and got["primary"] == KEY
+        assert "primary" in await n0.op_error("keys", action="remove", key=KEY)
+        assert "not valid base64" in await n0.op_error("keys", action="use", key="!!")
+        assert "needs a key" in await n0.op_error("keys", action="use")
+        assert "unknown keys action" in await n0.op_error("keys", action="rotate", key=new)
+        assert (await n0.op("info"))["encrypted"] is True
+
+
+async def test_events_fan_out_and_a_slow_subscriber_is_cut_off(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster(2) as c:
+        n0, n1 = c.members
+        await until(lambda: n1.state_of("n0") == NodeStateType.ALIVE, 10)
+        events = n0.agent.subscribe()
+        slow = n0.agent.subscribe(depth=1)
+        changed = n0.agent.changed
+        await n1.agent.set_tags({"new": "tag"})
+        with trio.fail_after(5):
+            await changed.wait()
+            async for event in events:
+                if event["type"] == "updated" and event["node"] == "n1":
+                    break
+        await n1.agent.set_tags({"newer": "tag"})
+        await until(lambda: n0.agent.events.subscribers == 1, 5)
+        got = [e async for e in slow]  # what fit in its queue, then the end of the stream
+        assert len(got) == 1
+
+
+async def test_a_stall_handles_what_arrived_before_firing_overdue_timers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster(1) as c:
+        (a,) = c.members
+        sender = c.network.attach(address_of(50))
+        driver = a.agent.driver
+        assert driver is not None
+
+        def stall(now_ms: int) -> None:
+            # in the node task: datagrams arrive, then the process stalls past its timers
+            for i in range(5):
+                sender.send_datagram(a.address, b"\xff stalled " + bytes([i]))
+            autojump_clock.jump(0.4)
+
+        await a.agent.command(stall)
+        await until(lambda: driver.stalls >= 1, 1)
+        # read from the transport by the catch-up, before the timers (the reader task,
+        # waiting on the queue, is handed the first one at once, as it may be by a socket)
+        assert driver.stall_datagrams >= 4
+        await until(lambda: sum(a.node.stats.dropped.values()) == 5, 1)
+        assert (await a.op("info"))["stats"]["stalls"] == driver.stalls
+
+
+async def test_a_partitioned_member_is_declared_dead_and_rejoins_after_healing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster(3) as c:
+        agents = c.members
+        await until(alive(agents), 20)
+        lonely = agents[2]
+        c.network.partition({lonely.address}, {m.address for m in agents[:2]})
+        await until(lambda: all(a.state_of("n2") == NodeStateType.DEAD for a in agents[:2]), 40)
+        c.network.heal()
+        # a dead member refutes once it hears of its death (push-pull or gossip), or joins
+        await lonely.agent.join(["10.0.0.1:7946"])
+        await until(alive(agents), 60)
