@@ -1,4 +1,5 @@
-"""The pure control-API module: framing, request validation, default socket path."""
+"""The pure control-API module: framing, request validation against the ``OPS`` table,
+default socket path; and that the server's handler tables cover exactly ``OPS``."""
 
 from __future__ import annotations
 
@@ -49,6 +50,30 @@ def test_oversized_and_bad_frames_are_refused() -> None:
 def test_bad_requests(frame: dict[str, object], message: str) -> None:
     with pytest.raises(ControlError, match=message):
         control.parse_request(frame)
+
+
+@pytest.mark.parametrize("op", sorted(control.OPS))
+def test_every_op_has_one_handler_and_a_documented_schema(op: str) -> None:
+    from agent import control_server
+
+    spec = control.OPS[op]
+    assert (op in control_server.HANDLERS) != (op in control_server.STREAMS)
+    assert (op in control_server.STREAMS) == spec.streaming == (op in control.STREAMING_OPS)
+    assert not set(spec.required) & set(spec.optional)
+    assert f"``{op}``" in (control.__doc__ or ""), "every op has its line in the schema"
+
+
+@pytest.mark.parametrize("op", sorted(control.OPS))
+def test_arguments_are_checked_against_the_table(op: str) -> None:
+    spec = control.OPS[op]
+    args = dict.fromkeys(spec.required + spec.optional, "x")
+    assert control.parse_request({"v": 1, "op": op, "args": args}) == (op, args)
+    with pytest.raises(ControlError, match=f"bad arguments: {op} unexpected argument 'bogus'"):
+        control.parse_request({"v": 1, "op": op, "args": {**args, "bogus": 1}})
+    for name in spec.required:
+        short = {k: v for k, v in args.items() if k != name}
+        with pytest.raises(ControlError, match=f"missing argument '{name}'"):
+            control.parse_request({"v": 1, "op": op, "args": short})
 
 
 def test_make_request_refuses_unknown_ops() -> None:
