@@ -364,9 +364,12 @@ def _swim_submodules() -> set[str]:
 
 def _swim_uses(path: Path) -> tuple[list[str], set[str]]:
     """(submodule imports, names taken from ``swim``) in one file outside swim/."""
-    submodules = _swim_submodules()
     tree = ast.parse(path.read_text(), filename=str(path))
-    where = str(path.relative_to(ROOT))
+    return _swim_uses_in(tree, str(path.relative_to(ROOT)))
+
+
+def _swim_uses_in(tree: ast.AST, where: str) -> tuple[list[str], set[str]]:
+    submodules = _swim_submodules()
     bad: list[str] = []
     names: set[str] = set()
     bound: set[str] = set()
@@ -409,6 +412,21 @@ def test_nothing_outside_swim_imports_its_submodules() -> None:
     names in ``swim.__all__`` (docs/design.md §1): the submodules are free to move."""
     bad = sorted(b for p in _outside_swim() for b in _swim_uses(p)[0])
     assert bad == [], "import these from swim itself:\n" + "\n".join(bad)
+
+
+def test_the_swim_checks_catch_submodule_imports() -> None:
+    source = (
+        "import swim\nimport swim.wire\nfrom swim.node import Node\nfrom swim import wire, Config\n"
+        "swim.membership.PRECEDENCE\nswim.Address\n"
+    )
+    bad, names = _swim_uses_in(ast.parse(source), "x.py")
+    assert bad == [
+        "x.py:2 import swim.wire",
+        "x.py:3 from swim.node import ...",
+        "x.py:4 from swim import wire",
+        "x.py:5 swim.membership",
+    ]
+    assert names == {"Config", "Address"}
 
 
 def test_swim_all_is_complete_sorted_and_importable() -> None:
