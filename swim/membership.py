@@ -23,7 +23,7 @@ Rules (hashicorp/memberlist @ 1b4c746 state.go ``aliveNode``, ``suspectNode``, `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import Enum, IntEnum
 
 from swim import push_pull, wire
@@ -104,7 +104,8 @@ _RULES: tuple[tuple[About, NodeStateType, NodeStateType, tuple[Outcome, Outcome,
     (About.US, _ALIVE, _ALIVE, (_IGNORE, _REFUTE_IF_CHANGED, _REFUTE)),
     (About.US, _ALIVE, _SUSPECT, (_REANNOUNCE, _REFUTE, _REFUTE)),
     (About.US, _ALIVE, _DEAD, (_IGNORE, _REFUTE, _REFUTE)),
-    # we have left (Node.leave): nothing about us is news any more
+    # we have left (Node.leave): nothing about us is news, but an old accusation still
+    # re-announces our alive at our last incarnation (harmless: our dead one outranks it)
     (About.US, _LEFT, _ALIVE, _ALL_IGNORED),
     (About.US, _LEFT, _SUSPECT, (_REANNOUNCE, _IGNORE, _IGNORE)),
     (About.US, _LEFT, _DEAD, _ALL_IGNORED),
@@ -126,7 +127,7 @@ _RULES: tuple[tuple[About, NodeStateType, NodeStateType, tuple[Outcome, Outcome,
     (About.RECLAIMED, _LEFT, _ALIVE, (_APPLY, _APPLY, _APPLY)),
 )
 
-PRECEDENCE: dict[tuple[About, NodeStateType, NodeStateType, News], Outcome] = {
+PRECEDENCE: Mapping[tuple[About, NodeStateType, NodeStateType, News], Outcome] = {
     (about, known, message, news): outcome
     for about, known, message, outcomes in _RULES
     for news, outcome in zip(News, outcomes, strict=True)
