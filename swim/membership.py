@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import Enum, IntEnum
 
 from swim import push_pull, wire
-from swim.compat import VersionSummary
 from swim.context import Context
 from swim.effects import EventKind
 from swim.failed import FailedMembers
@@ -41,7 +40,7 @@ from swim.messages import (
     Suspect,
     ip_from_bytes,
 )
-from swim.shared import PushPullDiff, SharedCodec
+from swim.shared import PushPullDiff
 from swim.suspicion import Suspicion, Suspicions
 from swim.table import MembershipSnapshot, MemberTable
 from swim.wire import DropReason
@@ -151,6 +150,7 @@ class Membership:
         self.local_name = local.name
         self._members = MemberTable(local)
         self._suspicions = Suspicions(ctx)
+        self.push_pull = push_pull.OurSide(self._members)
         self.leaving = False
         self.failed = FailedMembers(ctx)
         """Members declared dead, for serf's reconnect (``swim.failed``)."""
@@ -463,21 +463,9 @@ class Membership:
             else:
                 self.apply_suspect(Suspect(r.incarnation, r.name, self.local_name))
 
-    @property
-    def codec(self) -> SharedCodec | None:
-        """Shared push-pull work, for a node bootstrapped from a snapshot."""
-        return self._members.codec
-
-    def encode_push_pull(self, join: bool, user_state: bytes) -> bytes:
-        """Our whole table as a push-pull (``swim.push_pull.encode_table``)."""
-        return push_pull.encode_table(self._members, join, user_state)
-
-    def version_summary(self, codec: SharedCodec) -> VersionSummary:
-        return push_pull.version_summary(self._members, codec)
-
     def merge_diff(self, remote: Sequence[PushNodeState], diff: PushPullDiff) -> None:
         """``merge`` of only the entries that can change anything (``swim.push_pull``)."""
-        self.merge([remote[i] for i in push_pull.merge_picks(self._members, diff)])
+        self.merge([remote[i] for i in self.push_pull.merge_picks(diff)])
 
     def force_left(self, name: str) -> None:
         """Mark a failed member as left, as if it had said so itself (its own incarnation,

@@ -23,47 +23,57 @@ from swim.messages import PushNodeState, PushPull
 from swim.shared import PushPullDiff, SharedCodec, push_state
 from swim.table import MemberTable
 
-__all__ = ["encode_table", "merge_picks", "push_states", "version_summary"]
+__all__ = ["OurSide", "push_states"]
 
 
 def push_states(table: MemberTable) -> tuple[PushNodeState, ...]:
     return tuple(push_state(m) for m in table)
 
 
-def encode_table(table: MemberTable, join: bool, user_state: bytes) -> bytes:
-    """The whole table as one push-pull stream message (before compression/encryption)."""
-    codec = table.codec
-    if codec is None:
-        return wire.encode_push_pull(PushPull(join, push_states(table), user_state))
-    parts = codec.base_parts()
-    for m in table.base_overrides():
-        parts[codec.base_position(m.name)] = wire.encode_push_state(push_state(m))
-    for name in table.gone_names():
-        parts[codec.base_position(name)] = b""
-    for name in table.added_names():
-        state = table.get(name)
-        assert state is not None
-        parts.append(wire.encode_push_state(push_state(state)))
-    return wire.encode_push_pull_parts(join, len(table), parts, user_state)
+class OurSide:
+    """Our side of every push-pull, over one node's member table."""
 
+    def __init__(self, table: MemberTable) -> None:
+        self._table = table
 
-def version_summary(table: MemberTable, codec: SharedCodec) -> VersionSummary:
-    """Our side of ``verifyProtocol`` for a bootstrapped table."""
-    base, uniform = codec.base_versions()
-    if not uniform:
-        return summarize((Versions(m.name, m.state, m.vsn) for m in table), remote=False)
-    own = summarize((Versions(m.name, m.state, m.vsn) for m in table.overrides()), remote=False)
-    if table.untouched_base() == 0:
-        return own
-    currents = dict.fromkeys((*own.currents, *base.currents))
-    return VersionSummary(combine_bounds(own.bounds, base.bounds), tuple(currents))
+    @property
+    def codec(self) -> SharedCodec | None:
+        """Shared push-pull work, for a node bootstrapped from a snapshot."""
+        return self._table.codec
 
+    def encode(self, join: bool, user_state: bytes) -> bytes:
+        """The whole table as one push-pull stream message (before compression/encryption)."""
+        table, codec = self._table, self._table.codec
+        if codec is None:
+            return wire.encode_push_pull(PushPull(join, push_states(table), user_state))
+        parts = codec.base_parts()
+        for m in table.base_overrides():
+            parts[codec.base_position(m.name)] = wire.encode_push_state(push_state(m))
+        for name in table.gone_names():
+            parts[codec.base_position(name)] = b""
+        for name in table.added_names():
+            state = table.get(name)
+            assert state is not None
+            parts.append(wire.encode_push_state(push_state(state)))
+        return wire.encode_push_pull_parts(join, len(table), parts, user_state)
 
-def merge_picks(table: MemberTable, diff: PushPullDiff) -> list[int]:
-    """Positions of the received entries to merge, in order."""
-    picks = set(diff.differs)
-    for name in table.changed_names():
-        index = diff.index.get(name)
-        if index is not None:
-            picks.add(index)
-    return sorted(picks)
+    def version_summary(self, codec: SharedCodec) -> VersionSummary:
+        """Our side of ``verifyProtocol`` for a bootstrapped table."""
+        table = self._table
+        base, uniform = codec.base_versions()
+        if not uniform:
+            return summarize((Versions(m.name, m.state, m.vsn) for m in table), remote=False)
+        own = summarize((Versions(m.name, m.state, m.vsn) for m in table.overrides()), remote=False)
+        if table.untouched_base() == 0:
+            return own
+        currents = dict.fromkeys((*own.currents, *base.currents))
+        return VersionSummary(combine_bounds(own.bounds, base.bounds), tuple(currents))
+
+    def merge_picks(self, diff: PushPullDiff) -> list[int]:
+        """Positions of the received entries to merge, in order."""
+        picks = set(diff.differs)
+        for name in self._table.changed_names():
+            index = diff.index.get(name)
+            if index is not None:
+                picks.add(index)
+        return sorted(picks)

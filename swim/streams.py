@@ -80,7 +80,7 @@ class Streams:
             config.max_push_pull_nodes,
             config.max_user_msg_bytes,
         )
-        codec = self._members.codec
+        codec = self._members.push_pull.codec
         if (
             codec is not None
             and self._sender.keyring is None
@@ -102,7 +102,7 @@ class Streams:
                 out.reply = self._stream_bytes(ack)
         elif isinstance(message, PushPull):
             ctx.stats.push_pulls += 1
-            local = self._members.encode_push_pull(message.join, self.user_state)
+            local = self._members.push_pull.encode(message.join, self.user_state)
             out.reply = self._stream_bytes(local)
             self._merge(message, source)
         elif isinstance(message, UserMsg):
@@ -152,11 +152,11 @@ class Streams:
         """Merge a pushed state unless its protocol versions clash (memberlist
         ``mergeRemoteState``): then nothing is merged and the reason is logged."""
         members = self._members
-        codec = members.codec
+        codec = members.push_pull.codec
         # below SHARED_MIN_NODES the plain merge is as fast (same result, see swim.shared)
         if codec is not None and len(remote.nodes) >= SHARED_MIN_NODES:
             diff = codec.diff(remote)
-            problem = verify_summaries(members.version_summary(codec), diff.versions)
+            problem = verify_summaries(members.push_pull.version_summary(codec), diff.versions)
         else:
             diff = None
             problem = verify_protocol(
@@ -253,7 +253,7 @@ class Streams:
         return stream_id
 
     def open_push_pull(self, dest: Address, join: bool) -> int:
-        local = self._members.encode_push_pull(join, self.user_state)
+        local = self._members.push_pull.encode(join, self.user_state)
         deadline_ms = self._ctx.now_ms + self._ctx.config.tcp_timeout_ms
         stream_id = self.open(dest, local, StreamKind.PUSH_PULL, deadline_ms)
         if stream_id in self._streams:
@@ -262,7 +262,7 @@ class Streams:
 
     def _stream_bytes(self, message: bytes) -> bytes:
         config = self._ctx.config
-        codec = self._members.codec
+        codec = self._members.push_pull.codec
         if (
             codec is not None
             and self._sender.keyring is None

@@ -385,7 +385,7 @@ def test_shared_encoding_is_the_plain_encoding() -> None:
     members._members.remove("n040")
     states = push_pull.push_states(members._members)
     plain = wire.encode_push_pull(PushPull(True, states, b"state"))
-    assert members.encode_push_pull(True, b"state") == plain
+    assert members.push_pull.encode(True, b"state") == plain
     parsed = wire.parse_stream(plain, None, wire.StreamLimits())
     assert parsed is not None and isinstance(parsed[0], PushPull)
     assert len(parsed[0].nodes) == BIG
