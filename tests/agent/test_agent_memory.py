@@ -1,8 +1,9 @@
 """Whole agents (driver, Serf runtime, API, control operations) on the in-memory transport
 (agent/memory_transport.py) and trio's MockClock: join, crash -> suspect -> dead, graceful
 leave, reaped members kept listed, force-leave, urgent probes, tags, keys, the events
-fan-out, a stall's catch-up and a partition. Protocol time passes on the virtual clock
-(``autojump_clock``), so a test of tens of protocol seconds runs in well under a second.
+fan-out, a stall's catch-up, a partition, and the job watch of training processes.
+Protocol time passes on the virtual clock (``autojump_clock``), so a test of tens of
+protocol seconds runs in well under a second.
 
 Control operations go through ``agent.control_server.answer`` (the op table) with the same
 request frames ``swimctl`` sends; the socket side of the control API is tested on real
@@ -23,10 +24,11 @@ import trio.testing
 
 from agent import serf
 from agent.config import load
-from agent.control import make_request
+from agent.control import FrameDecoder, encode_frame, make_request
 from agent.control_server import answer
 from agent.memory_transport import MemoryNetwork, address_of
 from agent.runtime import Agent
+from agent.watch import job_view, serve_watch
 from swim import Address, Node, NodeStateType
 
 pytestmark = pytest.mark.trio
@@ -347,3 +349,58 @@ async def test_a_partitioned_member_is_declared_dead_and_rejoins_after_healing(
         # a dead member refutes once it hears of its death (push-pull or gossip), or joins
         await lonely.agent.join(["10.0.0.1:7946"])
         await until(alive(agents), 60)
+
+
+class WatchClient:
+    """One trainer's ``watch`` connection on a memory stream (what torchhook's Membership
+    speaks over the control socket): frames in, frames out."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.decoder = FrameDecoder()
+        self.views: list[dict[str, Any]] = []
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        await self.stream.send_all(encode_frame(frame))
+
+    async def until_view(self, names: list[str], timeout_s: float = 20) -> dict[str, Any]:
+        with trio.fail_after(timeout_s):
+            while True:
+                for frame in self.decoder.feed(bytes(await self.stream.receive_some(65536))):
+                    if "view" in frame:
+                        view: dict[str, Any] = frame["view"]
+                        self.views.append(view)
+                        if [m["name"] for m in view["members"]] == names:
+                            return view
+
+
+async def test_watch_registers_every_local_rank_and_peers_see_the_node(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster(2) as c, trio.open_nursery() as nursery:
+        n0, n1 = c.members
+        await until(alive(c.members), 20)
+        ranks: list[WatchClient] = []
+        for local_rank in range(2):
+            ours, theirs = trio.testing.memory_stream_pair()
+            register = {"local_rank": local_rank, "local_world_size": 2, "store_port": 29500}
+            nursery.start_soon(serve_watch, n0.agent, theirs, {"job": "j", "register": register})
+            ranks.append(WatchClient(ours))
+        observer_end, theirs = trio.testing.memory_stream_pair()
+        nursery.start_soon(serve_watch, n1.agent, theirs, {"job": "j"})
+        observer = WatchClient(observer_end)
+        view = await observer.until_view(["n0"])
+        assert view["members"][0]["ranks"] == 2 and view["members"][0]["store_port"] == 29500
+        assert (await job_view(n1.agent, "j"))["fingerprint"] == view["fingerprint"]
+        await ranks[0].until_view(["n0"])
+        await ranks[0].send({"heartbeat": {"step": 1}})
+        await ranks[0].send({"group": "g1"})
+        seen = await observer.until_view(["n0"])
+        while seen["members"][0]["group"] != "g1":
+            seen = await observer.until_view(["n0"])
+        assert seen["generation"] == view["generation"]
+        await ranks[1].stream.aclose()  # one rank's process died: the node leaves the view
+        gone = await observer.until_view([])
+        assert gone["generation"] > view["generation"]
+        assert not any(k.startswith("swim.job/") for k in n0.agent.tags)
+        nursery.cancel_scope.cancel()
