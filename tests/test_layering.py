@@ -181,13 +181,7 @@ GRAPH_DIRS = (
 """Every directory of Python code in the repository; the import-circle check covers them all."""
 
 MAX_MODULE_LINES = 500
-LONG_MODULES: dict[str, str] = {
-    "scripts/capture_serf_golden.py": (
-        "a standalone, root-only capture tool (serf agents, tcpdump, iptables, pcap parsing, "
-        "TCP reassembly) run by hand to regenerate tests/golden/serf; no project module "
-        "imports it, and it imports only agent.procs (the shared poller and stopper)"
-    ),
-}
+LONG_MODULES: dict[str, str] = {}
 """Modules outside tests/ allowed over ``MAX_MODULE_LINES`` lines, each with its reason."""
 
 
