@@ -192,9 +192,14 @@ class Formation:
 
         def offered() -> bool:
             raw = directory.get(FORMATION_KEY) if directory.check([FORMATION_KEY]) else None
-            if raw is None:
+            try:
+                offer.update(json.loads(raw) if raw else {})
+            except ValueError:
+                # seen once under load: an empty value while the leader withdrew its offer
+                # (delete_key between our check and get); not an offer yet, poll again
                 return False
-            offer.update(json.loads(raw))
+            if "layout" not in offer:
+                return False
             return [me.name, me.registered_ms] in [n[:2] for n in offer["layout"]]
 
         def leader_changed() -> str | None:
