@@ -321,8 +321,9 @@ class Agent:
         return result
 
     def all_members(self) -> list[Member]:
-        """The members ``snapshot`` lists (for tests and tools in the agent's own task)."""
-        return self._parts()[1].all_members(now_ms())
+        """The members ``snapshot`` lists, read without the node task (tests): nothing is
+        expired here, that happens in the node task."""
+        return self._parts()[1].listed_members()
 
     def phi_values(self) -> dict[str, float]:
         return self.phi.phi_all(now_ms())

@@ -115,6 +115,10 @@ class SerfRuntime:
         """The core's table plus departed members it has already reaped (as serf lists
         failed and left members until their reconnect/tombstone timeout)."""
         self.delegate.forget(self.departed.expire(now))
+        return self.listed_members()
+
+    def listed_members(self) -> list[Member]:
+        """``all_members`` without expiring departed records first (reads only)."""
         live = self._driver.node.members()
         known = {m.name for m in live}
         return live + [m for m in self.departed.members() if m.name not in known]
