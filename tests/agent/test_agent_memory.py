@@ -404,3 +404,29 @@ async def test_watch_registers_every_local_rank_and_peers_see_the_node(
         assert gone["generation"] > view["generation"]
         assert not any(k.startswith("swim.job/") for k in n0.agent.tags)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_rank_that_stops_heartbeating_takes_its_node_out_until_it_steps_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster(2) as c, trio.open_nursery() as nursery:
+        n0, n1 = c.members
+        await until(alive(c.members), 20)
+        ours, theirs = trio.testing.memory_stream_pair()
+        register = {"heartbeat_pause_ms": 300}
+        nursery.start_soon(serve_watch, n0.agent, theirs, {"job": "j", "register": register})
+        rank = WatchClient(ours)
+        observer_end, theirs = trio.testing.memory_stream_pair()
+        nursery.start_soon(serve_watch, n1.agent, theirs, {"job": "j"})
+        observer = WatchClient(observer_end)
+        view = await observer.until_view(["n0"])
+        for step in range(5):
+            await rank.send({"heartbeat": {"step": step}})
+            await trio.sleep(0.05)
+        start = trio.current_time()
+        hung = await observer.until_view([])  # silence: the agent flags the node hung
+        assert hung["generation"] > view["generation"]
+        assert trio.current_time() - start < 5
+        await rank.send({"heartbeat": {"step": 5}})
+        await observer.until_view(["n0"])
+        nursery.cancel_scope.cancel()
