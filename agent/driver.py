@@ -5,6 +5,9 @@ Rules:
   stream server, stream tasks, the control API and signal handling only put inputs on its
   inbox channel and get answers back on one-shot channels; anything else that must change
   the Node runs as a function in the node task through ``Driver.command``. No locks.
+  Two exceptions, both without await in between (so never seen half-done): stream tasks
+  parse with ``Node.parse_stream`` (pure), and drops are counted with ``Node.record_drop``
+  where they happen (a full inbox, a bad stream).
 - The node task also runs the timers: it waits on the inbox until the earliest timer
   deadline, then hands every due timer back to the Node. Before due timers fire it handles
   what has already arrived, queued or still in the transport (``_catch_up``), so an ack or

@@ -39,7 +39,6 @@ from agent.serf.delegate import (
     SerfView,
     UserEventReceived,
 )
-from agent.serf.state import LamportClock
 from swim import EventKind, Keyring, Member, MemberEvent
 
 log = logging.getLogger("swim.agent")
@@ -65,10 +64,6 @@ class SerfRuntime:
         self.delegate = SerfDelegate(driver.node.name)
         self.leaving = False
         """Set by the agent when it leaves: a leave intent about us is then no longer stale."""
-
-    @property
-    def clock(self) -> LamportClock:
-        return self.delegate.clock
 
     # --- the driver's delegate hooks -------------------------------------------------------
 
