@@ -9,7 +9,8 @@ and tears down with these, so a wait and a teardown behave the same everywhere:
 - ``until(predicate, timeout_s, what)``: poll every ``poll_s`` until ``predicate()`` is
   true; returns the seconds it took, or raises ``TimeoutError`` naming ``what``. A
   predicate that raises stops the wait (a process that exited is an error, not a "not
-  yet"), unless the exception is one of ``ignore``.
+  yet"), unless the exception is one of ``ignore``. ``until_async`` is the same poller
+  for trio tasks, on trio's clock, so agent tests on a MockClock wait in virtual time.
 - ``stop(*targets, sig=SIGTERM, timeout_s=10)``: by pid, never by name. Send ``sig`` (and
   SIGCONT, so a SIGSTOPped process acts on it), wait up to ``timeout_s`` for every target to
   exit, SIGKILL the ones left and wait again (``KILL_WAIT_S``), reaping each: a ``Popen``
@@ -36,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["KILL_WAIT_S", "POLL_S", "free_port", "stop", "until"]
+__all__ = ["KILL_WAIT_S", "POLL_S", "free_port", "stop", "until", "until_async"]
 
 POLL_S = 0.05  # how often ``until`` and ``stop`` look again
 KILL_WAIT_S = 5.0  # how long a SIGKILLed process may take to be gone
@@ -107,6 +108,30 @@ def until(
             break
         time.sleep(min(poll_s, left))
     detail = f" (last error: {last_error!r})" if last_error is not None else ""
+    raise TimeoutError(f"{what}: not within {timeout_s:g} s{detail}")
+
+
+async def until_async(
+    predicate: Callable[[], object],
+    timeout_s: float,
+    what: str = "condition",
+    *,
+    poll_s: float = POLL_S,
+    describe: Callable[[], str] | None = None,
+) -> float:
+    """``until`` for trio tasks, on trio's clock (a test's MockClock or the real one):
+    the seconds until ``predicate`` returned something true, else ``TimeoutError`` naming
+    ``what`` and, if given, ``describe()`` (the state to debug from, e.g. every view)."""
+    import trio  # only async callers pay for it
+
+    start = trio.current_time()
+    with trio.move_on_after(timeout_s):
+        while not predicate():
+            await trio.sleep(poll_s)
+        return trio.current_time() - start
+    if predicate():  # once more at the deadline, as ``until`` does
+        return trio.current_time() - start
+    detail = f"; {describe()}" if describe is not None else ""
     raise TimeoutError(f"{what}: not within {timeout_s:g} s{detail}")
 
 

@@ -4,9 +4,9 @@ graceful leave), the control socket's mode and its streaming ``monitor``, hostil
 a live port, and a stall's catch-up reading the kernel's socket buffer. The protocol on
 top (crash detection, force-leave, probes, keys, every control op) runs on the memory
 transport and a MockClock in tests/agent/test_agent_memory.py. Every wait is bounded;
-nothing sleeps for a fixed time to pass a test. ``cluster``, ``until``, ``all_alive``,
-``KEY`` and ``_free_port`` are shared with tests/agent/test_security.py and
-test_serf_queries.py."""
+nothing sleeps for a fixed time to pass a test (waits: ``agent.procs.until_async``).
+``cluster``, ``all_alive``, ``seen_by`` and ``KEY`` are shared with
+tests/agent/test_security.py and test_jobs.py."""
 
 from __future__ import annotations
 
@@ -24,17 +24,13 @@ import trio
 
 from agent.config import load
 from agent.control import ControlClient, ControlError
+from agent.procs import free_port
+from agent.procs import until_async as until
 from agent.runtime import Agent
 from swim import NodeStateType
 
 pytestmark = pytest.mark.trio
 KEY = base64.b64encode(bytes(range(16))).decode()
-
-
-def _free_port() -> int:
-    from agent.demo import free_port
-
-    return free_port()
 
 
 class Running:
@@ -60,7 +56,7 @@ async def cluster(tmp_path: Path, n: int, **extra: object) -> AsyncIterator[list
         for i in range(n):
             overrides: dict[str, object] = {
                 "node": f"n{i}",
-                "bind": f"127.0.0.1:{_free_port()}",
+                "bind": f"127.0.0.1:{free_port()}",
                 "profile": "local",
                 "control": str(tmp_path / f"n{i}.sock"),
                 **extra,
@@ -88,21 +84,6 @@ async def cluster(tmp_path: Path, n: int, **extra: object) -> AsyncIterator[list
             nursery.cancel_scope.cancel()
 
 
-async def until(
-    predicate: Callable[[], bool], timeout_s: float, agents: list[Running] | None = None
-) -> float:
-    """Wait for ``predicate``; on timeout fail with every agent's view, to debug from CI."""
-    start = trio.current_time()
-    with trio.move_on_after(timeout_s):
-        while not predicate():
-            await trio.sleep(0.02)
-        return trio.current_time() - start
-    views = {
-        a.agent.config.node: {m.name: m.state.name for m in a.node.members()} for a in agents or []
-    }
-    raise AssertionError(f"condition not met within {timeout_s}s; views: {views}")
-
-
 # The local profile's retransmit limit is 2 * ceil(log10(n + 1)) = 2 at n <= 8: a joiner's
 # alive message can miss a member (CI saw it once in ~30 runs), as in memberlist. Push-pull
 # anti-entropy repairs it; its first run is within one interval (15 s local) of start.
@@ -117,7 +98,18 @@ async def all_alive(agents: list[Running], names: set[str], timeout_s: float = C
             for a in agents
         ),
         timeout_s,
-        agents,
+        f"every agent sees {sorted(names)} alive",
+        describe=seen_by(agents),
+    )
+
+
+def seen_by(agents: list[Running]) -> Callable[[], str]:
+    """Every agent's view, for a timeout's message (to debug from CI)."""
+    return lambda: (
+        "views: "
+        + str(
+            {a.agent.config.node: {m.name: m.state.name for m in a.node.members()} for a in agents}
+        )
     )
 
 
@@ -139,7 +131,9 @@ async def test_a_real_cluster_joins_answers_on_its_control_socket_and_leaves(
             await trio.to_thread.run_sync(functools.partial(client.request, "members", bogus=1))
         agents[2].agent.request_shutdown()
         took = await until(
-            lambda: all(a.state_of("n2") == NodeStateType.LEFT for a in agents[:2]), 5, agents
+            lambda: all(a.state_of("n2") == NodeStateType.LEFT for a in agents[:2]),
+            5,
+            describe=seen_by(agents),
         )
         assert took < 1.0, "peers see a graceful leave within one second"
 

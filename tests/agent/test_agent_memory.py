@@ -27,6 +27,7 @@ from agent.config import load
 from agent.control import FrameDecoder, encode_frame, make_request
 from agent.control_server import answer
 from agent.memory_transport import MemoryNetwork, address_of
+from agent.procs import until_async as until
 from agent.runtime import Agent
 from agent.watch import job_view, serve_watch
 from swim import Address, Node, NodeStateType
@@ -113,15 +114,6 @@ async def cluster(n: int, **extra: object) -> AsyncIterator[Cluster]:
             yield c
         finally:
             nursery.cancel_scope.cancel()
-
-
-async def until(predicate: Callable[[], bool], timeout_s: float) -> float:
-    """Virtual seconds until ``predicate`` holds; fails after ``timeout_s`` of them."""
-    start = trio.current_time()
-    with trio.fail_after(timeout_s):
-        while not predicate():
-            await trio.sleep(0.01)
-    return trio.current_time() - start
 
 
 def alive(members: list[Member]) -> Callable[[], bool]:

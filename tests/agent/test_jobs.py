@@ -25,8 +25,9 @@ from agent.jobs import (
     fingerprint,
     job_members,
 )
+from agent.procs import until_async as until
 from swim import Address, Member, NodeStateType
-from tests.agent.test_agent import cluster, until
+from tests.agent.test_agent import cluster, seen_by
 from torchhook.client import Membership, MembershipClosed, View
 
 # --- pure rules -------------------------------------------------------------------------
@@ -199,7 +200,11 @@ def _views(tmp_path: Path, n: int, job: str) -> list[View]:
 @pytest.mark.trio
 async def test_registrations_make_the_same_view_everywhere(tmp_path: Path) -> None:
     async with cluster(tmp_path, 3) as agents:
-        await until(lambda: all(len(a.node.members()) == 3 for a in agents), 20, agents)
+        await until(
+            lambda: all(len(a.node.members()) == 3 for a in agents),
+            20,
+            describe=seen_by(agents),
+        )
         open_ = functools.partial(Membership, "train", heartbeat_pause_ms=300)
         first = await trio.to_thread.run_sync(lambda: open_(control=tmp_path / "n1.sock"))
         second = await trio.to_thread.run_sync(lambda: open_(control=tmp_path / "n0.sock"))
@@ -287,7 +292,11 @@ async def test_streams_outlive_the_idle_timeout(tmp_path: Path, monkeypatch) -> 
 
     monkeypatch.setattr(agent.control_server, "IDLE_TIMEOUT_S", 0.2)
     async with cluster(tmp_path, 2) as agents:
-        await until(lambda: all(len(a.node.members()) == 2 for a in agents), 20, agents)
+        await until(
+            lambda: all(len(a.node.members()) == 2 for a in agents),
+            20,
+            describe=seen_by(agents),
+        )
         watch = await trio.to_thread.run_sync(
             lambda: Membership("j", control=tmp_path / "n0.sock", register=False)
         )
@@ -306,7 +315,11 @@ async def test_streams_outlive_the_idle_timeout(tmp_path: Path, monkeypatch) -> 
 @pytest.mark.trio
 async def test_a_multi_rank_node_is_one_member_of_every_view(tmp_path: Path) -> None:
     async with cluster(tmp_path, 2) as agents:
-        await until(lambda: all(len(a.node.members()) == 2 for a in agents), 20, agents)
+        await until(
+            lambda: all(len(a.node.members()) == 2 for a in agents),
+            20,
+            describe=seen_by(agents),
+        )
         rank = functools.partial(Membership, "mr", control=tmp_path / "n0.sock", local_world_size=2)
         other = await trio.to_thread.run_sync(
             lambda: Membership("mr", control=tmp_path / "n1.sock")

@@ -10,8 +10,10 @@ import sys
 import time
 
 import pytest
+import trio
+import trio.testing
 
-from agent.procs import free_port, stop, until
+from agent.procs import free_port, stop, until, until_async
 
 IGNORES_TERM = (
     "import signal, sys, time\n"
@@ -119,3 +121,12 @@ def test_until_ignores_only_the_named_exceptions() -> None:
 def test_free_port_never_repeats() -> None:
     ports = {free_port() for _ in range(20)}
     assert len(ports) == 20
+
+
+@pytest.mark.trio
+async def test_until_async_waits_in_virtual_time(autojump_clock: trio.testing.MockClock) -> None:
+    ready_at = trio.current_time() + 3.0
+    took = await until_async(lambda: trio.current_time() >= ready_at, 10, "three seconds")
+    assert 3.0 <= took < 3.0 + 0.1  # virtual seconds: the test itself takes milliseconds
+    with pytest.raises(TimeoutError, match=r"never: not within 2 s; state: 42"):
+        await until_async(lambda: False, 2, "never", describe=lambda: "state: 42")

@@ -28,7 +28,9 @@ import trio
 from agent.config import AgentConfigError, build, load
 from agent.control import ControlClient, FrameDecoder
 from agent.metrics import AgentMetrics
+from agent.procs import free_port
 from agent.procs import until as wait_until
+from agent.procs import until_async as until
 from agent.runtime import Agent
 from bench.procs import SERF, LocalAgent, LocalSerf, SerfError
 from swim import (
@@ -50,7 +52,7 @@ from swim import (
     packet_overhead,
     parse_stream,
 )
-from tests.agent.test_agent import KEY, _free_port, all_alive, cluster, until
+from tests.agent.test_agent import KEY, all_alive, cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY_RAW = base64.b64decode(KEY)
@@ -81,7 +83,7 @@ def _agent(tmp_path: Path, name: str, **extra: object) -> Agent:
             None,
             {
                 "node": name,
-                "bind": f"127.0.0.1:{_free_port()}",
+                "bind": f"127.0.0.1:{free_port()}",
                 "profile": "local",
                 "control": str(tmp_path / f"{name}.sock"),
                 **extra,
