@@ -52,8 +52,12 @@ def test_a_node_dies_and_the_replicas_go_on_from_memory(tmp_path: Path) -> None:
         for n in survivors:
             for lr in range(n.ranks):
                 steps = n.steps(lr)
-                # no rollback, no repeat: every step exactly once, in order
-                assert [r["step"] for r in steps] == list(range(stop_at)), (n.name, lr)
+                # no rollback, no repeat: every step exactly once, in order, from the first
+                # this rank ran (with --min-nodes 2, two nodes may start before the third
+                # registers; it then joins the group at the step the group is at)
+                began = steps[0]["step"]
+                assert began == steps[0]["resumed"], steps[0]
+                assert [r["step"] for r in steps] == list(range(began, stop_at)), (n.name, lr)
                 after = [r for r in steps if r["world"] == 4 and r["t"] > fault["t"]]
                 assert after and {r["restore"] for r in after} == {"memory"}, after[:1]
                 assert after[0]["resumed"] == after[0]["step"], "went on at the step it was at"
@@ -66,7 +70,9 @@ def test_a_node_dies_and_the_replicas_go_on_from_memory(tmp_path: Path) -> None:
             finals = [n.finals()[lr] for n in survivors]
             assert len({f["checksum"] for f in finals if f}) == 1, (lr, finals)
         assert not any(tmp_path.rglob("*.distcp")), "nothing was checkpointed"
-        first = min(r["t"] for n in survivors for r in n.steps() if r["world"] == 4)
+        first = min(
+            r["t"] for n in survivors for r in n.steps() if r["world"] == 4 and r["t"] > fault["t"]
+        )
         print(json.dumps({"fault_to_world4_s": first - fault["t"], "worst_rel_loss": worst}))
     finally:
         for n in nodes:
