@@ -2,7 +2,7 @@
 output: ``simulations.reports.frontier``).
 
     python -m simulations.frontier --nodes 64 [--seeds 1,2] [--variants a,b,...]
-        [--conditions x,y,...] [--crashes K] [--jobs J] [--out DIR] [--ci]
+        [--conditions x,y,...] [--crashes K] [--jobs J] [--out DIR] [--ci] [--lossy-tcp]
 
 Prints the sweep's trace hash and the per-variant table; writes runs, crashes, variants
 and cells as CSV, a markdown summary and the Pareto plot under ``--out`` (default
@@ -32,7 +32,9 @@ def _names(text: str, known: Collection[str]) -> list[str]:
 
 def options_from(args: argparse.Namespace) -> Options:
     if args.ci:
-        return Options.ci(args.jobs)
+        options = Options.ci(args.jobs)
+        options.lossy_tcp = args.lossy_tcp
+        return options
     return Options(
         nodes=args.nodes,
         seeds=[int(s) for s in args.seeds.split(",")],
@@ -40,6 +42,7 @@ def options_from(args: argparse.Namespace) -> Options:
         conditions=_names(args.conditions, CONDITIONS) if args.conditions else list(CONDITIONS),
         crashes=args.crashes,
         jobs=args.jobs,
+        lossy_tcp=args.lossy_tcp,
     )
 
 
@@ -55,6 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--ci", action="store_true", help="n=16, lan and fast, clean and loss10")
+    parser.add_argument(
+        "--lossy-tcp", action="store_true", help="conditions with loss lose TCP segments too"
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     options = options_from(args)

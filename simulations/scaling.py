@@ -3,7 +3,7 @@
 
     python -m simulations.scaling --nodes 10,100,1000 \\
         --variants lan,fast,heartbeat,heartbeat/fast --conditions clean,loss1,loss10,slow1 \\
-        --crashes 3,8,3 --seeds 1,2,3,4,5:1,2:1 --out simulations/results/baseline
+        --crashes 3,8,3 --seeds 1,2,3,4,5:1,2:1 --out simulations/results/baseline [--lossy-tcp]
     python -m simulations.scaling --render DIR     # only re-draw DIR/scaling.png
 
 Results are rewritten after each n, so a long sweep keeps what it finished.
@@ -44,6 +44,9 @@ def parse(argv: Sequence[str]) -> Sweep:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("simulations/results/baseline"))
     parser.add_argument("--render", type=Path, help="only re-draw DIR/scaling.png from DIR")
+    parser.add_argument(
+        "--lossy-tcp", action="store_true", help="conditions with loss lose TCP segments too"
+    )
     args = parser.parse_args(argv)
     nodes = [int(x) for x in args.nodes.split(",")]
     known = all_variants()
@@ -58,6 +61,7 @@ def parse(argv: Sequence[str]) -> Sweep:
     sweep = Sweep(nodes, variants, conditions, crashes, seeds, args.jobs, args.out)
     sweep.command = "python -m simulations.scaling " + shlex.join(argv)
     sweep.render = args.render
+    sweep.lossy_tcp = args.lossy_tcp
     return sweep
 
 

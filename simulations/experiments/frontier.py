@@ -7,7 +7,8 @@ frontier.
 
 Method, per run (variant, condition, n, seed):
 - Build a converged, checked and measured world (``harness.build``, the variant's
-  ``swim.Config``, the condition's latency; independent loss applied after the build),
+  ``swim.Config``, the condition's latency; independent loss applied after the build;
+  with ``lossy_tcp`` a condition with loss loses TCP segments too: ``Network.tcp_loss``),
   settle ``SETTLE_MS``, then make the condition's slow members (drawn with the world's
   RNG): ``SLOW_DELAY_MS`` service time per input, a queue of ``SLOW_QUEUE`` datagrams and
   a ``SLOW_PAUSE_MS`` stop every ``SLOW_EVERY_MS`` (a GC / SIGSTOP pause; the phase drawn
@@ -155,6 +156,7 @@ class RunSpec:
     n: int
     seed: int
     crashes: int
+    lossy_tcp: bool = False
 
 
 @dataclass(slots=True)
@@ -172,6 +174,8 @@ class Options:
     conditions: list[str] = field(default_factory=lambda: list(CONDITIONS))
     crashes: int = 8
     jobs: int = 1
+    lossy_tcp: bool = False
+    """Streams over a lossy condition's links lose and retransmit segments."""
 
     @classmethod
     def ci(cls, jobs: int = 1) -> Options:
@@ -180,7 +184,7 @@ class Options:
 
     def specs(self) -> list[RunSpec]:
         return [
-            RunSpec(v, c, self.nodes, s, self.crashes)
+            RunSpec(v, c, self.nodes, s, self.crashes, self.lossy_tcp)
             for v in self.variants
             for c in self.conditions
             for s in self.seeds
@@ -219,7 +223,8 @@ def run_one(spec: RunSpec) -> RunResult:
     wall0 = time.perf_counter()
     config = variant_config(spec.variant)
     cond = CONDITIONS[spec.condition]
-    params = Params(nodes=spec.n, seed=spec.seed, latency=cond.latency)
+    lossy = {"lossy_tcp": 1} if spec.lossy_tcp and cond.loss > 0 else {}
+    params = Params(nodes=spec.n, seed=spec.seed, latency=cond.latency, extra=lossy)
     sim = build(
         params,
         spec.n,

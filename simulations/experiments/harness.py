@@ -173,6 +173,7 @@ def build(
     net = world.network
     net.loss = loss
     net.duplicate = p.get("duplicate", 0.0)
+    net.tcp_loss = bool(p.get("lossy_tcp", 0))
     if p.get("reorder", 0.0):
         net.set_reorder(p.get("reorder", 0.0), p.get("reorder_ms", 20))
     burst = p.get("burst", "")

@@ -42,6 +42,7 @@ class Sweep:
     out: Path = Path("simulations/results/baseline")
     command: str = ""
     render: Path | None = None
+    lossy_tcp: bool = False
     cells: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
     crash_rows: list[dict[str, Any]] = field(default_factory=list)
@@ -51,7 +52,9 @@ class Sweep:
     def options(self, i: int) -> Options:
         n = self.nodes[i]
         variants = [v for v in self.variants if v not in BASELINES or n <= BASELINE_MAX_N]
-        return Options(n, self.seeds[i], variants, self.conditions, self.crashes[i], self.jobs)
+        return Options(
+            n, self.seeds[i], variants, self.conditions, self.crashes[i], self.jobs, self.lossy_tcp
+        )
 
     def add(self, n: int, report: Report, wall_s: float) -> None:
         for cell in report.cells:

@@ -12,8 +12,23 @@ Rules:
 - Reachability: partitions assign nodes to groups and block directed group pairs
   (symmetric = both directions, asymmetric = one); partial reachability blocks individual
   directed node pairs (serf#185: a node reachable only from some peers). Streams (TCP)
-  honour reachability but not loss (TCP retransmits; memberlist's TCP fallback ping exists
-  because UDP can be lost while TCP gets through: memberlist state.go ``probeNode``).
+  honour reachability; by default not loss (TCP retransmits; memberlist's TCP fallback ping
+  exists because UDP can be lost while TCP gets through: memberlist state.go ``probeNode``).
+- Lossy TCP (``tcp_loss = True``; off by default, which keeps every pinned trace): a stream
+  is a chain of segments, each crossing its link like a datagram. A lost segment is sent
+  again after a fixed RTO of ``TCP_RTO_MS`` = 200 ms (Linux's minimum RTO,
+  ``TCP_RTO_MIN`` in include/net/tcp.h; real TCP doubles it on each further loss, so this is
+  the optimistic end), at most ``TCP_MAX_SENDS`` times per segment. Opening costs 3
+  segments (SYN →, SYN-ACK ←, request →) plus ``tcp_extra_ms``; the reply 1 more. With
+  one-way delay L, loss p and a budget B (deadline − now) the k segments all get through
+  in time iff their retransmissions F_1..F_k (each geometric: P(F = j) = (1 − p)·p^j) have
+  kL + extra + RTO·ΣF ≤ B, so P(success) = Σ_{j=0..m} C(j+k−1, j)(1 − p)^k p^j with
+  m = ⌊(B − kL − extra)/RTO⌋ (negative binomial; ``stream_success_probability``).
+  A stream that cannot finish in time is ``TIMED_OUT``: the opener's error is "timeout"
+  at its deadline. A link's p is its independent loss combined with the burst model's
+  stationary loss (1 − (1 − p)(1 − p_burst)); ACKs and the burst chain's state are not
+  modelled. Draws per segment, in order: one ``random()`` per send, one latency sample
+  for the send that arrives.
 - Duplication: a delivered packet is delivered again with probability ``duplicate``, with
   its own latency draw.
 
@@ -27,6 +42,11 @@ import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+TCP_RTO_MS = 200
+TCP_MAX_SENDS = 16
+UNREACHABLE = -1
+TIMED_OUT = -2
 
 
 class Latency:
@@ -156,6 +176,10 @@ class Network:
         self._blocked_pairs: set[tuple[int, int]] = set()
         self._burst_bad: dict[object, bool] = {}
         self._fast = True
+        self.tcp_loss = False
+        """Streams lose and retransmit segments (module docstring); False: lossless TCP."""
+        self.tcp_extra_ms = 0
+        """Lossy TCP only: added to every stream's opening (e.g. a slow accept)."""
 
     # --- configuration ------------------------------------------------------------------
 
@@ -249,6 +273,49 @@ class Network:
         lat = self.link_latency.get((src, dst), self.latency) if self.link_latency else None
         return (lat or self.latency).sample(self.rng)
 
+    def link_loss_probability(self, src: int, dst: int) -> float:
+        """The chance a segment src → dst is lost: independent and mean burst loss."""
+        p = self.link_loss.get((src, dst), self.loss) if self.link_loss else self.loss
+        if self.burst is not None:
+            p = 1 - (1 - p) * (1 - self.burst.mean_loss())
+        return p
+
+    def segments(self, hops: list[tuple[int, int]], budget_ms: int) -> int:
+        """Milliseconds for segments to cross ``hops`` in order with retransmission,
+        ``UNREACHABLE`` or ``TIMED_OUT`` (past ``budget_ms``)."""
+        rng = self.rng
+        total = 0
+        for src, dst in hops:
+            if not self._fast and not self.reachable(src, dst):
+                return UNREACHABLE
+            p = self.link_loss_probability(src, dst)
+            sends = 1
+            while p and rng.random() < p:
+                total += TCP_RTO_MS
+                sends += 1
+                if sends > TCP_MAX_SENDS or total > budget_ms:
+                    return TIMED_OUT
+            lat = self.link_latency.get((src, dst), self.latency) if self.link_latency else None
+            total += (lat or self.latency).sample(rng)
+            if total > budget_ms:
+                return TIMED_OUT
+        return total
+
+    def stream_open(self, src: int, dst: int, budget_ms: int) -> tuple[int, int]:
+        """(milliseconds until ``dst`` reads the request, a one-way delay for an answer
+        without a reply) or (``UNREACHABLE``/``TIMED_OUT``, 0). Lossless: 3 × one draw."""
+        if not self.tcp_loss:
+            d = self.stream_delay(src, dst)
+            return (UNREACHABLE, 0) if d < 0 else (3 * d, d)
+        t = self.segments([(src, dst), (dst, src), (src, dst)], budget_ms - self.tcp_extra_ms)
+        return (t, 0) if t < 0 else (t + self.tcp_extra_ms, max(1, t // 3))
+
+    def stream_reply(self, src: int, dst: int, budget_ms: int) -> int:
+        """Milliseconds for ``src``'s reply to reach ``dst``, or a negative code."""
+        if not self.tcp_loss:
+            return self.stream_delay(src, dst)
+        return self.segments([(src, dst)], budget_ms)
+
     def delay(self, src: int, dst: int) -> int:
         """Milliseconds until a datagram src → dst arrives, or -1 if it is lost."""
         rng = self.rng
@@ -277,3 +344,19 @@ class Network:
         if self.reorder and rng.random() < self.reorder:
             d += int(rng.random() * (self.reorder_extra_ms + 1))
         return d
+
+
+def stream_success_probability(
+    loss: float, segments: int, one_way_ms: int, budget_ms: int, extra_ms: int = 0
+) -> float:
+    """The closed form of the module docstring: P(``segments`` segments over a link with
+    constant delay ``one_way_ms`` and loss ``loss`` all arrive within ``budget_ms``)."""
+    slack = budget_ms - segments * one_way_ms - extra_ms
+    if slack < 0:
+        return 0.0
+    # each segment is sent at most TCP_MAX_SENDS times: m counts retransmissions in all
+    m = slack // TCP_RTO_MS
+    if m >= TCP_MAX_SENDS and loss > 0:
+        raise ValueError("budget long enough for the send cap to matter: no closed form here")
+    q = 1 - loss
+    return sum(math.comb(j + segments - 1, j) * q**segments * loss**j for j in range(m + 1))

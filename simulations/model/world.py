@@ -8,7 +8,8 @@ Rules:
   RNG are derived from it in a fixed order, so the same seed gives the same run.
 - Packets are the real encoded bytes a node emitted, routed by address through the
   ``Network`` (latency, loss, partitions). A stream connection costs three one-way delays
-  (SYN, SYN-ACK, data) before the server sees it; what the ends read: ``streams``.
+  (SYN, SYN-ACK, data) before the server sees it (lossy TCP: ``Network.stream_open``);
+  what the ends read: ``streams``.
 - A crashed node handles nothing (its in-flight timers are dropped, packets to it are
   lost); a restarted node is a new ``Node`` under the same name and address that joins
   through a live member. A leaving node stops one second after ``leave`` (serf
@@ -51,7 +52,6 @@ K_CALL = 4
 LATE = 8
 """Added to a kind: a slow node's queued input, now due (never deferred again)."""
 
-TCP_SETUP_LEGS = 3
 LEAVE_PROPAGATE_DELAY_MS = 1000
 
 
@@ -425,12 +425,13 @@ class World:
         traffic.streams_out[idx] += 1
         traffic.stream_bytes_out[idx] += len(request.data)
         dst = self._addr_idx.get(request.dest)
-        d = -1 if dst is None else self.network.stream_delay(idx, dst)
-        if dst is None or d < 0:
-            # no route or filtered: the dial times out at the deadline
+        budget = request.deadline_ms - self.now_ms
+        t, d = (-1, 0) if dst is None else self.network.stream_open(idx, dst, budget)
+        if dst is None or t < 0:
+            # no route, filtered, or (lossy TCP) too slow: the dial times out at the deadline
             self._result_at(request.deadline_ms, idx, node, request.stream_id, None, "timeout")
             return
-        self._push(self.now_ms + TCP_SETUP_LEGS * d, K_SERVE, dst, (idx, node, d), request)
+        self._push(self.now_ms + t, K_SERVE, dst, (idx, node, d), request)
 
     def _push(self, t: int, kind: int, idx: int, a: Any, b: Any) -> None:
         """Schedule an event; never in the past. Same time ⇒ handled in schedule order."""
@@ -467,7 +468,7 @@ class World:
             self._result_at(self.now_ms + d, src, src_node, request.stream_id, None, "no reply")
             return
         traffic.stream_bytes_out[idx] += len(reply)
-        back = self.network.stream_delay(idx, src)
+        back = self.network.stream_reply(idx, src, request.deadline_ms - self.now_ms)
         if back < 0:
             self._result_at(request.deadline_ms, src, src_node, request.stream_id, None, "timeout")
         else:
