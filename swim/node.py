@@ -409,6 +409,15 @@ class Node:
         """
         return self._streams.parse(data)
 
+    def stream_decoder(self) -> wire.StreamDecoder:
+        """An incremental decoder for one incoming stream, with the crypto and limits
+        ``parse_stream`` uses: feed it each chunk as it arrives (``StreamDecoder.feed``)."""
+        config = self._ctx.config
+        limits = wire.StreamLimits(
+            config.max_stream_bytes, config.max_push_pull_nodes, config.max_user_msg_bytes
+        )
+        return wire.StreamDecoder(self._sender.crypto(), limits)
+
     def handle_stream(self, source: Address, message: StreamMessage, now_ms: int) -> Output:
         """A message someone sent us on a stream; ``Output.reply`` is the answer, if any."""
         self._ctx.begin(now_ms)

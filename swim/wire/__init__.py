@@ -18,12 +18,14 @@ Rules:
   accepts more than its byte bound.
 - Every failure raises ``WireError`` carrying a ``DropReason``; nothing else escapes.
 
-One package, four modules, each direction of each layer in one of them: ``fields`` (the
+One package, five modules, each direction of each layer in one of them: ``fields`` (the
 field table of every message body and the msgpack map codec), ``codec`` (one message to
 bytes and back, stream message bodies, LZW compression), ``framing`` (compound packets, CRC,
 encryption, stream frames: ``encode_packet``/``decode_packet``, ``encode_stream``/
-``parse_stream``), ``errors`` (``DropReason``, ``WireError``). Everything else in swim, and
-every other package, uses the names re-exported here (docs/design.md §3).
+``parse_stream``), ``decoder`` (``StreamDecoder``: ``parse_stream``'s answers for bytes fed
+as they arrive, in work proportional to them), ``errors`` (``DropReason``, ``WireError``).
+Everything else in swim, and every other package, uses the names re-exported here
+(docs/design.md §3).
 
 Sources: hashicorp/memberlist @ 1b4c746 net.go, util.go (``encode``, ``decode``,
 ``makeCompoundMessage``, ``decodeCompoundMessage``, ``compressPayload``), security.go.
@@ -46,6 +48,7 @@ from swim.wire.codec import (
     message_type_name,
     type_name,
 )
+from swim.wire.decoder import StreamDecoder
 from swim.wire.errors import DropReason, WireError
 from swim.wire.fields import MAX_ARRAY_LEN, MAX_MAP_LEN
 from swim.wire.framing import (
@@ -83,6 +86,7 @@ __all__ = [
     "Crypto",
     "DecodedPacket",
     "DropReason",
+    "StreamDecoder",
     "StreamLimits",
     "StreamMessage",
     "WireError",

@@ -41,11 +41,18 @@ from swim.wire.fields import (
 __all__ = [
     "GOSSIP_CACHE_ENTRIES",
     "MAX_DECOMPRESSED_BYTES",
+    "UNPACK_ERRORS",
     "StreamLimits",
     "StreamMessage",
+    "buffer_full",
     "compress_message",
     "decode_message",
+    "decode_push_pull_header",
+    "decode_push_state",
+    "decode_small_stream",
+    "decode_user_header",
     "decompress_body",
+    "decompress_stream",
     "encode_message",
     "encode_push_pull",
     "encode_push_pull_parts",
@@ -54,6 +61,7 @@ __all__ = [
     "gossip_cache_len",
     "message_type_name",
     "parse_plain_stream",
+    "stream_kind",
     "type_name",
 ]
 
@@ -203,21 +211,86 @@ class StreamLimits:
 def parse_plain_stream(
     data: bytes, limits: StreamLimits, allow_compress: bool
 ) -> tuple[StreamMessage, int] | None:
-    kind = data[0]
-    if kind == MsgType.COMPRESS and allow_compress:
+    kind = stream_kind(data[0], allow_compress)
+    if kind == MsgType.COMPRESS:
         return _parse_compressed_stream(data, limits)
     if kind == MsgType.PUSH_PULL:
         return _parse_push_pull(data, limits)
     if kind == MsgType.USER:
         return _parse_user_stream(data, limits)
-    if kind in (MsgType.PING, MsgType.ACK, MsgType.ERR):
-        obj, used = _unpack_prefix(data, 1, limits)
-        if obj is _MORE:
-            return None
-        cls = CLASS_OF[MsgType(kind)]
-        msg: StreamMessage = cls(**decode_fields(FIELDS[cls], obj))
-        return msg, used
+    obj, used = _unpack_prefix(data, 1, limits)
+    if obj is _MORE:
+        return None
+    return decode_small_stream(kind, obj), used
+
+
+# The steps below are shared by the one-shot parsers here and the incremental
+# ``swim.wire.decoder.StreamDecoder``, so both validate alike.
+
+UNPACK_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
+"""What msgpack raises for bytes that are not (allowed) msgpack; read as MALFORMED."""
+
+
+def stream_kind(kind: int, allow_compress: bool) -> MsgType:
+    """The type byte that opens a plain stream, or UNEXPECTED_TYPE."""
+    if kind in _STREAM_KINDS and (allow_compress or kind != MsgType.COMPRESS):
+        return MsgType(kind)
     raise WireError(DropReason.UNEXPECTED_TYPE, f"message type {kind} not valid on a stream")
+
+
+_STREAM_KINDS = frozenset(
+    (MsgType.COMPRESS, MsgType.PUSH_PULL, MsgType.USER, MsgType.PING, MsgType.ACK, MsgType.ERR)
+)
+
+
+def decode_small_stream(kind: MsgType, obj: Any) -> StreamMessage:
+    """A ping, ack or error response from its msgpack body."""
+    cls = CLASS_OF[kind]
+    msg: StreamMessage = cls(**decode_fields(FIELDS[cls], obj))
+    return msg
+
+
+def buffer_full(exc: msgpack.BufferFull) -> WireError:
+    """An unpacker's buffer (``max_bytes``) overflowed: the stream is too long."""
+    return WireError(DropReason.OVERSIZED, f"stream exceeds the limit: {exc!r}")
+
+
+def decompress_stream(obj: Any, limits: StreamLimits) -> StreamMessage:
+    """The message inside a compressed stream's ``{Algo, Buf}`` map (parsed one-shot)."""
+    plain = _decompress_obj(obj, min(limits.max_bytes * 2, MAX_DECOMPRESSED_BYTES))
+    if not plain:
+        raise WireError(DropReason.MALFORMED, "decompressed stream is empty")
+    parsed = parse_plain_stream(plain, limits, allow_compress=False)
+    if parsed is None:
+        raise WireError(DropReason.MALFORMED, "compressed stream holds a partial message")
+    return parsed[0]
+
+
+def decode_push_pull_header(obj: Any, limits: StreamLimits) -> tuple[int, int, bool]:
+    """``(nodes, user_state_len, join)`` of a push-pull header, refused over the limits."""
+    header = decode_fields(HEADER_FIELDS, obj)
+    if header["nodes"] > limits.max_nodes:
+        raise WireError(DropReason.OVERSIZED, f"push-pull claims {header['nodes']} nodes")
+    if header["user_state_len"] > limits.max_user_bytes:
+        raise WireError(DropReason.OVERSIZED, "push-pull user state exceeds limit")
+    return header["nodes"], header["user_state_len"], header["join"]
+
+
+def decode_push_state(raw: Any) -> PushNodeState:
+    """One push-pull node state from its msgpack map."""
+    values = decode_fields(FIELDS[PushNodeState], raw)
+    if values["state"] not in NodeStateType._value2member_map_:
+        raise WireError(DropReason.MALFORMED, f"unknown node state {values['state']}")
+    values["state"] = NodeStateType(values["state"])
+    return PushNodeState(**values)
+
+
+def decode_user_header(obj: Any, limits: StreamLimits) -> int:
+    """The payload length a user-message stream announces, refused over the limit."""
+    length: int = decode_fields(USER_HEADER_FIELDS, obj)["length"]
+    if length > limits.max_user_bytes:
+        raise WireError(DropReason.OVERSIZED, f"user message claims {length} bytes")
+    return length
 
 
 _MORE = object()
@@ -226,12 +299,14 @@ _MORE = object()
 def _unpack_prefix(data: bytes, offset: int, limits: StreamLimits) -> tuple[Any, int]:
     """The msgpack object at ``offset``, or ``_MORE`` if it is not complete yet."""
     unpacker = new_unpacker(limits.max_bytes)
-    unpacker.feed(data[offset:])
     try:
+        unpacker.feed(data[offset:])
         obj = unpacker.unpack()
     except msgpack.OutOfData:
         return _MORE, 0
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+    except msgpack.BufferFull as exc:
+        raise buffer_full(exc) from exc
+    except UNPACK_ERRORS as exc:
         raise WireError(DropReason.MALFORMED, f"bad msgpack: {exc}") from exc
     return obj, offset + unpacker.tell()
 
@@ -240,45 +315,33 @@ def _parse_compressed_stream(data: bytes, limits: StreamLimits) -> tuple[StreamM
     obj, used = _unpack_prefix(data, 1, limits)
     if obj is _MORE:
         return None
-    plain = _decompress_obj(obj, min(limits.max_bytes * 2, MAX_DECOMPRESSED_BYTES))
-    if not plain:
-        raise WireError(DropReason.MALFORMED, "decompressed stream is empty")
-    parsed = parse_plain_stream(plain, limits, allow_compress=False)
-    if parsed is None:
-        raise WireError(DropReason.MALFORMED, "compressed stream holds a partial message")
-    return parsed[0], used
+    return decompress_stream(obj, limits), used
 
 
 def _parse_push_pull(data: bytes, limits: StreamLimits) -> tuple[StreamMessage, int] | None:
     obj, offset = _unpack_prefix(data, 1, limits)
     if obj is _MORE:
         return None
-    header = decode_fields(HEADER_FIELDS, obj)
-    if header["nodes"] > limits.max_nodes:
-        raise WireError(DropReason.OVERSIZED, f"push-pull claims {header['nodes']} nodes")
-    if header["user_state_len"] > limits.max_user_bytes:
-        raise WireError(DropReason.OVERSIZED, "push-pull user state exceeds limit")
+    nodes, user_state_len, join = decode_push_pull_header(obj, limits)
     unpacker = new_unpacker(limits.max_bytes)
-    unpacker.feed(data[offset:])
+    try:
+        unpacker.feed(data[offset:])
+    except msgpack.BufferFull as exc:
+        raise buffer_full(exc) from exc
     states: list[PushNodeState] = []
-    fields = FIELDS[PushNodeState]
-    for _ in range(header["nodes"]):
+    for _ in range(nodes):
         try:
             raw = unpacker.unpack()
         except msgpack.OutOfData:
             return None
-        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        except UNPACK_ERRORS as exc:
             raise WireError(DropReason.MALFORMED, f"bad node state: {exc}") from exc
-        values = decode_fields(fields, raw)
-        if values["state"] not in NodeStateType._value2member_map_:
-            raise WireError(DropReason.MALFORMED, f"unknown node state {values['state']}")
-        values["state"] = NodeStateType(values["state"])
-        states.append(PushNodeState(**values))
+        states.append(decode_push_state(raw))
     offset += unpacker.tell()
-    end = offset + header["user_state_len"]
+    end = offset + user_state_len
     if len(data) < end:
         return None
-    pp = PushPull(join=header["join"], nodes=tuple(states), user_state=bytes(data[offset:end]))
+    pp = PushPull(join=join, nodes=tuple(states), user_state=bytes(data[offset:end]))
     return pp, end
 
 
@@ -286,9 +349,7 @@ def _parse_user_stream(data: bytes, limits: StreamLimits) -> tuple[StreamMessage
     obj, offset = _unpack_prefix(data, 1, limits)
     if obj is _MORE:
         return None
-    length = decode_fields(USER_HEADER_FIELDS, obj)["length"]
-    if length > limits.max_user_bytes:
-        raise WireError(DropReason.OVERSIZED, f"user message claims {length} bytes")
+    length = decode_user_header(obj, limits)
     if len(data) < offset + length:
         return None
     return UserMsg(bytes(data[offset : offset + length])), offset + length

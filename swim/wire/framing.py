@@ -33,9 +33,12 @@ __all__ = [
     "Crypto",
     "DecodedPacket",
     "add_crc",
+    "check_stream_start",
     "decode_packet",
+    "decrypt_stream_message",
     "encode_packet",
     "encode_stream",
+    "encrypted_stream_length",
     "make_compound",
     "packet_overhead",
     "parse_stream",
@@ -234,34 +237,44 @@ def parse_stream(
     Returns the message and the number of stream bytes it used. Raises ``WireError`` as
     soon as the bytes cannot become a valid message, including when a header announces
     more than the limits allow: a hostile peer cannot make us buffer past the bound.
+    ``swim.wire.decoder.StreamDecoder`` gives the same answers for bytes fed in pieces.
     """
     if len(data) > limits.max_bytes + 5:
         raise WireError(DropReason.OVERSIZED, f"stream exceeds {limits.max_bytes} bytes")
     if not data:
         return None
-    if data[0] == MsgType.ENCRYPT:
+    if check_stream_start(data[0], crypto) and crypto is not None:
         return _parse_encrypted_stream(data, crypto, limits)
-    if crypto is not None and crypto.verify_incoming:
-        raise WireError(DropReason.NOT_ENCRYPTED, "encryption is on but the stream is plain")
     return parse_plain_stream(data, limits, allow_compress=True)
 
 
-def _parse_encrypted_stream(
-    data: bytes, crypto: Crypto | None, limits: StreamLimits
-) -> tuple[StreamMessage, int] | None:
-    if crypto is None:
-        raise WireError(DropReason.DECRYPT_FAILED, "stream is encrypted, encryption is off")
-    if len(data) < 5:
-        return None
-    (length,) = struct.unpack_from(">I", data, 1)
+def check_stream_start(first: int, crypto: Crypto | None) -> bool:
+    """Whether a stream opening with byte ``first`` is encrypted; raises if the stream's
+    kind does not match the encryption settings."""
+    if first == MsgType.ENCRYPT:
+        if crypto is None:
+            raise WireError(DropReason.DECRYPT_FAILED, "stream is encrypted, encryption is off")
+        return True
+    if crypto is not None and crypto.verify_incoming:
+        raise WireError(DropReason.NOT_ENCRYPTED, "encryption is on but the stream is plain")
+    return False
+
+
+def encrypted_stream_length(header: bytes, limits: StreamLimits) -> int:
+    """The body length an encrypted stream's 5-byte header announces, refused over the
+    limit."""
+    (length,) = struct.unpack_from(">I", header, 1)
     if length > limits.max_bytes:
         raise WireError(DropReason.OVERSIZED, f"encrypted stream claims {length} bytes")
-    if len(data) < 5 + length:
-        return None
+    return int(length)
+
+
+def decrypt_stream_message(
+    header: bytes, body: bytes, crypto: Crypto, limits: StreamLimits
+) -> StreamMessage:
+    """The message inside a whole encrypted stream frame (header and body)."""
     try:
-        plain = security.decrypt_stream_body(
-            crypto.keyring.keys, data[:5], data[5 : 5 + length], crypto.label
-        )
+        plain = security.decrypt_stream_body(crypto.keyring.keys, header, body, crypto.label)
     except security.DecryptError as exc:
         raise WireError(DropReason.DECRYPT_FAILED, str(exc)) from exc
     if not plain:  # an authentic but empty payload (it raised IndexError, found by fuzzing)
@@ -269,4 +282,15 @@ def _parse_encrypted_stream(
     parsed = parse_plain_stream(plain, limits, allow_compress=True)
     if parsed is None:
         raise WireError(DropReason.MALFORMED, "encrypted stream holds a partial message")
-    return parsed[0], 5 + length
+    return parsed[0]
+
+
+def _parse_encrypted_stream(
+    data: bytes, crypto: Crypto, limits: StreamLimits
+) -> tuple[StreamMessage, int] | None:
+    if len(data) < 5:
+        return None
+    length = encrypted_stream_length(data[:5], limits)
+    if len(data) < 5 + length:
+        return None
+    return decrypt_stream_message(data[:5], data[5 : 5 + length], crypto, limits), 5 + length
