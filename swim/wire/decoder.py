@@ -8,9 +8,11 @@ message, same ``DropReason``) for the same bytes fed in any pieces:
 
 - Work is proportional to the bytes fed: each byte is handed to msgpack once
   (``work_bytes`` counts them), plus one pass over a plaintext that is whole (a decrypted
-  frame, a decompressed blob). msgpack's ``Unpacker`` holds the bytes of an object that is
-  not complete yet; at most it re-reads that one object when more bytes come, never the
-  objects before it.
+  frame, a decompressed blob). msgpack's ``Unpacker`` keeps an object that is not complete
+  yet: its C implementation keeps its place inside it (``tell()`` moves on), its
+  pure-Python fallback re-reads that one object from its start when more bytes come;
+  neither reads the objects before it again. Push-pull node states are separate objects,
+  so the one under way is one node state.
 - Limits are checked as early as the bytes allow: more than ``max_bytes + 5`` bytes fed is
   OVERSIZED at once; an encrypted frame that announces a body over ``max_bytes`` is refused
   at its fifth byte; a push-pull header that announces too many nodes or too much user
@@ -87,6 +89,7 @@ class StreamDecoder:
         "_join",
         "_kind",
         "_limits",
+        "_mark",
         "_need",
         "_phase",
         "_received",
@@ -112,6 +115,7 @@ class StreamDecoder:
         self._need = 0
         self._unpacker: Any = None
         self._unpacker_fed = 0
+        self._mark = 0
         self._remaining = 0
         self._states: list[PushNodeState] = []
         self._join = False
@@ -124,10 +128,12 @@ class StreamDecoder:
 
     @property
     def buffered_bytes(self) -> int:
-        """Bytes held right now, waiting to become part of a message (for a memory budget);
-        decoded node states are not counted."""
+        """Bytes held right now, waiting to become part of a message (for a memory budget):
+        those of the msgpack object under way (from its first byte, though msgpack may have
+        parsed some of them already) and raw bytes collected; decoded node states are not
+        counted."""
         if self._phase in (_OBJECT, _STATES):
-            return self._unpacker_fed - int(self._unpacker.tell())
+            return self._unpacker_fed - self._mark
         if self._phase in (_ENCRYPTED, _RAW):
             return len(self._buffer)
         return 0
@@ -234,7 +240,8 @@ class StreamDecoder:
     def _on_object(self, obj: Any) -> StreamMessage | None:
         """The first msgpack object after the type byte is complete."""
         kind = self._kind
-        self._used = 1 + int(self._unpacker.tell())
+        self._mark = int(self._unpacker.tell())
+        self._used = 1 + self._mark
         if kind == MsgType.COMPRESS:
             # The whole stream is this one map: decompress and parse the plaintext one-shot.
             message = decompress_stream(obj, self._limits)
@@ -259,6 +266,7 @@ class StreamDecoder:
                 raise WireError(DropReason.MALFORMED, f"bad node state: {exc}") from exc
             self._states.append(decode_push_state(raw))
             self._remaining -= 1
+            self._mark = int(self._unpacker.tell())
         self._used = 1 + int(self._unpacker.tell())
         self._need = self._user_state_len
         return self._to_raw()
