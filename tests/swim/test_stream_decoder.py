@@ -11,6 +11,8 @@ import time
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from swim import Keyring, StreamDecoder, wire
 from swim.messages import (
@@ -188,6 +190,20 @@ def test_fuzz_corpus_decodes_like_parse_stream() -> None:
     print("fuzz outcomes:", dict(sorted(outcomes.items())))
     assert outcomes.get("tuple", 0) >= len(TCP_SEEDS)  # the seeds themselves decode
     assert len(outcomes) >= 4  # and the mutants reach several refusals
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.binary(max_size=2048),
+    st.lists(st.integers(1, 300), min_size=1, max_size=20),
+    st.sampled_from([b"", bytes([MsgType.PUSH_PULL]), bytes([MsgType.USER]), b"\x09"]),
+)
+def test_arbitrary_bytes_in_arbitrary_pieces_decode_like_parse_stream(
+    data: bytes, sizes: list[int], prefix: bytes
+) -> None:
+    data = prefix + data
+    for crypto in (None, CRYPTO):
+        assert _decode(data, crypto, LIMITS, sizes) == _expected(data, crypto, LIMITS)
 
 
 # --- limits, as early as the bytes allow --------------------------------------------------
