@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduce every number in simulations/RESULTS.md (one core; ~1 hour in all).
 # Usage: simulations/results.sh [STEP ...]   (steps: scale steady crash dissemination loss
-# slow; default: all; frontier, baseline and tuning, the long sweeps, run only when
+# slow; default: all; frontier, baseline, tuning and lossy-tcp run only when
 # named; baseline and tuning also feed docs/tuning.md via simulations.params). Outputs
 # (CSV, PNG, markdown, and the console log with the seed and trace hash) go to
 # simulations/results/<step>/.
@@ -65,6 +65,9 @@ for step in "${steps[@]}"; do
     tuning)  # ~60 min (n = 10,000): docs/tuning.md §3
         scaling tuning --nodes 10,100,1000,10000 --variants lan,wan,local,fast \
             --conditions clean,loss1,loss10 --crashes 3,8,3,2 --seeds 1,2,3,4,5:1,2:1:1 ;;
+    lossy-tcp)  # ~1 min: RESULTS.md §7, TCP that can fail (n ≤ 100)
+        scaling lossy-tcp --nodes 10,100 --variants lan,wan,local,fast \
+            --conditions loss1,loss10 --crashes 3,8 --seeds 1,2,3,4,5:1,2 --lossy-tcp ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
     esac
 done
