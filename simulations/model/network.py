@@ -27,8 +27,10 @@ Rules:
   A stream that cannot finish in time is ``TIMED_OUT``: the opener's error is "timeout"
   at its deadline. A link's p is its independent loss combined with the burst model's
   stationary loss (1 − (1 − p)(1 − p_burst)); ACKs and the burst chain's state are not
-  modelled. Draws per segment, in order: one ``random()`` per send, one latency sample
-  for the send that arrives.
+  modelled. Draws per segment, in order: one ``random()`` per send (none at p = 0), one
+  latency sample for the send that arrives. Partitions and blocked pairs cut a stream:
+  lossy TCP needs both directions for the handshake; the lossless model checks src → dst
+  to open and dst → src for the reply (so a one-way block lets the request through).
 - Duplication: a delivered packet is delivered again with probability ``duplicate``, with
   its own latency draw.
 
