@@ -24,6 +24,14 @@ for UDP blocking), so a fault never outlives its namespace:
 - ``block_udp(i)``: UDP in and out of host i dropped, TCP untouched.
 - ``heal()``: flush the rules.
 
+Latency is NFQUEUE in the sending host's namespace (mangle table, OUTPUT), so it too dies
+with its namespace: ``delay(group_a, group_b, mean_ms, jitter_ms)`` holds every packet (UDP,
+TCP, anything IP) from a host of one group to a host of the other for mean ± jitter ms,
+drawn per packet by a userspace delayer process in the sender's namespace
+(``tests/netns/delayer.py``: why NFQUEUE and not netem, its bounds, and why it fails open).
+``undelay()`` removes the rules, then stops the delayers (which accept what they hold) and
+keeps their stats in ``delayer_stats``. ``heal()`` leaves delays in place.
+
 ``close()`` (also the context manager's exit, an atexit hook, and the fixture's finalizer)
 SIGKILLs every agent by pid, then any other pid still in one of its namespaces
 (``ip netns pids``), deletes the namespaces (which removes the veths, the bridge and every
@@ -67,6 +75,7 @@ from typing import Any
 from agent.control import ControlClient, ControlError
 from agent.procs import stop, until
 from swim import PROFILES
+from tests.netns.delayer import DelayerProcess, DelaySpec
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "swimtest-"
@@ -120,6 +129,15 @@ def unavailable_reason() -> str | None:
     finally:
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             _run("ip", "netns", "del", probe, check=False)
+    return None
+
+
+def delay_unavailable_reason() -> str | None:
+    """None if NFQUEUE can delay packets here (``Testbed.delay``); else why not."""
+    if unavailable_reason():
+        return unavailable_reason()
+    if not Path("/proc/net/netfilter/nfnetlink_queue").exists():
+        return "nfnetlink_queue is not loaded (modprobe nfnetlink_queue xt_NFQUEUE)"
     return None
 
 
@@ -240,6 +258,9 @@ class Testbed:
         self._sock_dir = Path(tempfile.mkdtemp(prefix="swimns-"))  # short: sun_path limit
         self._created: list[str] = []
         self._closed = False
+        self.delayers: list[DelayerProcess] = []
+        self.delayer_stats: list[dict[str, Any]] = []  # of the delayers undelay() stopped
+        self._next_queue = 100
         atexit.register(self.close)
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -277,6 +298,10 @@ class Testbed:
             return
         self._closed = True
         errors: list[str] = []
+        try:
+            self.undelay()
+        except (OSError, subprocess.SubprocessError, TimeoutError, HarnessError) as exc:
+            errors.append(f"stopping delayers: {exc}")
         for h in self.hosts:
             if h.agent is not None:
                 try:
@@ -479,6 +504,58 @@ class Testbed:
         self.iptables(i, "-A", "INPUT", "-i", "eth0", "-p", "udp", "-j", "DROP")
         self.iptables(i, "-A", "OUTPUT", "-o", "eth0", "-p", "udp", "-j", "DROP")
         self.faults.append(f"udp blocked at {self.host(i).node}")
+
+    def delay(
+        self,
+        group_a: Iterable[int],
+        group_b: Iterable[int],
+        mean_ms: float,
+        jitter_ms: float = 0.0,
+        *,
+        both: bool = True,
+        dist: str = "uniform",
+        seed: int = 0,
+    ) -> list[DelayerProcess]:
+        """Hold every packet from a host of group_a to a host of group_b (and back, if
+        ``both``) for ``mean_ms`` ± ``jitter_ms`` (``dist``: uniform | normal), drawn per
+        packet; one delayer process per sending host, seeded ``seed`` + its index."""
+        spec = DelaySpec(mean_ms, jitter_ms, dist)
+        side_a, side_b = list(group_a), list(group_b)
+        pairs = [(side_a, side_b), (side_b, side_a)] if both else [(side_a, side_b)]
+        started: list[tuple[DelayerProcess, list[int]]] = []
+        for senders, receivers in pairs:
+            for src in senders:
+                h = self.host(src)
+                queue = self._next_queue
+                self._next_queue += 1
+                log = self.workdir / f"delayer-{h.node}-q{queue}.log"
+                d = DelayerProcess(h.ns, queue, spec, seed + src, log)
+                self.delayers.append(d)
+                started.append((d, receivers))
+        for d, receivers in started:  # the rules only once the queue is bound: no stray bypass
+            d.wait_ready()
+            src_i = next(h.index for h in self.hosts if h.ns == d.ns)
+            for dst in receivers:
+                self.iptables(
+                    src_i, "-t", "mangle", "-A", "OUTPUT", "-d", self.host(dst).ip,
+                    "-j", "NFQUEUE", "--queue-num", str(d.queue), "--queue-bypass",
+                )  # fmt: skip
+        arrow = "<->" if both else "->"
+        self.faults.append(f"delay {mean_ms:g}±{jitter_ms:g} ms {side_a}{arrow}{side_b}")
+        return [d for d, _ in started]
+
+    def undelay(self) -> None:
+        """Remove every delay rule, then stop the delayers; their stats go to
+        ``delayer_stats``."""
+        if not self.delayers:
+            return
+        for ns in {d.ns for d in self.delayers}:
+            _run("ip", "netns", "exec", ns, "iptables", "-w", "5", "-t", "mangle", "-F", "OUTPUT",
+                 check=False)  # fmt: skip
+        delayers, self.delayers = self.delayers, []
+        for d in delayers:
+            self.delayer_stats.append({"ns": d.ns, **d.stop()})
+        self.faults.append("undelay")
 
     def heal(self, hosts: Iterable[int] | None = None) -> None:
         for i in self._indices(hosts):

@@ -1,0 +1,282 @@
+"""Real latency and jitter between network namespaces (``Testbed.delay``, NFQUEUE).
+
+- a one-way 30 ± 5 ms delay really adds ~30 ms to a UDP round trip and to a TCP connect,
+  and reorders datagrams sent 1 ms apart (a ping-like exchange between two namespaces:
+  ``python -m tests.netns.test_latency echo|ping``);
+- a ``fast`` cluster of 6 agents, 2 of them in a "far rack" 30 ± 10 ms away each way (so
+  round trips of 40–80 ms against adaptive probe timeouts of 20–125 ms), suspects nobody
+  in 30 s.
+
+Each prints a ``NETNS-RESULT`` line (``-s``). Skipped where namespaces or nfnetlink_queue
+are missing. Bounded to about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.procs import stop
+from tests.netns import delayer
+from tests.netns.harness import Testbed, Testbeds, delay_unavailable_reason
+
+pytestmark = pytest.mark.slow
+
+ECHO_PORT = 9000
+WINDOW_S = float(os.environ.get("SWIM_NETNS_LATENCY_WINDOW_S", "30"))
+_PING = struct.Struct("!Iq")  # sequence number, send time (ns, the client's monotonic clock)
+
+
+@pytest.fixture
+def _nfqueue_guard() -> None:
+    reason = delay_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+def report(scenario: str, **figures: object) -> None:
+    text = " ".join(
+        f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()
+    )
+    print(f"\nNETNS-RESULT {scenario} {text}", flush=True)
+
+
+# --- the ping-like exchange, run inside namespaces ------------------------------------------
+
+
+def _echo(ip: str, seconds: float) -> int:
+    """Echo UDP datagrams and accept TCP connections on ip:ECHO_PORT for ``seconds``."""
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind((ip, ECHO_PORT))
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    tcp.bind((ip, ECHO_PORT))
+    tcp.listen(16)
+    tcp.settimeout(0)
+    udp.settimeout(0.05)
+    print("ready", flush=True)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            data, addr = udp.recvfrom(64)
+            udp.sendto(data, addr)
+        except TimeoutError:
+            pass
+        try:
+            conn, _ = tcp.accept()
+            conn.close()
+        except BlockingIOError:
+            pass
+    return 0
+
+
+def _ping(ip: str, count: int, spacing_ms: float) -> int:
+    """Send ``count`` datagrams ``spacing_ms`` apart, then time one TCP connect; print JSON
+    (round trips in send order, the order echoes came back, the connect time)."""
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.connect((ip, ECHO_PORT))
+    udp.settimeout(0)
+    rtt_ms: dict[int, float] = {}
+    order: list[int] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                data = udp.recv(64)
+            except (BlockingIOError, ConnectionRefusedError):
+                return
+            seq, sent = _PING.unpack(data)
+            rtt_ms[seq] = (time.monotonic_ns() - sent) / 1e6
+            order.append(seq)
+
+    start = time.monotonic()
+    for seq in range(count):
+        while time.monotonic() < start + seq * spacing_ms / 1000:
+            drain()
+        udp.send(_PING.pack(seq, time.monotonic_ns()))
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end and len(order) < count:
+        drain()
+        time.sleep(0.001)
+    t0 = time.monotonic()
+    with socket.create_connection((ip, ECHO_PORT), timeout=5):
+        connect_ms = (time.monotonic() - t0) * 1000
+    print(json.dumps({"rtt_ms": [rtt_ms.get(s) for s in range(count)], "order": order,
+                      "connect_ms": connect_ms}))  # fmt: skip
+    return 0
+
+
+def _in_ns(ns: str, *args: str) -> list[str]:
+    return ["ip", "netns", "exec", ns, sys.executable, "-m", "tests.netns.test_latency", *args]
+
+
+def ping(bed: Testbed, src: int, dst: int, count: int = 300, spacing_ms: float = 1.0) -> Any:
+    """One ping-like exchange from host src to host dst; the client's JSON."""
+    root = Path(__file__).resolve().parents[2]
+    server = subprocess.Popen(
+        _in_ns(bed.host(dst).ns, "echo", bed.host(dst).ip, "--seconds", "20"),
+        stdout=subprocess.PIPE, text=True, cwd=root,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        assert server.stdout.readline().strip() == "ready"
+        out = subprocess.run(
+            _in_ns(bed.host(src).ns, "ping", bed.host(dst).ip, "--count", str(count),
+                   "--spacing-ms", str(spacing_ms)),
+            capture_output=True, text=True, timeout=30, cwd=root, check=True,
+        )  # fmt: skip
+        return json.loads(out.stdout)
+    finally:
+        stop(server, timeout_s=5)
+        if server.stdout is not None:
+            server.stdout.close()
+
+
+def inversions(order: list[int]) -> int:
+    """Echoes that came back after one sent later than them (adjacent pairs)."""
+    return sum(1 for a, b in itertools.pairwise(order) if b < a)
+
+
+# --- tests ----------------------------------------------------------------------------------
+
+
+def test_nfqueue_messages_encode_and_parse() -> None:
+    """The delayer's netlink encoding, without a kernel: config, packet, verdict, error."""
+    (cfg,) = delayer.parse_messages(
+        delayer.config_msg(7, 3, delayer.cfg_cmd(delayer.NFQNL_CFG_CMD_BIND),
+                           delayer.cfg_maxlen(512))
+    )  # fmt: skip
+    assert (cfg.kind, cfg.seq) == (delayer.msg_type(delayer.NFQNL_MSG_CONFIG), 3)
+    assert cfg.flags == delayer.NLM_F_REQUEST | delayer.NLM_F_ACK
+    assert cfg.payload[:4] == bytes([socket.AF_INET, 0, 0, 7])
+    attrs = delayer.parse_attrs(cfg.payload[4:])
+    assert attrs[delayer.NFQA_CFG_CMD] == struct.pack("!BxH", 1, socket.AF_INET)
+    assert attrs[delayer.NFQA_CFG_QUEUE_MAXLEN] == struct.pack("!I", 512)
+    assert len(delayer.cfg_params(delayer.NFQNL_COPY_META)) == 12  # 4 + packed 5, padded
+
+    hdr = delayer.nlattr(delayer.NFQA_PACKET_HDR, struct.pack("!IHB", 0xABCDEF, 0x0800, 3))
+    payload = bytes([socket.AF_INET, 0, 0, 7]) + hdr + delayer.nlattr(delayer.NFQA_PAYLOAD, b"x")
+    two = delayer.nlmsg(delayer.msg_type(delayer.NFQNL_MSG_PACKET), 0, 0, payload) * 2
+    packets = [delayer.parse_packet(m) for m in delayer.parse_messages(two)]
+    assert packets == [delayer.QueuedPacket(7, 0xABCDEF, 0x0800, 3)] * 2
+    assert list(delayer.parse_messages(two[:-3])) == list(delayer.parse_messages(two))[:1]
+
+    (v,) = delayer.parse_messages(delayer.verdict_msg(7, 0xABCDEF))
+    assert delayer.parse_attrs(v.payload[4:])[delayer.NFQA_VERDICT_HDR] == struct.pack(
+        "!II", delayer.NF_ACCEPT, 0xABCDEF
+    )
+    err = delayer.nlmsg(delayer.NLMSG_ERROR, 0, 3, struct.pack("=i", -16) + cfg.payload)
+    assert [delayer.parse_error(m) for m in delayer.parse_messages(err)] == [16]
+
+
+def test_delay_draws_stay_in_their_bounds() -> None:
+    rng = random.Random(1)
+    uniform = [delayer.DelaySpec(30, 5).draw_ms(rng) for _ in range(2000)]
+    assert 25 <= min(uniform) < 26 and 34 < max(uniform) <= 35
+    normal = [delayer.DelaySpec(30, 10, "normal").draw_ms(rng) for _ in range(2000)]
+    assert min(normal) >= 0 and max(normal) <= 70 and 9 < statistics.stdev(normal) < 11
+    with pytest.raises(ValueError):
+        delayer.DelaySpec(10, 11)
+
+
+@pytest.mark.usefixtures("_nfqueue_guard")
+def test_one_way_delay_adds_its_mean_and_jitter_reorders(testbed: Testbeds) -> None:
+    bed = testbed(2)
+    base = ping(bed, 1, 2)
+    base_rtts = [r for r in base["rtt_ms"] if r is not None]
+    bed.delay([1], [2], 30, 5, both=False, seed=7)
+    got = ping(bed, 1, 2)
+    bed.undelay()
+    rtts = [r for r in got["rtt_ms"] if r is not None]
+    stats = bed.delayer_stats[0]
+    figures = {
+        "base_median_ms": statistics.median(base_rtts),
+        "median_ms": statistics.median(rtts),
+        "min_ms": min(rtts),
+        "max_ms": max(rtts),
+        "stdev_ms": statistics.stdev(rtts),
+        "received": len(rtts),
+        "reordered": inversions(got["order"]),
+        "base_reordered": inversions(base["order"]),
+        "tcp_connect_ms": got["connect_ms"],
+        "base_tcp_connect_ms": base["connect_ms"],
+        "delayer_packets": stats["packets"],
+        "delayer_late_max_ms": stats["late_max_ms"],
+    }
+    report("delay-30ms-jitter-5ms", **figures)
+    assert len(rtts) >= 290  # the delayer loses nothing
+    assert 28 <= figures["median_ms"] <= 45, figures  # 30 ms added, ~ms of scheduling
+    assert figures["min_ms"] >= 24.5, figures  # nothing overtakes the lowest draw (25 ms)
+    assert 2 <= figures["stdev_ms"] <= 8, figures  # uniform ±5 ms: σ = 2.9 ms
+    assert figures["reordered"] >= 20, figures  # 10 ms of spread over 1 ms spacing
+    assert got["connect_ms"] >= 24.5, figures  # the SYN is delayed too (TCP, not just UDP)
+    assert stats["packets"] >= 300
+
+
+@pytest.mark.usefixtures("_nfqueue_guard")
+def test_far_rack_fast_cluster_suspects_nobody(testbed: Testbeds) -> None:
+    bed = testbed(6)
+    bed.delay([1, 2, 3, 4], [5, 6], 30, 10, seed=11)  # the racks are apart from the start
+    started = time.time()
+    bed.start_agents("fast")
+    join_s = bed.wait_converged(60)
+    since = time.time()
+    joining = bed.events(started, kinds=("suspect", "dead"))
+    end = time.monotonic() + WINDOW_S
+    while time.monotonic() < end:
+        dead = [a.name for a in (bed.agent(i) for i in range(1, 7)) if not a.running()]
+        assert not dead, f"agent(s) exited: {dead}"
+        time.sleep(1)
+    events = bed.events(since, kinds=("suspect", "dead"))
+    converged = bed.converged()
+    bed.undelay()
+    packets = sum(s.get("packets", 0) for s in bed.delayer_stats)
+    delay_mean = sum(s.get("delay_mean_ms", 0) * s.get("packets", 0) for s in bed.delayer_stats)
+    report(
+        "far-rack-30ms-jitter-10ms-fast-n6",
+        window_s=WINDOW_S,
+        join_s=join_s,
+        suspicions_while_joining=len(joining),
+        suspicions=sum(e.kind == "suspect" for e in events),
+        deaths=sum(e.kind == "dead" for e in events),
+        converged=converged,
+        delayed_packets=packets,
+        delay_mean_ms=delay_mean / max(packets, 1),
+        late_max_ms=max(s.get("late_max_ms", 0.0) for s in bed.delayer_stats),
+    )
+    assert packets > 0
+    assert not events, [f"{e.observer}: {e.member} {e.kind}" for e in events]
+    assert converged
+
+
+def _main() -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.netns.test_latency")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("echo")
+    e.add_argument("ip")
+    e.add_argument("--seconds", type=float, default=20)
+    q = sub.add_parser("ping")
+    q.add_argument("ip")
+    q.add_argument("--count", type=int, default=300)
+    q.add_argument("--spacing-ms", type=float, default=1.0)
+    args = p.parse_args()
+    if args.cmd == "echo":
+        return _echo(args.ip, args.seconds)
+    return _ping(args.ip, args.count, args.spacing_ms)
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
