@@ -132,9 +132,12 @@ def slice_step(
     loss = nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi])
     faults.in_backward(el.step, loss)
     torch.autograd.backward(loss)
+    # every collective of the step before any local state changes: a verdict during the
+    # loss all-reduce re-runs the step, and an optimizer step taken before it would then
+    # be applied twice on this rank (ElasticDDP.run_step's rule)
+    total = el.all_reduce(loss.detach().clone() * (hi - lo))
     if opt is not None:
         opt.step()
-    total = el.all_reduce(loss.detach().clone() * (hi - lo))
     mean: float = float(total) / args.global_batch
     return mean
 

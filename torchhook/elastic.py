@@ -202,7 +202,10 @@ class ElasticDDP:
         """Run one training step (forward, backward, optimizer step) on the DDP model.
 
         A membership change re-forms the group and runs the step again, in the new group;
-        the step counter advances only when ``fn`` returns."""
+        the step counter advances only when ``fn`` returns. So ``fn`` must finish every
+        collective (including its own ``all_reduce`` of the loss) before it changes local
+        state (``optimizer.step()``): a step that fails after the optimizer step would be
+        applied twice on this rank when it runs again."""
         while True:
             self._ensure_group()
             try:
