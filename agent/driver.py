@@ -6,8 +6,9 @@ Rules:
   inbox channel and get answers back on one-shot channels; anything else that must change
   the Node runs as a function in the node task through ``Driver.command``. No locks.
   Two exceptions, both without await in between (so never seen half-done): stream tasks
-  parse with ``Node.parse_stream`` (pure), and drops are counted with ``Node.record_drop``
-  where they happen (a full inbox, a bad stream).
+  take a decoder from ``Node.stream_decoder`` (pure; the decoder is the stream's own, fed in
+  a worker thread on real sockets, see agent/transport.py), and drops are counted with
+  ``Node.record_drop`` where they happen (a full inbox, a bad stream).
 - The node task also runs the timers: it waits on the inbox until the earliest timer
   deadline, then hands every due timer back to the Node. Before due timers fire it handles
   what has already arrived, queued or still in the transport (``_catch_up``), so an ack or
@@ -37,7 +38,7 @@ import trio
 from agent.config import parse_host_port
 from agent.control import MAX_PROBE_NODES
 from agent.events import Events
-from agent.transport import Streams, Transport
+from agent.transport import MAX_BUFFERED_STREAM_BYTES, Streams, Transport
 from phi import PhiRegistry, RegistryFullError
 from swim import (
     Address,
@@ -157,8 +158,9 @@ class Driver:
         self._streams = Streams(
             transport,
             tcp_timeout_ms=tcp_timeout_ms,
-            parse=node.parse_stream,
+            decoder=node.stream_decoder,
             record_drop=node.record_drop,
+            max_buffered_bytes=max(MAX_BUFFERED_STREAM_BYTES, node.config.max_stream_bytes + 5),
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -113,6 +113,9 @@ class MemoryNetwork:
 class MemoryTransport:
     """One agent's end of a ``MemoryNetwork`` (implements agent.transport.Transport)."""
 
+    threaded_decoding = False
+    """Streams decode inline: a worker thread's work would let the MockClock jump."""
+
     def __init__(self, network: MemoryNetwork, address: Address) -> None:
         self._network = network
         self._address = address

@@ -12,13 +12,26 @@ Rules:
   uses (None: nothing waits; ``OSError``: one unreadable datagram, counted as read).
 - Streams are bounded in number (``MAX_INBOUND_STREAMS``, ``MAX_OUTBOUND_STREAMS``; an
   inbound stream beyond the bound is closed at once and counted as a ``QUEUE_FULL`` drop),
-  in bytes (the Node's stream parser enforces ``max_stream_bytes``) and in time (an inbound
-  stream gets ``tcp_timeout_ms``, an outbound one its request's deadline), so a slow or
-  hostile peer cannot hold resources. ``Streams`` enforces all of it over any transport.
+  in bytes (the Node's stream decoder enforces ``max_stream_bytes`` per stream; all inbound
+  streams together hold at most ``MAX_BUFFERED_STREAM_BYTES`` beyond ``FREE_STREAM_BYTES``
+  each, and a stream that would pass it is cut as ``BUFFER_FULL``) and in time (an inbound
+  stream gets ``tcp_timeout_ms`` from its accept, however the peer paces its bytes, and is
+  cut as ``STREAM_TIMEOUT`` if its message is not whole by then; an outbound one gets its
+  request's deadline), so a slow or hostile peer cannot hold resources. ``Streams``
+  enforces all of it over any transport.
 - Whatever a peer does on a stream (reset, garbage, silence) ends that stream only
   (``PEER_ERRORS``); it never reaches the rest of the agent.
-- A stream carries one message each way: ``Streams.read_message`` reads until the parse
-  callable (``Node.parse_stream``) returns a whole message or raises ``WireError``.
+- A stream carries one message each way: ``Streams.read_message`` feeds each chunk to the
+  stream's own incremental decoder (``Node.stream_decoder``, ``swim.StreamDecoder``: work
+  proportional to the bytes received) until it returns a whole message or raises
+  ``WireError``. A feed costs time proportional to its chunk (at most ``RECV_BYTES``), except
+  the last one of an encrypted or compressed stream, which decodes the whole frame at once
+  (``ONE_SHOT_KINDS``): on a real transport (``threaded_decoding``) those streams are fed
+  in a worker thread, at most ``DECODE_THREADS`` at once, so no stream's decoding holds the
+  node task for more than a few ms: the trio thread waits at most one interpreter switch
+  interval (5 ms) for the GIL. Only one thread touches a decoder at a time (its stream's
+  task awaits each feed). On the memory transport all feeds run inline: a thread's work
+  would let a MockClock jump.
 """
 
 from __future__ import annotations
@@ -30,7 +43,7 @@ from typing import Protocol
 
 import trio
 
-from swim import Address, DropReason, StreamMessage, StreamRequest, WireError
+from swim import Address, DropReason, MsgType, StreamMessage, StreamRequest, WireError
 
 log = logging.getLogger("swim.agent")
 
@@ -38,14 +51,48 @@ MAX_INBOUND_STREAMS = 128
 """memberlist ``maxPushPullRequests``."""
 MAX_OUTBOUND_STREAMS = 128
 RECV_BYTES = 65_536
+FREE_STREAM_BYTES = 65_536
+"""What an inbound stream may hold outside the shared budget: pings, acks and small user
+messages never wait on it (128 streams x 64 KiB = 8 MiB at most)."""
+MAX_BUFFERED_STREAM_BYTES = 32 * 1024 * 1024
+"""Bytes all inbound streams together may hold beyond ``FREE_STREAM_BYTES`` each (at least
+``max_stream_bytes``, see ``Streams``). Without it 128 streams of 20 MiB could hold 2.5 GiB;
+32 MiB fits twice a push-pull from a 65,536-member cluster with ~200-byte states. Bytes
+received count, not bytes buffered: a push-pull's decoded states are held too."""
+DECODE_THREADS = 1
+"""Worker threads decoding streams at once: one, so decoding competes with the trio thread
+for the GIL from one thread only, and a flood of streams queues instead of starving it."""
+SMALL_CHUNK_BYTES = 16_384
+SMALL_CHUNK_PAUSE_S = 0.01
+"""After a chunk under ``SMALL_CHUNK_BYTES`` that did not complete the message, a stream
+waits this long before reading again: a peer trickling bytes gets its stream woken at most
+100 times a second (so 128 such streams cannot crowd the node task and the control API out
+of trio's run queue), while a fast sender's full chunks are read back to back."""
+ONE_SHOT_KINDS = frozenset((MsgType.ENCRYPT, MsgType.COMPRESS))
+"""Streams whose last feed decodes a whole frame at once (decrypt or decompress, then
+parse: up to ``max_stream_bytes``, and an LZW bomb inflates 64 KiB to megabytes): their
+feeds run in a worker thread. Any other stream's feed costs time proportional to its chunk
+(at most ``RECV_BYTES``: ~6 ms for 64 KiB of push-pull states) and runs inline, sparing
+the thread hand-off on every chunk."""
 PEER_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 """What a misbehaving peer or network can raise on a stream; handled per connection."""
 
 StreamHandler = Callable[[trio.abc.Stream, Address], Awaitable[None]]
 """Serves one inbound stream from the given peer address."""
-Parse = Callable[[bytes], "tuple[StreamMessage, int] | None"]
-"""``Node.parse_stream``: a whole message from the front of the bytes, None for "need
-more", ``WireError`` for bytes that cannot be one."""
+
+
+class Decoder(Protocol):
+    """One stream's incremental decoder (``swim.StreamDecoder``)."""
+
+    def feed(self, data: bytes) -> StreamMessage | None:
+        """The message once whole, None for "need more", ``WireError`` for bytes that
+        cannot become one."""
+        ...
+
+    @property
+    def received_bytes(self) -> int:
+        """Bytes fed so far."""
+        ...
 
 
 class Transport(Protocol):
@@ -84,6 +131,12 @@ class Transport(Protocol):
         """Release the address; later sends are dropped."""
         ...
 
+    @property
+    def threaded_decoding(self) -> bool:
+        """Whether ``Streams`` decodes in worker threads: True on real time, False on a
+        virtual clock (a MockClock would jump while a thread works)."""
+        ...
+
 
 class Streams:
     """The stream side of the agent over any ``Transport``: bounds, deadlines, parsing."""
@@ -93,15 +146,25 @@ class Streams:
         transport: Transport,
         *,
         tcp_timeout_ms: int,
-        parse: Parse,
+        decoder: Callable[[], Decoder],
         record_drop: Callable[[DropReason], None],
+        max_buffered_bytes: int = MAX_BUFFERED_STREAM_BYTES,
     ) -> None:
         self._transport = transport
         self._tcp_timeout_ms = tcp_timeout_ms
-        self._parse = parse
+        self._new_decoder = decoder
         self._record_drop = record_drop
         self._in_limiter = trio.CapacityLimiter(MAX_INBOUND_STREAMS)
         self._out_limiter = trio.CapacityLimiter(MAX_OUTBOUND_STREAMS)
+        self._decode_limiter = trio.CapacityLimiter(DECODE_THREADS)
+        self._threaded = transport.threaded_decoding
+        self._max_buffered = max_buffered_bytes
+        self._buffered = 0
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes inbound streams hold now against ``max_buffered_bytes``."""
+        return self._buffered
 
     async def serve(
         self, deliver: Callable[[Address, StreamMessage], Awaitable[bytes | None]]
@@ -114,40 +177,73 @@ class Streams:
                 await stream.aclose()
                 return
             async with self._in_limiter, stream:
+                reading = True
                 try:
-                    with trio.move_on_after(self._tcp_timeout_ms / 1000):
-                        message = await self.read_message(stream)
+                    with trio.move_on_after(self._tcp_timeout_ms / 1000) as scope:
+                        message = await self.read_message(stream, budget=True)
+                        reading = False
                         if message is None:
                             return
                         reply = await deliver(source, message)
                         if reply:
                             await stream.send_all(reply)
+                    if scope.cancelled_caught and reading:
+                        self._record_drop(DropReason.STREAM_TIMEOUT)
+                        log.debug("inbound stream from %s cut by its deadline", source)
                 except PEER_ERRORS as exc:
                     log.debug("inbound stream ended: %s", exc)
 
         await self._transport.serve_streams(handle)
 
-    async def read_message(self, stream: trio.abc.Stream) -> StreamMessage | None:
-        """One message, or None (garbage is counted as a drop; a closed stream is not)."""
-        buf = b""
-        while True:
-            try:
-                parsed = self._parse(buf)
-            except WireError as exc:
-                self._record_drop(exc.reason)
-                log.debug("dropping a stream: %s", exc)
-                return None
-            if parsed is not None:
-                return parsed[0]
-            try:
-                chunk = await stream.receive_some(RECV_BYTES)
-            except (trio.BrokenResourceError, OSError):
-                return None
-            if not chunk:
-                if buf:
-                    self._record_drop(DropReason.MALFORMED)
-                return None
-            buf += chunk
+    async def read_message(
+        self, stream: trio.abc.Stream, *, budget: bool = False
+    ) -> StreamMessage | None:
+        """One message, or None (garbage is counted as a drop; a closed stream is not).
+
+        With ``budget`` (inbound streams) the bytes received beyond ``FREE_STREAM_BYTES``
+        are charged to the shared budget until the message is read; a chunk that would
+        pass it ends the stream as ``BUFFER_FULL``."""
+        decoder = self._new_decoder()
+        charged = 0
+        threaded = False
+        try:
+            while True:
+                try:
+                    chunk = bytes(await stream.receive_some(RECV_BYTES))  # bytes: no copy
+                except (trio.BrokenResourceError, OSError):
+                    return None
+                if not chunk:
+                    if decoder.received_bytes:
+                        self._record_drop(DropReason.MALFORMED)
+                    return None
+                if not decoder.received_bytes:
+                    threaded = self._threaded and chunk[0] in ONE_SHOT_KINDS
+                if budget:
+                    want = max(0, decoder.received_bytes + len(chunk) - FREE_STREAM_BYTES)
+                    if want > charged:
+                        if self._buffered + want - charged > self._max_buffered:
+                            self._record_drop(DropReason.BUFFER_FULL)
+                            log.debug("dropping a stream: %d bytes buffered", self._buffered)
+                            return None
+                        self._buffered += want - charged
+                        charged = want
+                try:
+                    if threaded:
+                        message = await trio.to_thread.run_sync(
+                            decoder.feed, chunk, limiter=self._decode_limiter
+                        )
+                    else:
+                        message = decoder.feed(chunk)
+                except WireError as exc:
+                    self._record_drop(exc.reason)
+                    log.debug("dropping a stream: %s", exc)
+                    return None
+                if message is not None:
+                    return message
+                if len(chunk) < SMALL_CHUNK_BYTES:
+                    await trio.sleep(SMALL_CHUNK_PAUSE_S)  # let a trickle gather in the kernel
+        finally:
+            self._buffered -= charged
 
     async def request(self, request: StreamRequest) -> tuple[StreamMessage | None, str]:
         """Open a stream, send the request, read the reply if one is expected; by the
@@ -173,6 +269,8 @@ class Streams:
 
 class SocketTransport:
     """UDP and TCP on one port (memberlist convention). Open with ``SocketTransport.bind``."""
+
+    threaded_decoding = True
 
     def __init__(
         self, udp: socket.socket, listeners: list[trio.SocketListener], address: Address

@@ -27,6 +27,10 @@ class DropReason(Enum):
     REJECTED = "rejected"
     QUEUE_FULL = "queue_full"
     LIMIT = "limit"
+    STREAM_TIMEOUT = "stream_timeout"
+    """An inbound stream not whole by its deadline (``tcp_timeout_ms``), cut by the agent."""
+    BUFFER_FULL = "buffer_full"
+    """An inbound stream that would push the agent's bytes held for all streams past its bound."""
 
 
 class WireError(ValueError):

@@ -1,6 +1,8 @@
 """The transport seam (agent/transport.py) on the memory network (agent/memory_transport.py):
 what the network delivers and drops, and the bounds ``Streams`` keeps over any transport
-(parse errors counted, deadlines, a refused or unreachable peer), on a MockClock."""
+(parse errors counted, deadlines, a refused or unreachable peer, a slow stream cut and
+counted, the shared budget of buffered bytes), on a MockClock; and real sockets, where
+streams decode in a worker thread."""
 
 from __future__ import annotations
 
@@ -11,8 +13,21 @@ import trio
 import trio.testing
 
 from agent.memory_transport import MemoryNetwork, address_of
-from agent.transport import Streams
-from swim import Address, DropReason, StreamKind, StreamRequest, WireError
+from agent.transport import FREE_STREAM_BYTES, SocketTransport, Streams
+from swim import (
+    Address,
+    DropReason,
+    NodeStateType,
+    PushNodeState,
+    PushPull,
+    StreamDecoder,
+    StreamKind,
+    StreamLimits,
+    StreamRequest,
+    WireError,
+    compress_message,
+    encode_push_pull,
+)
 
 pytestmark = pytest.mark.trio
 A, B, C = address_of(1), address_of(2), address_of(3)
@@ -40,14 +55,23 @@ async def test_datagrams_reach_attached_reachable_members_only() -> None:
         net.attach(A)  # in use
 
 
-def _parse(data: bytes) -> tuple[object, int] | None:
-    """A toy stream format: one line; a line starting with "!" is garbage."""
-    if data.startswith(b"!"):
-        raise WireError(DropReason.MALFORMED, "garbage")
-    if b"\n" not in data:
-        return None
-    line = data.split(b"\n", 1)[0]
-    return line, len(line) + 1
+class _Lines:
+    """A toy incremental decoder: one line; a line starting with "!" is garbage."""
+
+    def __init__(self) -> None:
+        self.buf = b""
+
+    @property
+    def received_bytes(self) -> int:
+        return len(self.buf)
+
+    def feed(self, data: bytes) -> object:
+        self.buf += data
+        if self.buf.startswith(b"!"):
+            raise WireError(DropReason.MALFORMED, "garbage")
+        if b"\n" not in self.buf:
+            return None
+        return self.buf.split(b"\n", 1)[0]
 
 
 async def test_streams_request_reply_refusal_garbage_and_deadline(
@@ -55,8 +79,8 @@ async def test_streams_request_reply_refusal_garbage_and_deadline(
 ) -> None:
     net = MemoryNetwork()
     drops: list[DropReason] = []
-    client = Streams(net.attach(A), tcp_timeout_ms=1000, parse=_parse, record_drop=drops.append)  # type: ignore[arg-type]
-    server = Streams(net.attach(B), tcp_timeout_ms=1000, parse=_parse, record_drop=drops.append)  # type: ignore[arg-type]
+    client = Streams(net.attach(A), tcp_timeout_ms=1000, decoder=_Lines, record_drop=drops.append)  # type: ignore[arg-type]
+    server = Streams(net.attach(B), tcp_timeout_ms=1000, decoder=_Lines, record_drop=drops.append)  # type: ignore[arg-type]
 
     async def deliver(source: Address, message: object) -> bytes | None:
         assert source == A
@@ -80,3 +104,119 @@ async def test_streams_request_reply_refusal_garbage_and_deadline(
         assert await client.request(request(B, b"ping\n", 2)) == (None, "timed out")
         assert trio.current_time() - start == pytest.approx(2, abs=0.01)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_slow_inbound_stream_is_cut_by_its_deadline_whatever_its_pacing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    net = MemoryNetwork()
+    drops: list[DropReason] = []
+    server = Streams(net.attach(B), tcp_timeout_ms=1000, decoder=_Lines, record_drop=drops.append)  # type: ignore[arg-type]
+    client = net.attach(A)
+    delivered: list[object] = []
+
+    async def deliver(source: Address, message: object) -> bytes | None:
+        delivered.append(message)
+        return None
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.serve, deliver)
+        await trio.sleep(0)
+        stream = await client.open_stream(B)
+        start = trio.current_time()
+        cut_at = None
+        try:
+            for _ in range(50):  # a byte every 100 ms: 5 s if nobody cuts it
+                await stream.send_all(b"x")
+                await trio.sleep(0.1)
+                if drops and cut_at is None:
+                    cut_at = trio.current_time() - start
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        assert drops == [DropReason.STREAM_TIMEOUT]
+        assert cut_at is not None and cut_at == pytest.approx(1.0, abs=0.15)
+        # a quick stream still gets through, and its deadline never fires
+        quick = await client.open_stream(B)
+        await quick.send_all(b"hello\n")
+        await trio.sleep(2)
+        assert delivered == [b"hello"] and drops == [DropReason.STREAM_TIMEOUT]
+        assert server.buffered_bytes == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_inbound_streams_share_a_bounded_budget_of_buffered_bytes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    net = MemoryNetwork()
+    drops: list[DropReason] = []
+    budget = 100_000
+    server = Streams(
+        net.attach(B),
+        tcp_timeout_ms=10_000,
+        decoder=_Lines,  # type: ignore[arg-type]
+        record_drop=drops.append,
+        max_buffered_bytes=budget,
+    )
+    client = net.attach(A)
+    delivered: list[object] = []
+
+    async def deliver(source: Address, message: object) -> bytes | None:
+        delivered.append(message)
+        return None
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.serve, deliver)
+        await trio.sleep(0)
+        big = FREE_STREAM_BYTES + 60_000  # each holds 60,000 bytes of the budget
+        first, second = await client.open_stream(B), await client.open_stream(B)
+        await first.send_all(b"a" * big)
+        await trio.sleep(0.1)
+        assert server.buffered_bytes == 60_000 and not drops
+        await second.send_all(b"b" * big)
+        await trio.sleep(0.1)
+        assert drops == [DropReason.BUFFER_FULL]
+        assert server.buffered_bytes == 60_000
+        # small streams never wait on the budget
+        small = await client.open_stream(B)
+        await small.send_all(b"c" * 1000 + b"\n")
+        await first.send_all(b"\n")
+        await trio.sleep(0.1)
+        assert sorted(map(len, delivered)) == [1000, big]  # type: ignore[arg-type]
+        assert server.buffered_bytes == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_streams_on_real_sockets_decode_a_trickled_compressed_push_pull_in_a_thread() -> None:
+    drops: list[DropReason] = []
+    transport = await SocketTransport.bind("127.0.0.1", 0)
+    assert transport.threaded_decoding
+    server = Streams(
+        transport,
+        tcp_timeout_ms=10_000,
+        decoder=lambda: StreamDecoder(None, StreamLimits()),
+        record_drop=drops.append,
+    )
+    state = PushNodeState("n", bytes([10, 0, 0, 1]), 7946, b"m", 1, NodeStateType.ALIVE, b"")
+    pp = PushPull(False, (state,) * 2000, b"user")
+    data = compress_message(encode_push_pull(pp))  # compressed: fed in a worker thread
+    got: list[object] = []
+
+    async def deliver(source: Address, message: object) -> bytes | None:
+        got.append(message)
+        return b"ok"
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.serve, deliver)
+        stream = await trio.open_tcp_stream("127.0.0.1", transport.address.port)
+        async with stream:
+            for i in range(0, len(data), 97):
+                await stream.send_all(data[i : i + 97])
+            assert await stream.receive_some(10) == b"ok"
+        garbage = await trio.open_tcp_stream("127.0.0.1", transport.address.port)
+        async with garbage:
+            await garbage.send_all(b"\xff\xff")
+            assert await garbage.receive_some(10) == b""  # closed by the server
+        nursery.cancel_scope.cancel()
+    transport.close()
+    assert got == [pp]
+    assert drops == [DropReason.UNEXPECTED_TYPE]
