@@ -164,7 +164,9 @@ def default_control_path() -> Path:
 
 
 def encode_frame(obj: Mapping[str, Any]) -> bytes:
-    body: bytes = msgpack.packb(obj, use_bin_type=True)
+    # names and tags come off the wire as UTF-8 with surrogateescape (a Go string may hold
+    # any bytes); the same handler both ways carries them through losslessly
+    body: bytes = msgpack.packb(obj, use_bin_type=True, unicode_errors="surrogateescape")
     if len(body) > MAX_FRAME_BYTES:
         raise ControlError(f"frame of {len(body)} bytes exceeds {MAX_FRAME_BYTES}")
     return HEADER.pack(len(body)) + body
@@ -189,7 +191,9 @@ class FrameDecoder:
             body = bytes(self._buf[HEADER.size : HEADER.size + length])
             del self._buf[: HEADER.size + length]
             try:
-                obj = msgpack.unpackb(body, raw=False, strict_map_key=False)
+                obj = msgpack.unpackb(
+                    body, raw=False, strict_map_key=False, unicode_errors="surrogateescape"
+                )
             except (ValueError, msgpack.UnpackException) as exc:
                 raise ControlError(f"bad frame: {exc}") from exc
             if not isinstance(obj, dict):

@@ -80,31 +80,37 @@ class ControlServer:
             await stream.aclose()
             return
         async with self._limiter, stream:
-            refusal = _refuse_peer(stream.socket)
-            if refusal is not None:
-                log.warning("control API: %s", refusal)
-                await _send(stream, error(refusal))
-                return
-            decoder = FrameDecoder()
-            while True:
-                # only the wait for a request is bounded: a stream (monitor, watch) that
-                # the request opens lasts as long as the client wants it
-                data = b""
-                with trio.move_on_after(IDLE_TIMEOUT_S):
-                    try:
-                        data = await stream.receive_some(65536)
-                    except (trio.BrokenResourceError, OSError):
-                        return
-                if not data:
-                    return  # closed, or idle for too long
+            try:
+                await self._serve_connection(stream)
+            except Exception:  # a bug in one connection must not take the agent down
+                log.exception("control connection failed")
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        refusal = _refuse_peer(stream.socket)
+        if refusal is not None:
+            log.warning("control API: %s", refusal)
+            await _send(stream, error(refusal))
+            return
+        decoder = FrameDecoder()
+        while True:
+            # only the wait for a request is bounded: a stream (monitor, watch) that
+            # the request opens lasts as long as the client wants it
+            data = b""
+            with trio.move_on_after(IDLE_TIMEOUT_S):
                 try:
-                    frames = decoder.feed(data)
-                except ControlError as exc:
-                    await _send(stream, error(str(exc)))
+                    data = await stream.receive_some(65536)
+                except (trio.BrokenResourceError, OSError):
                     return
-                for frame in frames:
-                    if not await self._answer(stream, frame):
-                        return
+            if not data:
+                return  # closed, or idle for too long
+            try:
+                frames = decoder.feed(data)
+            except ControlError as exc:
+                await _send(stream, error(str(exc)))
+                return
+            for frame in frames:
+                if not await self._answer(stream, frame):
+                    return
 
     async def _answer(self, stream: trio.SocketStream, frame: dict[str, Any]) -> bool:
         """Answer one request; False when the connection is done (a stream ended)."""
@@ -271,7 +277,12 @@ def member_json(m: Member, phi: float | None, now_ms: int) -> dict[str, Any]:
 
 async def _send(stream: trio.abc.Stream, frame: dict[str, Any]) -> bool:
     try:
-        await stream.send_all(encode_frame(frame))
+        data = encode_frame(frame)
+    except Exception as exc:  # too big, or a value msgpack cannot carry: this reply fails
+        log.exception("control reply could not be encoded")
+        data = encode_frame(error(f"internal error: the reply could not be encoded: {exc}"[:500]))
+    try:
+        await stream.send_all(data)
         return True
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         return False

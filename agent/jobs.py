@@ -161,7 +161,7 @@ def fingerprint(members: Iterable[JobMember]) -> str:
     for m in members:
         # one-rank members hash as before multi-rank jobs, so mixed agents still agree
         ranks = "" if m.ranks == 1 else f"*{m.ranks}"
-        h.update(f"{m.name}@{m.registered_ms}{ranks};".encode())
+        h.update(f"{m.name}@{m.registered_ms}{ranks};".encode("utf-8", "surrogateescape"))
     return h.hexdigest()[:16]
 
 

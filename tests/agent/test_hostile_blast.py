@@ -345,6 +345,14 @@ def test_hostile_blast_leaves_the_agent_responsive_bounded_and_its_peer_alive(
         # suspicions_raised may count the serf nodes named in mutated golden alives (a, b,
         # c at addresses nobody answers); the peer refuting a suspicion would have raised
         # its incarnation, which the checks above rule out
+    except BaseException:
+        # what a CI log needs to tell a crash from a stall: each agent's exit status and
+        # the end of its log
+        for agent in (target, peer):
+            if agent is not None:
+                tail = agent.log_path.read_text(errors="replace").splitlines()[-40:]
+                print(f"\n{agent.name}: returncode {agent.proc.poll()}", *tail, sep="\n")
+        raise
     finally:
         for agent in (peer, target):
             if agent is not None:

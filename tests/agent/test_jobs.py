@@ -88,6 +88,18 @@ def test_view_orders_by_registration_age_and_filters() -> None:
     assert fingerprint(listed) != fingerprint(listed[:-1])
 
 
+def test_a_member_name_that_is_not_utf8_joins_the_fingerprint() -> None:
+    """A Go peer's name may hold any bytes; the wire decodes them with surrogateescape,
+    and hashing them must not raise (it once would have broken every watch of the job)."""
+    from agent import serf
+
+    key = "swim.job/j"
+    members = [_member("ok", {key: "1,1,ok,"}), _member("\udcff\udcfe", {key: "2,1,ok,"})]
+    listed = job_members("j", members, lambda m: serf.decode_tags(m.meta))
+    assert [m.name for m in listed] == ["ok", "\udcff\udcfe"]
+    assert fingerprint(listed) != fingerprint(listed[:1])
+
+
 def test_generations_count_fingerprint_changes() -> None:
     g = Generations()
     assert [g.number("j", fp) for fp in ["a", "a", "b", "b", "a"]] == [1, 1, 2, 2, 3]
