@@ -150,7 +150,34 @@ class SoakResult:
             "rss_mib_min": min(rss, default=float("nan")),
             "rss_mib_max": max(rss, default=float("nan")),
             "rss_growth_max": max(self.rss_growth.values(), default=float("nan")),
+            **self.rss_slopes(),
             "paused_incarnation": "{}->{}".format(*self.paused_incarnation),
+        }
+
+    def rss_slopes(self) -> dict[str, float]:
+        """RSS growth in MiB per hour of the never-restarted agents (healthy and paused),
+        least squares over the samples after the warm-up, and over the second half of
+        those alone: a leak keeps its slope in the second half, a plateau loses it."""
+        keep = set(self.roles["healthy"]) | set(self.roles["paused"])
+        start = self.plan.warmup
+        middle = (start + self.plan.seconds) / 2
+        whole: list[float] = []
+        late: list[float] = []
+        for host in sorted(keep):
+            points = [(s.at, s.rss_kib / 1024) for s in self.samples if s.host == host]
+            if len({s.pid for s in self.samples if s.host == host}) != 1:
+                continue  # restarted: its RSS started over
+            for since, into in ((start, whole), (middle, late)):
+                xs = [at / 3600 for at, _ in points if at >= since]
+                ys = [mib for at, mib in points if at >= since]
+                if len(xs) >= 3 and len(set(xs)) > 1:
+                    into.append(statistics.linear_regression(xs, ys).slope)
+        nan = float("nan")
+        return {
+            "rss_slope_mib_per_h_median": statistics.median(whole) if whole else nan,
+            "rss_slope_mib_per_h_max": max(whole, default=nan),
+            "rss_slope_late_mib_per_h_median": statistics.median(late) if late else nan,
+            "rss_slope_late_mib_per_h_max": max(late, default=nan),
         }
 
 
