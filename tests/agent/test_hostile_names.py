@@ -38,8 +38,9 @@ def test_a_member_named_with_bytes_that_are_not_utf8_is_served(tmp_path: Path) -
         member = target.members()[NAME]
         assert member["tags"] == TAGS
         assert target.client.request("info")["members"]["alive"] + 0 >= 1
+        cli = [sys.executable, "-m", "agent.cli", "--control", str(target.control), "members"]
         out = subprocess.run(
-            [sys.executable, "-m", "agent.cli", "--control", str(target.control), "members"],
+            cli,
             capture_output=True,
             timeout=30,
             check=False,
@@ -48,8 +49,7 @@ def test_a_member_named_with_bytes_that_are_not_utf8_is_served(tmp_path: Path) -
         # the table shows the name's own bytes, as ls shows a file name that is not UTF-8
         assert b"bad-\xff\xfe " in out.stdout
         as_json = subprocess.run(
-            [sys.executable, "-m", "agent.cli", "--control", str(target.control), "members"]
-            + ["--json"],
+            [*cli, "--json"],
             capture_output=True,
             text=True,
             timeout=30,
