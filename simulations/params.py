@@ -2,11 +2,12 @@
 docs/tuning.md).
 
     python -m simulations.params [--nodes 10,100,1000,10000] [--rtt-ms 2]
-    python -m simulations.params --measured simulations/results/tuning
+    python -m simulations.params --measured simulations/results/tuning [MORE_DIRS...]
     python -m simulations.params --compare simulations/results/baseline
 
 Prints the computed rows per profile and size; with ``--measured`` or ``--compare`` the
-rows condensed from a ``simulations.scaling`` result directory instead.
+rows condensed from a ``simulations.scaling`` result directory instead (``--measured``
+takes several: a later one's cells replace an earlier one's, see ``measured_rows``).
 """
 
 from __future__ import annotations
@@ -35,17 +36,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--nodes", default=",".join(map(str, NODES)))
     parser.add_argument("--rtt-ms", type=int, default=2, help="typical RTT (derived windows)")
-    parser.add_argument("--measured", type=Path, help="a simulations.scaling result dir")
+    parser.add_argument(
+        "--measured", type=Path, nargs="+", help="simulations.scaling result dir(s)"
+    )
     parser.add_argument("--compare", type=Path, help="a simulations.scaling result dir")
     args = parser.parse_args(argv)
-    for path, rows_of, cols in (
+    for paths, rows_of, cols in (
         (args.measured, measured_rows, MEASURED_COLS),
-        (args.compare, compare_rows, COMPARE_COLS),
+        (None if args.compare is None else [args.compare], compare_rows, COMPARE_COLS),
     ):
-        if path is not None:
-            if not (path / "cells.csv").exists():
-                raise SystemExit(f"{path}: no cells.csv (run simulations.scaling first)")
-            print("\n".join(table(rows_of(path), cols)))
+        if paths is not None:
+            for path in paths:
+                if not (path / "cells.csv").exists():
+                    raise SystemExit(f"{path}: no cells.csv (run simulations.scaling first)")
+            print("\n".join(table(rows_of(*paths), cols)))
             return 0
     nodes = [int(x) for x in args.nodes.split(",")]
     rows = [computed_row(p, n, args.rtt_ms) for p in PROFILES for n in nodes]

@@ -87,9 +87,21 @@ def table(rows: list[dict[str, Any]], cols: dict[str, str]) -> list[str]:
 # --- measured ---------------------------------------------------------------------------
 
 
-def measured_rows(result_dir: Path) -> list[dict[str, Any]]:
-    cells = read_csv(result_dir / "cells.csv")
-    runs = read_csv(result_dir / "runs.csv")
+def measured_rows(*result_dirs: Path) -> list[dict[str, Any]]:
+    """The operator's table from one or more ``simulations.scaling`` result dirs; a later
+    dir's (profile, n, condition) cell, with its runs, replaces an earlier one's (e.g. the
+    loss conditions re-run with lossy TCP over a sweep whose clean runs still stand)."""
+    cells_by: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+    runs_by: dict[tuple[Any, Any, Any], list[dict[str, Any]]] = {}
+    for result_dir in result_dirs:
+        for c in read_csv(result_dir / "cells.csv"):
+            cells_by[(c["variant"], c["n"], c["condition"])] = c
+        fresh: dict[tuple[Any, Any, Any], list[dict[str, Any]]] = {}
+        for r in read_csv(result_dir / "runs.csv"):
+            fresh.setdefault((r["variant"], r["n"], r["condition"]), []).append(r)
+        runs_by.update(fresh)
+    cells = list(cells_by.values())
+    runs = [r for group in runs_by.values() for r in group]
     by_cell = {(c["variant"], c["n"], c["condition"]): c for c in cells}
     keys = sorted({(c["variant"], c["n"]) for c in cells}, key=_order)
     rows = []

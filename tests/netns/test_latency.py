@@ -17,10 +17,12 @@ are missing. Bounded to about two minutes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
 import random
+import signal
 import socket
 import statistics
 import struct
@@ -33,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from agent.procs import stop
+from agent.procs import stop, until
 from tests.netns import delayer
 from tests.netns.harness import Testbed, Testbeds, delay_unavailable_reason, testbeds
 
@@ -41,6 +43,7 @@ pytestmark = pytest.mark.slow
 
 ECHO_PORT = 9000
 WINDOW_S = float(os.environ.get("SWIM_NETNS_LATENCY_WINDOW_S", "20"))
+CRASH_BOUND_S = 20.0  # fast declares a crash dead in ~1-2 s; a bound, not a target
 _PING = struct.Struct("!Iq")  # sequence number, send time (ns, the client's monotonic clock)
 
 
@@ -170,11 +173,14 @@ def far_rack(
     profile: str = "fast",
     config_toml: str | None = None,
     seed: int = 11,
+    crash_bound_s: float | None = None,
 ) -> dict[str, Any]:
     """Start ``profile`` agents on ``bed`` with hosts ``far`` ``mean_ms`` ± ``jitter_ms``
     away from the rest each way (and ``loss`` into every host), watch ``window_s`` after
     they converge; the figures: suspect/dead events about far and near members, and the
-    probe work (from each agent's ``info`` stats, window only) it took."""
+    probe work (from each agent's ``info`` stats, window only) it took. With
+    ``crash_bound_s``, then SIGKILL the last far host and time its ``dead`` at every other
+    agent (first and last observer; at most that long)."""
     n = len(bed.hosts)
     near = [i for i in range(1, n + 1) if i not in far]
     bed.delay(near, far, mean_ms, jitter_ms, seed=seed)  # the racks are apart from the start
@@ -199,6 +205,27 @@ def far_rack(
     after = [bed.agent(i).info()["stats"] for i in range(1, n + 1)]
     events = bed.events(since, kinds=("suspect", "dead"))
     converged = bed.converged()
+    detection: dict[str, Any] = {}
+    if crash_bound_s is not None:
+        victim = bed.host(far[-1]).node
+        killed_at = bed.kill(far[-1])
+        observers = {bed.host(i).node for i in range(1, n + 1) if i != far[-1]}
+
+        def dead_at() -> dict[str, float]:
+            found: dict[str, float] = {}
+            for e in bed.events(killed_at, kinds=("dead",)):
+                if e.member == victim and e.observer in observers:
+                    found.setdefault(e.observer, e.at - killed_at)
+            return found
+
+        with contextlib.suppress(TimeoutError):
+            until(lambda: len(dead_at()) == len(observers), crash_bound_s, "crash detected")
+        seen = sorted(dead_at().values())
+        detection = {
+            "crash_detected_at": f"{len(seen)}/{len(observers)}",
+            "crash_first_s": seen[0] if seen else float("nan"),
+            "crash_last_s": seen[-1] if seen else float("nan"),
+        }
     bed.undelay()
     far_names = {bed.host(i).node for i in far}
 
@@ -234,6 +261,7 @@ def far_rack(
         "converged": converged,
         "delayed_packets": packets,
         "delay_mean_ms": delay_sum / max(packets, 1),
+        **detection,
     }
 
 
@@ -317,14 +345,17 @@ def test_one_way_delay_adds_its_mean_and_jitter_reorders(testbed: Testbeds) -> N
 def test_far_rack_adaptive_timeouts_against_a_static_one(testbed: Testbeds) -> None:
     """Both arms in one run: ``fast`` as shipped (adaptive per-peer timeouts) and ``fast``
     with one static 20 ms timeout, on 6 hosts of which 2 sit 30 ± 10 ms away each way."""
-    adaptive = far_rack(testbed(6), [5, 6], 30, 10)
+    adaptive = far_rack(testbed(6), [5, 6], 30, 10, crash_bound_s=CRASH_BOUND_S)
     report("far-rack-30ms-jitter-10ms-fast-n6", **adaptive)
-    static = far_rack(testbed(6), [5, 6], 30, 10, config_toml=STATIC_TIMEOUT_TOML)
+    static = far_rack(
+        testbed(6), [5, 6], 30, 10, config_toml=STATIC_TIMEOUT_TOML, crash_bound_s=CRASH_BOUND_S
+    )
     report("far-rack-30ms-jitter-10ms-fast-static-20ms-n6", **static)
     for arm in (adaptive, static):
         assert arm["delayed_packets"] > 0, arm
         assert arm["dead_events"] == 0, arm
         assert arm["converged"], arm
+        assert arm["crash_detected_at"] == "5/5", arm  # then n6 killed: dead everywhere
     # adaptive: each peer's timeout follows its own round trips, so far members answer
     # direct probes in time and nobody is suspected
     assert adaptive["far_suspect_events"] == adaptive["near_suspect_events"] == 0, adaptive
@@ -356,8 +387,14 @@ def _main() -> int:
     f.add_argument("--profile", default="fast")
     f.add_argument("--static", action="store_true", help="fixed 20 ms probe timeouts")
     f.add_argument("--seed", type=int, default=11)
+    f.add_argument("--crash-bound-s", type=float, help="then kill a far host, time its death")
     args = p.parse_args()
     if args.cmd == "far-rack":
+
+        def interrupted(signum: int, _frame: object) -> None:
+            raise KeyboardInterrupt  # so the testbed is torn down
+
+        signal.signal(signal.SIGTERM, interrupted)
         with testbeds(Path(tempfile.mkdtemp(prefix="swim-far-rack-"))) as make:
             bed = make(args.agents)
             figures = far_rack(
@@ -370,6 +407,7 @@ def _main() -> int:
                 profile=args.profile,
                 config_toml=STATIC_TIMEOUT_TOML if args.static else None,
                 seed=args.seed,
+                crash_bound_s=args.crash_bound_s,
             )
         report("far-rack", **figures)
         return 0

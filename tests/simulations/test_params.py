@@ -68,3 +68,26 @@ def test_measured_rows_from_a_scaling_run(tmp_path: Path) -> None:
     assert cmp["det_clean"].count(" / ") == 1 and cmp["det_slow1"] == "—"
     with pytest.raises(SystemExit, match=r"no cells\.csv"):
         params_cli.main(["--measured", str(tmp_path / "missing")])
+
+
+def test_measured_rows_take_later_cells_over_earlier_ones(tmp_path: Path) -> None:
+    """docs/tuning.md's table: clean runs of one sweep, loss runs of another (lossy TCP)."""
+    dirs = []
+    runs = (("all", "clean,loss10", "1", "1"), ("loss", "loss10", "2", "2"))
+    for name, conditions, seed, crashes in runs:
+        out = tmp_path / name
+        sweep = scaling.parse(
+            ["--nodes", "8", "--variants", "lan", "--conditions", conditions, "--crashes",
+             crashes, "--seeds", seed, "--out", str(out)]
+        )  # fmt: skip
+        sweep.add(8, explore(sweep.options(0)), 0.0)
+        scaling_report.write(sweep, out)
+        dirs.append(out)
+    (first,) = params.measured_rows(dirs[0])
+    (second,) = params.measured_rows(dirs[1])
+    (merged,) = params.measured_rows(*dirs)
+    assert merged["median_s"] == first["median_s"] is not None  # clean: only in the first
+    assert "median_s" not in second or second["median_s"] is None
+    assert first["median_loss10_s"] != second["median_loss10_s"]  # another seed
+    assert merged["median_loss10_s"] == second["median_loss10_s"]
+    assert merged["fp_loss10"] == second["fp_loss10"]
