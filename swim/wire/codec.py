@@ -28,9 +28,11 @@ from swim.wire.errors import DropReason, WireError
 from swim.wire.fields import (
     CLASS_OF,
     FIELDS,
+    HEAD_SCAN_BYTES,
     HEADER_FIELDS,
     TYPE_OF,
     USER_HEADER_FIELDS,
+    check_declared_lengths,
     decode_fields,
     encode_fields,
     new_unpacker,
@@ -303,6 +305,7 @@ def _unpack_prefix(data: bytes, offset: int, limits: StreamLimits) -> tuple[Any,
         unpacker.feed(data[offset:])
         obj = unpacker.unpack()
     except msgpack.OutOfData:
+        check_declared_lengths(data[offset : offset + HEAD_SCAN_BYTES], limits.max_bytes)
         return _MORE, 0
     except msgpack.BufferFull as exc:
         raise buffer_full(exc) from exc

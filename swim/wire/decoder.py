@@ -17,8 +17,10 @@ message, same ``DropReason``) for the same bytes fed in any pieces:
   OVERSIZED at once; an encrypted frame that announces a body over ``max_bytes`` is refused
   at its fifth byte; a push-pull header that announces too many nodes or too much user
   state, or a user-message header too long a payload, as soon as that header is complete;
-  a msgpack string or binary over ``max_bytes`` (a compressed blob) at its own header
-  (``new_unpacker``'s ``max_bin_len``). Never more node states are read than announced.
+  a msgpack string or binary over ``max_bytes`` (a compressed blob) at its own header if
+  it lies within the first object's first ``HEAD_SCAN_BYTES`` (``check_declared_lengths``;
+  msgpack's own ``max_bin_len`` waits for the bytes), and ``parse_stream`` says the same
+  for the same bytes. Never more node states are read than announced.
 - Encrypted streams are collected whole (5 + announced bytes, in a ``bytearray``), then
   decrypted and parsed one-shot with the same steps as ``parse_stream``. A compressed stream's
   ``{Algo, Buf}`` map is read incrementally, then decompressed and parsed one-shot.
@@ -52,7 +54,7 @@ from swim.wire.codec import (
     stream_kind,
 )
 from swim.wire.errors import DropReason, WireError
-from swim.wire.fields import new_unpacker
+from swim.wire.fields import HEAD_SCAN_BYTES, check_declared_lengths, new_unpacker
 from swim.wire.framing import (
     Crypto,
     check_stream_start,
@@ -86,6 +88,7 @@ class StreamDecoder:
         "_buffer",
         "_crypto",
         "_error",
+        "_head",
         "_join",
         "_kind",
         "_limits",
@@ -112,6 +115,7 @@ class StreamDecoder:
         self._error: WireError | None = None
         self._kind = MsgType.PING
         self._buffer = bytearray()
+        self._head = bytearray()  # the first object's first HEAD_SCAN_BYTES
         self._need = 0
         self._unpacker: Any = None
         self._unpacker_fed = 0
@@ -195,8 +199,13 @@ class StreamDecoder:
             return self._collect(data)
         self._give(data)
         if self._phase == _OBJECT:
+            grew = len(self._head) < HEAD_SCAN_BYTES
+            if grew:
+                self._head += data[: HEAD_SCAN_BYTES - len(self._head)]
             obj = self._next_object()
             if obj is _MORE:
+                if grew:  # at most HEAD_SCAN_BYTES feeds grow it: bounded work
+                    check_declared_lengths(self._head, self._limits.max_bytes)
                 return None
             message = self._on_object(obj)
             if message is not None or self._phase != _STATES:

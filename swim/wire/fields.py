@@ -166,6 +166,50 @@ def new_unpacker(max_bytes: int) -> msgpack.Unpacker:
     )
 
 
+HEAD_SCAN_BYTES = 64
+"""How much of a stream's first msgpack object ``check_declared_lengths`` reads: enough for
+a header map and a compressed stream's ``{Algo, Buf}`` up to ``Buf``'s length (~20 bytes)."""
+
+_FIXED_SIZES = {
+    0xC0: 0, 0xC2: 0, 0xC3: 0,  # nil, false, true
+    0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8,  # uint 8..64
+    0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8,  # int 8..64
+    0xCA: 4, 0xCB: 8,  # float 32, 64
+    0xDC: 2, 0xDE: 2, 0xDD: 4, 0xDF: 4,  # array/map 16, 32 headers: the count only
+}  # fmt: skip
+_LENGTH_SIZES = {0xD9: 1, 0xDA: 2, 0xDB: 4, 0xC4: 1, 0xC5: 2, 0xC6: 4}  # str, bin 8..32
+
+
+def check_declared_lengths(head: bytes | bytearray, max_len: int) -> None:
+    """Refuse (OVERSIZED) a string or binary whose header, within ``head``, announces more
+    than ``max_len`` bytes. msgpack checks ``max_str_len``/``max_bin_len`` only once the
+    whole string has arrived, so a peer announcing 4 GiB and then trickling would hold its
+    stream until the deadline; this reads the headers as they come. Walks msgpack tokens
+    from the start of ``head`` and stops, saying nothing, at the end of ``head``, at an
+    extension or a byte msgpack would refuse itself (the unpacker's error wins)."""
+    i, n = 0, len(head)
+    while i < n:
+        b = head[i]
+        if b <= 0x7F or b >= 0xE0 or 0x80 <= b <= 0x9F:  # fixint; fixmap, fixarray header
+            i += 1
+        elif 0xA0 <= b <= 0xBF:  # fixstr
+            i += 1 + (b & 0x1F)
+        elif b in _LENGTH_SIZES:
+            size = _LENGTH_SIZES[b]
+            if i + 1 + size > n:
+                return
+            length = int.from_bytes(head[i + 1 : i + 1 + size], "big")
+            if length > max_len:
+                raise WireError(
+                    DropReason.OVERSIZED, f"a string of {length} bytes exceeds {max_len}"
+                )
+            i += 1 + size + length
+        elif b in _FIXED_SIZES:
+            i += 1 + _FIXED_SIZES[b]
+        else:
+            return
+
+
 def unpack_one(body: bytes) -> Any:
     """Decode the first msgpack object of ``body``; trailing bytes are ignored, as Go does."""
     size = max(len(body), 1)

@@ -170,8 +170,8 @@ class Blast:
             "user_msg": b"\x08" + msgpack.packb({"UserMsgLen": 2**32 - 1}),
             "encrypted_frame": b"\x0a\xff\xff\xff\xff",
             "map_len": b"\x06\xdf\xff\xff\xff\xff",
-            # a msgpack str32 claiming 4 GiB: msgpack checks max_str_len only once the
-            # bytes are there, so this waits for data until the TCP timeout (see report)
+            # a msgpack str32 claiming 4 GiB inside a compressed stream: refused at its
+            # length (swim.wire check_declared_lengths), not at the TCP timeout
             "str32_len": b"\x09" + b"\x82\xa4Algo\x00\xa3Buf\xdb\xff\xff\xff\xff",
         }
         closed: dict[str, float] = {}
@@ -329,8 +329,7 @@ def test_hostile_blast_leaves_the_agent_responsive_bounded_and_its_peer_alive(
         assert peak < RSS_BOUND_MIB
         assert blast.results["slow_loris_closed_s"] < TCP_TIMEOUT_S + 3
         closed = blast.results["huge_header_closed_s"]
-        assert max(v for k, v in closed.items() if k != "str32_len") < 2
-        assert closed["str32_len"] < TCP_TIMEOUT_S + 3
+        assert max(closed.values()) < 2
         flooded = blast.results["huge_header_closed_s_during_state_flood"]
         assert max(flooded.values()) < TCP_TIMEOUT_S + 5
         assert blast.results["state_flood_closed_s"] < TCP_TIMEOUT_S + 3

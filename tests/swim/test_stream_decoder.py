@@ -269,24 +269,39 @@ def test_more_bytes_than_the_total_bound_are_refused_at_once() -> None:
 
 
 @pytest.mark.parametrize("marker", [b"\xc6", b"\xdb"], ids=["bin32", "str32"])
-def test_an_oversized_compressed_blob_is_held_to_the_total_bound(marker: bytes) -> None:
+def test_an_oversized_compressed_blob_is_refused_at_its_length(marker: bytes) -> None:
     """msgpack checks ``max_bin_len``/``max_str_len`` only once the blob's bytes are all
-    there, not at its header, so parse_stream says "need more" for a blob announced over
-    ``max_bytes``; the decoder answers alike, and the total bound refuses it."""
+    there; ``check_declared_lengths`` reads the length as it arrives, so a blob announced
+    over ``max_bytes`` is refused at the last byte of its length, by both parsers, and
+    never buffered (a peer trickling it held its stream until the deadline before)."""
     limits = wire.StreamLimits(max_bytes=4096, max_nodes=10, max_user_bytes=4096)
     head = bytes([MsgType.COMPRESS]) + b"\x82\xa4Algo\x00\xa3Buf" + marker
     head += struct.pack(">I", limits.max_bytes + 1)
-    body = head + b"\x00" * (limits.max_bytes + 1 - len(head))
-    assert _check(body, None, limits, 7) is None
+    assert _check(head[:-1], None, limits, 7) is None  # the length is not whole yet
+    assert _check(head, None, limits, 7) is DropReason.OVERSIZED
     decoder = StreamDecoder(None, limits)
-    for offset in range(0, len(body), 512):
-        assert decoder.feed(body[offset : offset + 512]) is None
-    assert decoder.buffered_bytes == len(body) - 1  # all but the type byte: one object
-    with pytest.raises(WireError) as err:  # by the total bound at the latest
-        for _ in range(5):
-            assert decoder.feed(b"\x00") is None
+    for i in range(len(head) - 1):
+        assert decoder.feed(head[i : i + 1]) is None
+    with pytest.raises(WireError) as err:
+        decoder.feed(head[-1:])
     assert err.value.reason is DropReason.OVERSIZED
-    assert decoder.received_bytes <= limits.max_bytes + 6
+    assert decoder.received_bytes == len(head)
+    # a blob within the limit is still read to its end
+    fits = bytes([MsgType.COMPRESS]) + b"\x82\xa4Algo\x00\xa3Buf" + marker
+    fits += struct.pack(">I", limits.max_bytes - 20)
+    assert _check(fits, None, limits, 7) is None
+    assert StreamDecoder(None, limits).feed(fits) is None
+
+
+def test_declared_lengths_are_read_only_from_the_head() -> None:
+    """Past the first ``HEAD_SCAN_BYTES`` of the first object nothing is scanned (work
+    stays bounded per stream); msgpack's own limits and the total bound cover the rest."""
+    limits = wire.StreamLimits(max_bytes=4096, max_nodes=10, max_user_bytes=4096)
+    pad = msgpack.packb("p" * 80)  # a str8 of 80 bytes: the length sits past the head
+    late = bytes([MsgType.COMPRESS]) + b"\x83\xa3Pad" + pad + b"\xa3Buf\xc6"
+    late += struct.pack(">I", limits.max_bytes + 1)
+    assert _check(late, None, limits, 7) is None
+    assert StreamDecoder(None, limits).feed(late) is None
 
 
 def test_streams_just_over_max_bytes_are_oversized_not_buffer_full() -> None:
