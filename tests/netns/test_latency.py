@@ -36,8 +36,8 @@ from typing import Any
 import pytest
 
 from agent.procs import stop, until
-from tests.netns import delayer
-from tests.netns.harness import Testbed, Testbeds, delay_unavailable_reason, testbeds
+from tests.netns import delayer, harness
+from tests.netns.harness import Testbed, Testbeds, delay_unavailable_reason
 
 pytestmark = pytest.mark.slow
 
@@ -395,7 +395,7 @@ def _main() -> int:
             raise KeyboardInterrupt  # so the testbed is torn down
 
         signal.signal(signal.SIGTERM, interrupted)
-        with testbeds(Path(tempfile.mkdtemp(prefix="swim-far-rack-"))) as make:
+        with harness.testbeds(Path(tempfile.mkdtemp(prefix="swim-far-rack-"))) as make:
             bed = make(args.agents)
             figures = far_rack(
                 bed,
