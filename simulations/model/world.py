@@ -25,7 +25,6 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-import swim
 from simulations.model.calendar import Calendar
 from simulations.model.faults import DROP, NOW, SlowSpec, SlowState
 from simulations.model.network import Latency, Network
@@ -53,11 +52,6 @@ LATE = 8
 """Added to a kind: a slow node's queued input, now due (never deferred again)."""
 
 LEAVE_PROPAGATE_DELAY_MS = 1000
-
-
-def snapshot_available() -> bool:
-    """Whether the core can start nodes that already know every member."""
-    return hasattr(swim, "MembershipSnapshot")
 
 
 class World:
@@ -141,12 +135,11 @@ class World:
         self._addr_idx[self.address_of(idx)] = idx
         return idx
 
-    def start_all(self, *, bootstrap: bool | None = None) -> bool:
-        """Start every node. With ``swim.MembershipSnapshot`` (and ``bootstrap`` not False)
-        they start knowing each other; otherwise each joins through node 0. Returns True
+    def start_all(self, *, bootstrap: bool = True) -> bool:
+        """Start every node. With ``bootstrap`` they start knowing each other
+        (``swim.MembershipSnapshot``); otherwise each joins through node 0. Returns True
         when bootstrapped."""
-        use = snapshot_available() if bootstrap is None else bootstrap
-        if use and snapshot_available():
+        if bootstrap:
             self._bootstrap()
             return True
         for idx, node in enumerate(self.nodes):
@@ -493,4 +486,4 @@ class World:
         return self._calendar.pending()
 
 
-__all__ = ["InputChecker", "Listener", "SlowSpec", "Traffic", "World", "snapshot_available"]
+__all__ = ["InputChecker", "Listener", "SlowSpec", "Traffic", "World"]

@@ -36,7 +36,7 @@ def _scenario(name: str, seed: int = 3, **kw: object) -> Callable[[], str]:
     return go
 
 
-def _world_crash(seed: int, bootstrap: bool | None) -> Callable[[], str]:
+def _world_crash(seed: int, bootstrap: bool) -> Callable[[], str]:
     def go() -> str:
         world = World(10, seed=seed)
         world.start_all(bootstrap=bootstrap)
@@ -77,7 +77,7 @@ PINS: list[tuple[str, Callable[[], str], str]] = [
     ("partition ci seed 3", _scenario("partition"), "c9dcbdb2b3d6ce1b1c3beadc43963a64"),
     ("churn ci seed 3", _scenario("churn", extra=CHURN), "3d5322137f535366e8774ad134c6243b"),
     ("scale ci seed 3 n 150", _scenario("scale", nodes=150), "112c1631137af721f82c834632020731"),
-    ("world crash seed 7 snapshot", _world_crash(7, None), "c64f70d714e031bfbe3271d374b01f82"),
+    ("world crash seed 7 snapshot", _world_crash(7, True), "c64f70d714e031bfbe3271d374b01f82"),
     ("world crash seed 7 join", _world_crash(7, False), "07abf7d31834b21e607a869b06e79f92"),
     ("frontier ci", _frontier_ci, "4b32e0a137d67d9311f25ddf6f885cd0"),
     (
