@@ -39,15 +39,18 @@ def agent_command(
     join_port: int | None = None,
     *,
     retry_ms: int = 300,
+    host: str = "127.0.0.1",
+    join_host: str = "127.0.0.1",
 ) -> list[str]:
-    """``swimctl agent`` on 127.0.0.1:``port`` with its own control socket, retrying to join
-    ``join_port`` every ``retry_ms`` (the command line every local cluster here starts)."""
+    """``swimctl agent`` on ``host``:``port`` with its own control socket, retrying to join
+    ``join_host``:``join_port`` every ``retry_ms`` (the command line every local cluster
+    here starts, and the network-namespace testbed with each host's own address)."""
     args = [
         *(sys.executable, "-m", "agent.cli", "--control", str(control), "agent"),
-        *("--node", name, "--bind", f"127.0.0.1:{port}", "--profile", profile),
+        *("--node", name, "--bind", f"{host}:{port}", "--profile", profile),
     ]
     if join_port is not None:
-        args += ["--retry-join", f"127.0.0.1:{join_port}", "--retry-interval-ms", str(retry_ms)]
+        args += ["--retry-join", f"{join_host}:{join_port}", "--retry-interval-ms", str(retry_ms)]
     return args
 
 

@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.control import ControlClient, ControlError
+from agent.demo import agent_command
 from agent.procs import stop, until
 from swim import PROFILES
 from tests.netns.delayer import DelayerProcess, DelaySpec
@@ -171,7 +172,15 @@ class MemberEvent:
 class NsAgent:
     """One agent process inside a host's namespace."""
 
-    def __init__(self, host: Host, args: list[str], sock_dir: Path, workdir: Path) -> None:
+    def __init__(
+        self,
+        host: Host,
+        profile: str,
+        join: Host | None,
+        extra: list[str],
+        sock_dir: Path,
+        workdir: Path,
+    ) -> None:
         self.host = host
         self.name = host.node
         self.control = sock_dir / f"{host.node}.sock"
@@ -179,10 +188,17 @@ class NsAgent:
             self.control.unlink()  # a SIGKILLed predecessor leaves its socket file behind
         self.log_path = workdir / f"{host.node}.log"
         self._log = self.log_path.open("ab")  # a restart appends: one history per host
-        cmd = [
-            "ip", "netns", "exec", host.ns, sys.executable, "-m", "agent.cli",
-            "--control", str(self.control), "agent", *args,
-        ]  # fmt: skip
+        agent = agent_command(
+            host.node,
+            PORT,
+            self.control,
+            profile,
+            None if join is None else PORT,
+            retry_ms=500,
+            host=host.ip,
+            join_host="" if join is None else join.ip,
+        )
+        cmd = ["ip", "netns", "exec", host.ns, *agent, "--log-level", "info", *extra]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=ROOT)
         self.client = ControlClient(self.control, timeout_s=5)
         self.started_at = time.time()
@@ -359,18 +375,14 @@ class Testbed:
             raise HarnessError(f"{h.node} is already running (pid {h.agent.pid})")
         if join is None:
             join = 1 if i != 1 or len(self.hosts) == 1 else 2
-        args = [
-            "--node", h.node, "--bind", f"{h.ip}:{PORT}", "--profile", profile,
-            "--log-level", "info",
-        ]  # fmt: skip
-        if join != i:
-            args += ["--retry-join", f"{self.host(join).ip}:{PORT}", "--retry-interval-ms", "500"]
+        args: list[str] = []
         if config_toml is not None:
             path = self.workdir / f"{h.node}.toml"
             path.write_text(config_toml)
             args += ["--config", str(path)]
         args += list(extra)
-        h.agent = NsAgent(h, args, self._sock_dir, self.workdir)
+        peer = None if join == i else self.host(join)
+        h.agent = NsAgent(h, profile, peer, args, self._sock_dir, self.workdir)
         return h.agent
 
     def start_agents(self, profile: str = "local", **kwargs: Any) -> list[NsAgent]:
