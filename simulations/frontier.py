@@ -19,7 +19,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from simulations.experiments.frontier import CONDITIONS, VARIANTS, Options, all_variants, explore
-from simulations.reports.frontier import variant_table, write
+from simulations.reports.frontier import budget_table, variant_table, write
 
 
 def _names(text: str, known: Collection[str]) -> list[str]:
@@ -71,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     messages = write(report, out)
     print(f"== frontier  n {options.nodes}  trace hash {report.trace_hash}")
     print("\n".join(variant_table(report.variants)))
+    print("\ndetection budget, median / p99 (s):")
+    print("\n".join(budget_table(report.crashes)))
     print(f"wall {time.perf_counter() - wall0:.1f}s")
     print("\n".join(messages))
     return 0

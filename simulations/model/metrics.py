@@ -1,10 +1,14 @@
 """What a run measures: detection latency, false positives, load, dissemination.
 
 Definitions:
-- Detection (per crash, SWIM §3.1/§5 Fig. 3): first suspect and first dead anywhere after
-  the crash, and the time until every live member (other than the victim, and live at
-  the crash or still live now) reports it dead. SWIM's analysis predicts first detection
-  ≈ e/(e−1) ≈ 1.58 protocol periods after the failure (docs/design.md §5.8).
+- Detection (per crash, SWIM §3.1/§5 Fig. 3): the first ping sent to the victim after
+  the crash (datagrams to it are tapped until then), first suspect and first dead
+  anywhere after the crash, and the time until every live member (other than the victim,
+  and live at the crash or still live now) reports it dead. Between them lie the phases
+  of the detection budget: waiting for a prober to pick the victim, the probe (direct
+  timeout and indirect round), the suspicion window, and the spread of the verdict.
+  SWIM's analysis predicts first detection ≈ e/(e−1) ≈ 1.58 protocol periods after the
+  failure (docs/design.md §5.8).
 - False positives (Lifeguard §V; docs/design.md §5.8): a suspect or dead event about a
   member that is live (running and not leaving), counted separately; FP− are those
   observed at healthy members (observer not in ``world.faulty``: slow or cut off).
@@ -24,7 +28,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from swim import EventKind, Member, MemberEvent, NodeStateType
+from swim import EventKind, Member, MemberEvent, NodeStateType, Ping, decode_packet
 
 if TYPE_CHECKING:
     from simulations.model.world import World
@@ -39,6 +43,8 @@ class CrashRecord:
     crash_ms: int
     remaining: set[int]
     population: int
+    first_ping_ms: int | None = None
+    first_ping_by: str = ""
     first_suspect_ms: int | None = None
     first_suspect_by: str = ""
     first_dead_ms: int | None = None
@@ -54,6 +60,8 @@ class CrashRecord:
         return {
             "victim": self.name,
             "crash_s": self.crash_ms / 1000,
+            "first_ping_s": rel(self.first_ping_ms),
+            "first_ping_by": self.first_ping_by,
             "first_suspect_s": rel(self.first_suspect_ms),
             "first_suspect_by": self.first_suspect_by,
             "first_dead_s": rel(self.first_dead_ms),
@@ -129,6 +137,7 @@ class Metrics:
         self._restarted_at: dict[int, int] = {}
         self.events_by_kind: dict[str, int] = {}
         world.listeners.append(self)
+        world.taps.append(self._on_send)
 
     # --- listener -----------------------------------------------------------------------
 
@@ -145,6 +154,7 @@ class Metrics:
             record = CrashRecord(idx, name, world.now_ms, waiting, len(live))
             self.crashes.append(record)
             self._pending[idx] = record
+            world.tapped.add(idx)  # until its first probe: see _on_send
             self._maybe_done(record)
         elif kind in ("stopped", "leave"):
             for record in list(self._pending.values()):
@@ -153,10 +163,23 @@ class Metrics:
                 for spread in spreads:
                     spread.population.discard(idx)
         elif kind == "restart":
+            world.tapped.discard(idx)
             self._restarted_at[idx] = world.now_ms
             closed = self._pending.pop(idx, None)
             if closed is not None:
                 closed.closed = "restarted"
+
+    def _on_send(self, src: int, dst: int, data: bytes) -> None:
+        """A datagram to a crashed member: the first ping to it after the crash starts the
+        probe that will find it gone (the detection budget's first phase ends here)."""
+        record = self._pending.get(dst)
+        if record is None or record.first_ping_ms is not None:
+            self.world.tapped.discard(dst)
+            return
+        decoded = decode_packet(data, None)  # a keyring's packets stay opaque: no ping seen
+        if any(isinstance(m, Ping) and m.node == record.name for m in decoded.messages):
+            record.first_ping_ms, record.first_ping_by = self.world.now_ms, self.world.names[src]
+            self.world.tapped.discard(dst)
 
     def _drop_observer(self, record: CrashRecord, idx: int) -> None:
         if idx in record.remaining:

@@ -89,6 +89,11 @@ class World:
         only false positives observed at the others."""
         self.traffic = Traffic()
         self.listeners: list[Listener] = []
+        self.taps: list[Callable[[int, int, bytes], None]] = []
+        """Called with (source, destination, data) for each datagram sent to a node in
+        ``tapped`` (before loss), e.g. ``Metrics`` timing the first probe of a crashed
+        member. Empty ``tapped``: one falsy check per packet batch."""
+        self.tapped: set[int] = set()
         self.checker: InputChecker | None = None
         self.events_processed = 0
         self.member_events = 0
@@ -377,6 +382,7 @@ class World:
             traffic = self.traffic
             pkts_out, bytes_out = traffic.pkts_out, traffic.bytes_out
             src = node.address
+            tapped = self.tapped
             for packet in out.packets:
                 data = packet.data
                 pkts_out[idx] += 1
@@ -385,6 +391,9 @@ class World:
                 if dst is None:
                     self.packets_unroutable += 1
                     continue
+                if tapped and dst in tapped:
+                    for tap in self.taps:
+                        tap(idx, dst, data)
                 d = net.delay(idx, dst)
                 if d < 0:
                     self.packets_lost += 1

@@ -21,6 +21,7 @@ from simulations.experiments.frontier import (
     Condition,
     Report,
     pareto,
+    quantile,
     variant_text,
 )
 from simulations.reports.files import fmt, pyplot, write_csv
@@ -52,6 +53,54 @@ def variant_table(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["| " + " | ".join(VARIANT_COLS.values()) + " |", "|" + "---|" * len(VARIANT_COLS)]
     for row in rows:
         lines.append("| " + " | ".join(cell_text(row[k]) for k in VARIANT_COLS) + " |")
+    return lines
+
+
+BUDGET_PHASES = (
+    ("wait", "crash_s", "first_ping_s", "until a prober picks the victim: its first ping"),
+    ("probe", "first_ping_s", "first_suspect_s", "direct timeout, indirect round: suspect"),
+    ("suspicion", "first_suspect_s", "first_dead_s", "the suspicion window: first dead"),
+    ("spread", "first_dead_s", "all_dead_s", "the verdict reaching the last live member"),
+)
+"""The detection budget: crash → all dead cut at the first ping to the victim, the first
+suspicion and the first death (``simulations.model.metrics``), per crash."""
+
+
+def budget_rows(crashes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (variant, condition): median and p99 (nearest rank) of each phase, over the
+    crashes detected everywhere whose first ping was seen (a keyring hides pings)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for c in crashes:
+        if c.get("all_dead_s") is not None and c.get("first_ping_s") is not None:
+            groups.setdefault((c["variant"], c["condition"]), []).append(c)
+    rows = []
+    for (variant, condition), group in groups.items():
+        row: dict[str, Any] = {"variant": variant, "condition": condition, "crashes": len(group)}
+        for phase, start, end, _ in (*BUDGET_PHASES, ("total", "crash_s", "all_dead_s", "")):
+            values = [
+                (c[end] or 0.0) - (0.0 if start == "crash_s" else c[start] or 0.0) for c in group
+            ]
+            row[f"{phase}_median_s"] = quantile(values, 0.5)
+            row[f"{phase}_p99_s"] = quantile(values, 0.99)
+        rows.append(row)
+    return rows
+
+
+def budget_table(crashes: list[dict[str, Any]]) -> list[str]:
+    phases = [p for p, *_ in BUDGET_PHASES] + ["total"]
+    lines = [
+        "| variant | condition | crashes | " + " | ".join(phases) + " |",
+        "|" + "---|" * (3 + len(phases)),
+    ]
+    for row in budget_rows(crashes):
+        cells = [
+            f"{cell_text(row[f'{p}_median_s'])} / {cell_text(row[f'{p}_p99_s'])}" for p in phases
+        ]
+        lines.append(
+            f"| {row['variant']} | {row['condition']} | {row['crashes']} | "
+            + " | ".join(cells)
+            + " |"
+        )
     return lines
 
 
@@ -96,6 +145,17 @@ def markdown(report: Report) -> str:
         "Packets sent per member per second:",
         lambda c: cell_text(c["pkts_per_member_per_s"]),
     )
+    lines += [
+        "## Detection budget",
+        "",
+        "Median / p99 (s) of each phase of a crash's detection; the phases of one crash add",
+        "up to its total, their medians need not. "
+        + "; ".join(f"*{p}*: {text}" for p, _, _, text in BUDGET_PHASES)
+        + ".",
+        "",
+        *budget_table(report.crashes),
+        "",
+    ]
     lines += ["Variants:", ""]
     lines += [f"- `{name}`: {variant_text(name)}" for name in o.variants]
     lines += ["", "Conditions:", ""]

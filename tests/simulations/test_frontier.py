@@ -47,6 +47,29 @@ def test_rows_and_columns(ci_report: frontier.Report, tmp_path: Path) -> None:
     assert len((tmp_path / "crashes.csv").read_text().splitlines()) == 1 + 8
 
 
+def test_the_detection_budget_cuts_each_crash_in_order(ci_report: frontier.Report) -> None:
+    """crash → first ping to the victim → first suspect → first dead → all dead, and the
+    probe phase is about one probe interval: the failed probe's indirect round ends there
+    (docs/design.md §5.2)."""
+    for c in ci_report.crashes:
+        times = [0.0, c["first_ping_s"], c["first_suspect_s"], c["first_dead_s"], c["all_dead_s"]]
+        assert None not in times, c
+        assert times == sorted(times), c
+        interval_s = frontier.variant_config(c["variant"]).probe_interval_ms / 1000
+        assert c["first_suspect_s"] - c["first_ping_s"] <= interval_s + 0.05, c
+    rows = frontier_report.budget_rows(ci_report.crashes)
+    assert {(r["variant"], r["condition"]) for r in rows} == {
+        (v, c) for v in ("lan", "fast") for c in ("clean", "loss10")
+    }
+    by = {(r["variant"], r["condition"]): r for r in rows}
+    # fast's gains are in the probe and the suspicion window, not the wait for a prober
+    assert by["fast", "clean"]["suspicion_median_s"] < by["lan", "clean"]["suspicion_median_s"]
+    assert by["fast", "clean"]["probe_median_s"] < by["lan", "clean"]["probe_median_s"]
+    table = frontier_report.budget_table(ci_report.crashes)
+    assert table[0].startswith("| variant | condition | crashes | wait | probe |")
+    assert len(table) == 2 + 4
+
+
 def test_same_seed_same_hashes_whatever_the_jobs(ci_report: frontier.Report) -> None:
     again = explore(Options.ci(jobs=2))
     assert [r["trace_hash"] for r in again.runs] == [r["trace_hash"] for r in ci_report.runs]
