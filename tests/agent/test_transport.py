@@ -7,12 +7,13 @@ streams decode in a worker thread."""
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 
 import pytest
 import trio
 import trio.testing
 
-from agent.memory_transport import MemoryNetwork, address_of
+from agent.memory_transport import MemoryNetwork, MemoryTransport, address_of
 from agent.transport import FREE_STREAM_BYTES, SocketTransport, Streams
 from swim import (
     Address,
@@ -106,21 +107,47 @@ async def test_streams_request_reply_refusal_garbage_and_deadline(
         nursery.cancel_scope.cancel()
 
 
+@dataclass
+class _Inbound:
+    """A line-decoding ``Streams`` serving B on a memory network, recording what it
+    delivers and drops; ``client`` is A's end of the network."""
+
+    server: Streams
+    client: MemoryTransport
+    drops: list[DropReason] = field(default_factory=list)
+    delivered: list[object] = field(default_factory=list)
+
+    @classmethod
+    def make(cls, tcp_timeout_ms: int, **limits: int) -> _Inbound:
+        net = MemoryNetwork()
+        drops: list[DropReason] = []
+        server = Streams(
+            net.attach(B),
+            tcp_timeout_ms=tcp_timeout_ms,
+            decoder=_Lines,  # type: ignore[arg-type]
+            record_drop=drops.append,
+            **limits,
+        )
+        return cls(server, net.attach(A), drops)
+
+    async def deliver(self, source: Address, message: object) -> bytes | None:
+        self.delivered.append(message)
+        return None
+
+
 async def test_a_slow_inbound_stream_is_cut_by_its_deadline_whatever_its_pacing(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    net = MemoryNetwork()
-    drops: list[DropReason] = []
-    server = Streams(net.attach(B), tcp_timeout_ms=1000, decoder=_Lines, record_drop=drops.append)  # type: ignore[arg-type]
-    client = net.attach(A)
-    delivered: list[object] = []
-
-    async def deliver(source: Address, message: object) -> bytes | None:
-        delivered.append(message)
-        return None
+    inbound = _Inbound.make(tcp_timeout_ms=1000)
+    server, client, drops, delivered = (
+        inbound.server,
+        inbound.client,
+        inbound.drops,
+        inbound.delivered,
+    )
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(server.serve, deliver)
+        nursery.start_soon(server.serve, inbound.deliver)
         await trio.sleep(0)
         stream = await client.open_stream(B)
         start = trio.current_time()
@@ -147,25 +174,16 @@ async def test_a_slow_inbound_stream_is_cut_by_its_deadline_whatever_its_pacing(
 async def test_inbound_streams_share_a_bounded_budget_of_buffered_bytes(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    net = MemoryNetwork()
-    drops: list[DropReason] = []
-    budget = 100_000
-    server = Streams(
-        net.attach(B),
-        tcp_timeout_ms=10_000,
-        decoder=_Lines,  # type: ignore[arg-type]
-        record_drop=drops.append,
-        max_buffered_bytes=budget,
+    inbound = _Inbound.make(tcp_timeout_ms=10_000, max_buffered_bytes=100_000)
+    server, client, drops, delivered = (
+        inbound.server,
+        inbound.client,
+        inbound.drops,
+        inbound.delivered,
     )
-    client = net.attach(A)
-    delivered: list[object] = []
-
-    async def deliver(source: Address, message: object) -> bytes | None:
-        delivered.append(message)
-        return None
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(server.serve, deliver)
+        nursery.start_soon(server.serve, inbound.deliver)
         await trio.sleep(0)
         big = FREE_STREAM_BYTES + 60_000  # each holds 60,000 bytes of the budget
         first, second = await client.open_stream(B), await client.open_stream(B)
