@@ -18,7 +18,8 @@ import time
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from simulations.experiments.frontier import CONDITIONS, VARIANTS, Options, all_variants, explore
+from simulations.experiments.frontier import CONDITIONS, Options, all_variants, explore
+from simulations.experiments.variants import VARIANTS
 from simulations.reports.frontier import budget_table, variant_table, write
 
 

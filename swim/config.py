@@ -147,6 +147,34 @@ class Config:
     ~700) and against stale accusations held by a member that was paused. Ours; costs one
     probe timeout on the unconfirmed path only."""
 
+    # Faster detection (issue 17; ours, all off in lan/wan/local; measured in
+    # simulations/RESULTS.md §9). Each shortens one phase of the detection budget.
+    coordinated_probes: bool = False
+    """Probe targets from a schedule every member computes alike instead of each member's
+    own shuffled round robin: in probe round r (wall-clock time // probe interval) the
+    member at position i of the name-sorted ring of live members probes position
+    i + 1 + (r mod (n − 1)). Each round is then a permutation, so every member is probed
+    once per round (a crashed member waits < 2 intervals for its first probe instead of
+    ~4.6 in 1 % of crashes), and over n − 1 rounds everyone probes everyone (SWIM §4.3's
+    bound on time to first detection holds). Needs loosely synchronised clocks (NTP's
+    milliseconds are plenty); unsynchronised clocks degrade it to a random order."""
+    early_probe_conclusion: bool = False
+    """A round-robin probe ends as soon as every path it tried has failed (direct timeout
+    passed, every helper nacked, the TCP ping refused or failed) instead of waiting for a
+    late ack until the end of the probe interval, as urgent probes already do. A live
+    member keeps its TCP ping open (or acks), so only a dead process or an unreachable
+    host ends a probe early."""
+    suspicion_cross_checks: int = 0
+    """Expected number of members that probe a suspect at once when they first hear the
+    accusation (each with probability cross_checks / (n − 1)); a failed cross-check is an
+    independent confirmation (Lifeguard §IV-B), a live suspect refutes on the buddy
+    accusation the cross-check carries. 0: off (confirmations wait for the round robin)."""
+    confirmed_suspicion_safety_mult: int = 0
+    """With ``derived_suspicion``: once k independent confirmations are in, the window may
+    end at ``formulas.derived_suspicion_timeout_ms`` with this safety multiple (1: the
+    time the refutation itself needs) instead of the unconfirmed minimum. 0: off
+    (Lifeguard's decay ends at min)."""
+
     # Encryption (only with a keyring). memberlist GossipVerifyIncoming/Outgoing.
     gossip_verify_incoming: bool = True
     """With a keyring: drop input that fails authentication (packets: ``decrypt_failed``,
@@ -310,6 +338,16 @@ def _validate(c: Config) -> None:
         )
     if c.derived_suspicion:
         need(c.gossip_interval_ms > 0, "derived_suspicion needs gossip_interval_ms > 0")
+    need(
+        c.confirmed_suspicion_safety_mult == 0 or c.derived_suspicion,
+        "confirmed_suspicion_safety_mult needs derived_suspicion",
+    )
+    need(
+        c.confirmed_suspicion_safety_mult <= c.suspicion_safety_mult,
+        f"confirmed_suspicion_safety_mult ({c.confirmed_suspicion_safety_mult}) must not "
+        f"exceed suspicion_safety_mult ({c.suspicion_safety_mult})",
+    )
+    need(c.suspicion_cross_checks <= 16, "suspicion_cross_checks must be <= 16")
     need(c.max_members >= 2, "max_members must be >= 2")
     need(c.max_broadcast_queue >= 1, "max_broadcast_queue must be >= 1")
     need(c.max_push_pull_nodes >= 1, "max_push_pull_nodes must be >= 1")

@@ -223,6 +223,10 @@ class NodeStats:
     deaths_declared: int = 0
     suspicion_timeouts_degraded: int = 0
     suspicion_verifications: int = 0
+    cross_check_probes: int = 0
+    """Probes of a member just heard accused (``Config.suspicion_cross_checks``)."""
+    cross_check_probes_failed: int = 0
+    """Cross-checks that failed: our own confirmation of the suspicion."""
     streams_opened: int = 0
     streams_failed: int = 0
     push_pulls: int = 0

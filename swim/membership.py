@@ -40,6 +40,7 @@ from swim.messages import (
     Suspect,
     ip_from_bytes,
 )
+from swim.schedule import ProbeRing
 from swim.shared import PushPullDiff
 from swim.suspicion import Suspicion, Suspicions
 from swim.table import MembershipSnapshot, MemberTable
@@ -154,6 +155,7 @@ class Membership:
         self.leaving = False
         self.failed = FailedMembers(ctx)
         """Members declared dead, for serf's reconnect (``swim.failed``)."""
+        self._ring = ProbeRing(local.name) if ctx.config.coordinated_probes else None
 
     # --- queries ------------------------------------------------------------------------
 
@@ -184,13 +186,12 @@ class Membership:
         return live - (0 if self.local.dead_or_left() else 1) > 0
 
     def bootstrap(self, snapshot: MembershipSnapshot) -> None:
-        """Start from ``snapshot``: every member in it but us is alive; no events.
-
-        If the snapshot already holds exactly what we are, our startup alive broadcast is
-        news to no one and is dropped (10,000 nodes would otherwise gossip 10,000 useless
-        alive messages 20 times each); otherwise it stays queued and corrects the others.
-        """
+        """Start from ``snapshot``: every member in it but us is alive; no events. If it
+        holds exactly what we are, our startup alive is news to no one and is dropped (10,000
+        nodes would otherwise gossip 10,000 useless alives 20 times each)."""
         self._members.bootstrap(snapshot)
+        if self._ring is not None:
+            self._ring.reset(m.name for m in self._members if not m.dead_or_left())
         seed, me = snapshot.get(self.local_name), self.local
         if seed is not None and (seed.address, seed.incarnation, seed.meta, seed.vsn) == (
             me.address,
@@ -208,10 +209,14 @@ class Membership:
         ``kRandomNodes``); O(k) expected, see ``MemberTable.random_members``."""
         return self._members.random_members(k, exclude, self._ctx.rng)
 
-    def next_probe_target(self) -> MemberState | None:
+    def next_probe_target(self, round_no: int) -> MemberState | None:
         """Randomized round-robin, skipping ourselves and the dead (SWIM §4.3): each member
-        is drawn once per round; when all were drawn the round wraps (``resetNodes``)."""
+        is drawn once per round; when all were drawn the round wraps (``resetNodes``).
+        With ``coordinated_probes``, the ring's target for ``round_no`` (``swim.schedule``)."""
         local = self.local_name
+        if self._ring is not None:
+            target = self._members.get(self._ring.target(round_no) or local)
+            return None if target is None or target.name == local else target
         return self._members.next_in_round(
             self._ctx.rng, lambda m: m.name == local or m.dead_or_left(), self._reap
         )
@@ -228,6 +233,8 @@ class Membership:
 
     def _forget(self, m: MemberState) -> None:
         self._members.remove(m.name)
+        if self._ring is not None:
+            self._ring.discard(m.name)
         self._suspicions.cancel(m.name)
         self._ctx.rtt.forget(m.name)
         self._ctx.event(EventKind.REAPED, m.snapshot())
@@ -289,7 +296,7 @@ class Membership:
         state.meta = a.meta
         self._members.set_address(state, address)
         if state.state != _ALIVE:
-            self._members.set_state(state, _ALIVE, ctx.now_ms)
+            self._set_state(state, _ALIVE, ctx.now_ms)
         self.failed.forget(a.node)
         if old_state in (_DEAD, _LEFT):
             ctx.event(EventKind.JOINED, state.snapshot())
@@ -340,38 +347,38 @@ class Membership:
         self._members.insert(state, self._ctx.rng)
         return state
 
-    def apply_suspect(self, s: Suspect) -> None:
-        """state.go ``suspectNode``: the ``PRECEDENCE`` row."""
+    def apply_suspect(self, s: Suspect) -> bool:
+        """state.go ``suspectNode``: the ``PRECEDENCE`` row. True if it opened a suspicion."""
         ctx = self._ctx
         state = self._members.get(s.node)
         if state is None:
-            return
+            return False
         about = About.US if s.node == self.local_name else About.MEMBER
         outcome = PRECEDENCE[about, state.state, _SUSPECT, _news(s.incarnation, state.incarnation)]
         if outcome is _IGNORE:
-            return
+            return False
         if outcome is _REANNOUNCE:
             if ctx.config.verify_unconfirmed_suspicion:
-                # The accuser missed our refutation: say it again, without outbidding
-                # ourselves (it rides on the ack of a verification ping; probe.py).
+                # The accuser missed our refutation: say it again (rides on a verify ack).
                 self._broadcast(s.node, self.local.alive())
-            return
+            return False
         if outcome is _CONFIRM:
             if self._suspicions.confirm(s.node, state.state_change_ms, s.sender):
                 self._broadcast(s.node, s)
-            return
+            return False
         if outcome is _REFUTE:
             self.refute(s.incarnation)
             ctx.notice("warning", "refute", f"refuting a suspect message (from: {s.sender})")
-            return
+            return False
         self._broadcast(s.node, s)
         if s.sender == self.local_name:
             ctx.stats.suspicions_raised += 1
         state = self._members.mutable(s.node)
         state.incarnation = s.incarnation
-        self._members.set_state(state, _SUSPECT, ctx.now_ms)
+        self._set_state(state, _SUSPECT, ctx.now_ms)
         self._suspicions.start(state.name, state.state_change_ms, s.sender, len(self._members))
         ctx.event(EventKind.SUSPECT, state.snapshot())
+        return True
 
     def _live_suspicion(self, name: str, state_change_ms: int) -> Suspicion | None:
         """The open suspicion of ``name`` if it is the one begun at ``state_change_ms``."""
@@ -417,6 +424,11 @@ class Membership:
             return
         self._declare_dead(d)
 
+    def _set_state(self, state: MemberState, new: NodeStateType, now_ms: int) -> None:
+        self._members.set_state(state, new, now_ms)
+        if self._ring is not None:
+            self._ring.update(state.name, new in (_ALIVE, _SUSPECT))
+
     def _declare_dead(self, d: Dead, notify: int | None = None) -> None:
         """The member is dead, or has left if the message is its own."""
         ctx = self._ctx
@@ -425,7 +437,7 @@ class Membership:
         state = self._members.mutable(d.node)
         state.incarnation = d.incarnation
         new = _LEFT if d.node == d.sender else _DEAD
-        self._members.set_state(state, new, ctx.now_ms)
+        self._set_state(state, new, ctx.now_ms)
         if new == _DEAD and d.node != self.local_name:
             self.failed.remember(d.node, state.address)
         else:
@@ -473,7 +485,7 @@ class Membership:
         state = self._members.mutable(name)
         if state.state == NodeStateType.DEAD:
             # apply_dead ignores news about the already dead; replace the record directly
-            self._members.set_state(state, NodeStateType.LEFT, self._ctx.now_ms)
+            self._set_state(state, NodeStateType.LEFT, self._ctx.now_ms)
             self.failed.forget(name)
             self._broadcast(name, Dead(state.incarnation, name, name))
             self._ctx.event(EventKind.LEFT, state.snapshot())

@@ -7,30 +7,26 @@ Rules (docs/design.md §1.3 and §4; h11/foca style):
   changes). Each takes ``now_ms`` and returns an ``Output`` (``probe_now`` also its
   outcome); nothing else leaves the node.
 - ``bootstrap(snapshot)`` starts a node already joined to a shared ``MembershipSnapshot``
-  (simulators): no events, no join traffic; the node stores only what it changes later
-  (``swim.table``), and push-pulls between such nodes share their codec work
-  (``swim.shared``) without changing a byte on the wire.
-- Randomness comes only from the injected ``random.Random``; AES-GCM nonces come from the
-  injected nonce source (``secrets.token_bytes`` by default, never the protocol RNG).
-- Malformed or hostile input never raises out of the node: it is dropped, counted by reason
-  in ``stats.dropped``, and leaves membership unchanged. Misuse by the caller raises.
+  (simulators): no events, no join traffic; it stores only what it changes (``swim.table``);
+  push-pulls between such nodes share codec work (``swim.shared``), same bytes on the wire.
+- Randomness only from the injected ``random.Random``; AES-GCM nonces from the injected
+  nonce source (``secrets.token_bytes`` by default, never the protocol RNG).
+- Hostile input never raises out of the node: dropped, counted by reason in
+  ``stats.dropped``, membership unchanged. Misuse by the caller raises.
 - Dissemination (memberlist net.go ``sendMsg``, state.go ``gossip``, queue.go): every packet
   is filled with queued broadcasts up to ``udp_buffer_size``; a gossip round every
   ``gossip_interval_ms`` sends pending broadcasts to ``gossip_nodes`` random members
   (alive, suspect, or dead for less than ``gossip_to_the_dead_time_ms``); a push-pull
   full-state exchange runs on join and every ``push_pull_scale_ms`` (memberlist util.go).
-- The node is the facade: it owns the per-node ``Context`` and routes every input to the
-  helper that shares it; helpers never call back into the node except through the
-  ``probe.Transport`` protocol (send, send_parts, open_stream).
+- The node is the facade: it owns the ``Context`` and routes every input to the helper
+  that shares it; helpers call back only through ``probe.Transport`` (send, open_stream).
 
-Module map: ``membership`` (SWIM §4.2 transitions: the ``PRECEDENCE`` table),
-``suspicion`` (Lifeguard suspicion timers), ``awareness`` (local health), ``member_state``
-(one member's record), ``table`` (copy-on-write member storage, sampling, probe rounds),
-``shared`` (push-pull work shared across bootstrapped nodes), ``push_pull`` (our side of a
-push-pull), ``failed`` (serf's failed members), ``probe`` (the probe cycle), ``transport``
-(packets out, gossip rounds), ``streams`` (push-pull, TCP pings, reliable user messages,
-reconnect), ``timers`` (every timer kind), ``wire`` (bytes), ``queue`` (piggyback queue),
-``formulas`` (every derived number), ``context`` (per-node state the helpers share).
+Modules: ``membership`` (SWIM §4.2: the ``PRECEDENCE`` table), ``suspicion`` (Lifeguard
+timers), ``awareness`` (local health), ``member_state``, ``table`` (copy-on-write storage,
+sampling, probe rounds), ``schedule`` (coordinated probe rounds), ``shared`` (push-pull
+work shared by bootstrapped nodes), ``push_pull``, ``failed`` (serf's failed members),
+``probe`` (the probe cycle), ``transport`` (packets out, gossip), ``streams``, ``timers``,
+``wire`` (bytes), ``queue`` (piggyback), ``formulas``, ``context`` (shared per-node state).
 """
 
 from __future__ import annotations
@@ -298,6 +294,10 @@ class Node:
         self._members.bump_local(meta)
         return self._finish()
 
+    def set_clock_offset_ms(self, offset_ms: int) -> None:
+        """Wall clock − ``now_ms``: members number probe rounds alike (coordinated_probes)."""
+        self._prober.clock_offset_ms = int(offset_ms)
+
     def set_ack_payload(self, payload: bytes) -> None:
         """Bytes carried in every ack we send (memberlist ``PingDelegate.AckPayload``)."""
         self._prober.ack_payload = bytes(payload)
@@ -382,7 +382,8 @@ class Node:
         elif isinstance(message, Alive):
             self._members.apply_alive(message)
         elif isinstance(message, Suspect):
-            self._members.apply_suspect(message)
+            if self._members.apply_suspect(message) and message.sender != self.name:
+                self._prober.cross_check(message.node)
         elif isinstance(message, Dead):
             self._members.apply_dead(message)
         elif isinstance(message, UserMsg):

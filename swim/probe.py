@@ -48,6 +48,14 @@ earlier. It is evidence, not a verdict:
   still open, keeps the probe waiting for its deadline as memberlist's does.
 - O(1) work per request: a table lookup, a scan of at most ``MAX_URGENT_PROBES`` probes, and
   a time-ordered history of urgent starts that is trimmed from its old end.
+
+Faster detection (issue 17; ``Config`` switches, on in ``fast``): ``coordinated_probes``
+takes the round-robin target from ``swim.schedule`` for round (now + clock offset) //
+interval (the driver sets the offset from its wall clock); ``early_probe_conclusion``
+ends round-robin probes like urgent ones; with ``suspicion_cross_checks`` a member that
+first hears an accusation probes the suspect at once with probability checks / (n − 1)
+(``cross_check``: an urgent probe sharing ``MAX_URGENT_PROBES``, whose ping carries the
+buddy accusation); its failure is our own confirmation, gossiped as ours.
 """
 
 from __future__ import annotations
@@ -102,6 +110,7 @@ class _Probe:
     tcp_ok: bool = False
     deadline_passed: bool = False
     urgent: bool = False
+    cross_check: bool = False
     helpers: int = 0
     """Helpers asked for an indirect ping (0 until the direct timeout passed)."""
     asked: bool = False
@@ -127,12 +136,14 @@ class Prober:
         self._probe: _Probe | None = None
         self._tick_pending = False
         self._urgent: dict[int, _Probe] = {}
-        """Urgent probes in flight by sequence number (at most ``MAX_URGENT_PROBES``)."""
         self._urgent_started: OrderedDict[str, int] = OrderedDict()
         """When each member was last probed urgently, oldest first; entries older than one
         probe interval are trimmed as new ones come, so it holds only the rate-limited."""
         self._relays: dict[int, _Relay] = {}
         self.ack_payload = b""
+        self.clock_offset_ms = 0
+        """Wall clock − node clock, to number probe rounds alike (``coordinated_probes``)."""
+        self._last_round = -1
 
     def next_seq_no(self) -> int:
         self._seq_no = (self._seq_no + 1) & 0xFFFF_FFFF
@@ -152,12 +163,18 @@ class Prober:
 
     def _start_probe(self) -> None:
         self._tick_pending = False
-        target = self._members.next_probe_target()
+        ctx = self._ctx
+        # Never the same round twice (a late tick after a stall): no target twice in a row.
+        round_no = (ctx.now_ms + self.clock_offset_ms) // ctx.config.probe_interval_ms
+        self._last_round = round_no = max(round_no, self._last_round + 1)
+        target = self._members.next_probe_target(round_no)
         if target is None:
             return
         self._probe = self._send_probe(target)
 
-    def _send_probe(self, target: MemberState, urgent: bool = False) -> _Probe:
+    def _send_probe(
+        self, target: MemberState, urgent: bool = False, cross_check: bool = False
+    ) -> _Probe:
         """The ping and the two timers of state.go ``probeNode``."""
         ctx = self._ctx
         seq_no = self.next_seq_no()
@@ -187,6 +204,7 @@ class Prober:
             ctx.now_ms + interval_ms,
             timers,
             urgent=urgent,
+            cross_check=cross_check,
         )
 
     def probe_now(self, name: str) -> UrgentProbeOutcome:
@@ -207,6 +225,26 @@ class Prober:
         probe = self._send_probe(target, urgent=True)
         self._urgent[probe.seq_no] = probe
         return outcome
+
+    def cross_check(self, name: str) -> bool:
+        """``name`` was just accused by another member: probe it now with probability
+        cross_checks / (n − 1) (``Config.suspicion_cross_checks``). True if started."""
+        ctx = self._ctx
+        wanted = ctx.config.suspicion_cross_checks
+        target = self._members.get(name)
+        others = len(self._members) - 1
+        if not wanted or target is None or name == self._members.local_name or others < 1:
+            return False
+        if target.state != NodeStateType.SUSPECT or len(self._urgent) >= MAX_URGENT_PROBES:
+            return False
+        if self.probing == name or any(p.target == name for p in self._urgent.values()):
+            return False
+        if wanted < others and ctx.rng.random() * others >= wanted:
+            return False
+        probe = self._send_probe(target, urgent=True, cross_check=True)
+        self._urgent[probe.seq_no] = probe
+        ctx.stats.cross_check_probes += 1
+        return True
 
     def _check_urgent(self, name: str) -> UrgentProbeOutcome:
         if name == self._members.local_name:
@@ -305,8 +343,10 @@ class Prober:
     def _conclude_if_every_path_failed(self, probe: _Probe) -> None:
         """An urgent probe ends as soon as every path it tried has failed: the direct
         timeout passed, every helper nacked (all of them nack-capable), and the TCP ping,
-        if one was opened, failed. A round-robin probe waits out its deadline instead."""
-        if not probe.urgent or not probe.asked or probe.tcp_ok or probe.tcp_stream is not None:
+        if one was opened, failed. A round-robin probe waits out its deadline instead,
+        unless ``early_probe_conclusion``."""
+        early = probe.urgent or self._ctx.config.early_probe_conclusion
+        if not early or not probe.asked or probe.tcp_ok or probe.tcp_stream is not None:
             return
         if probe.expected_nacks == probe.helpers == probe.nacks:
             self._conclude(probe)
@@ -327,7 +367,9 @@ class Prober:
             self._end(probe, -1)
             return
         ctx.stats.probes_failed += 1
-        if probe.urgent:
+        if probe.cross_check:
+            ctx.stats.cross_check_probes_failed += 1
+        elif probe.urgent:
             ctx.stats.urgent_probes_failed += 1
         delta = formulas.probe_failure_awareness_delta(
             probe.expected_nacks if ctx.config.lifeguard_nacks else 0, probe.nacks
@@ -336,7 +378,9 @@ class Prober:
         # probe, which must see the suspicion (memberlist runs it after probeNode returns).
         target = self._members.get(probe.target)
         if target is not None and not target.dead_or_left():
-            if probe.urgent:
+            if probe.cross_check:
+                kind, how = "cross_check_failed", " (cross-check of an accusation)"
+            elif probe.urgent:
                 kind, how = "urgent_probe_failed", " (urgent probe)"
             else:
                 kind, how = "probe_failed", ""

@@ -8,6 +8,11 @@ arXiv:1707.00788 §IV-B; docs/design.md §5.3):
   the timer is re-armed for ``formulas.remaining_suspicion_time_ms`` (log-decay from max
   towards min), counted from when the suspicion began. With k = 0 the timer runs for min.
 - Confirmations stop counting at k; a repeated accuser never counts twice.
+- With ``confirmed_suspicion_safety_mult`` (ours, issue 17) the k-th confirmation may end
+  the window below min, at ``confirmed_window_ms``: k + 1 members that each failed to
+  reach the suspect directly, through helpers and over TCP are stronger evidence than one,
+  so the window need only cover the refutation's own travel (safety 1), not a margin on
+  it. Fewer than k confirmations keep Lifeguard's decay and its min.
 - A member has at most one open suspicion; the timer carries the member's
   ``state_change_ms``, so the timer of an earlier suspicion of the same member is stale.
 - What happens when the timer fires (a last-chance ping, or death) is ``swim.node``'s and
@@ -23,7 +28,7 @@ from swim.config import Config
 from swim.context import Context
 from swim.timers import SuspicionTimeout
 
-__all__ = ["Suspicion", "Suspicions", "suspicion_window_ms"]
+__all__ = ["Suspicion", "Suspicions", "confirmed_window_ms", "suspicion_window_ms"]
 
 
 def suspicion_window_ms(config: Config, n: int, typical_rtt_ms: int) -> tuple[int, int, int]:
@@ -50,6 +55,24 @@ def suspicion_window_ms(config: Config, n: int, typical_rtt_ms: int) -> tuple[in
     return min_ms, config.suspicion_max_timeout_mult * min_ms, k
 
 
+def confirmed_window_ms(config: Config, n: int, typical_rtt_ms: int) -> int:
+    """Where a suspicion with all k confirmations ends, counted from its start: the derived
+    window at ``confirmed_suspicion_safety_mult``, or min when that is 0 (Lifeguard)."""
+    min_ms = suspicion_window_ms(config, n, typical_rtt_ms)[0]
+    if not config.confirmed_suspicion_safety_mult:
+        return min_ms
+    return min(
+        min_ms,
+        formulas.derived_suspicion_timeout_ms(
+            n,
+            config.gossip_interval_ms,
+            config.gossip_nodes,
+            min(typical_rtt_ms, config.probe_timeout_max_ms),
+            config.confirmed_suspicion_safety_mult,
+        ),
+    )
+
+
 @dataclass(slots=True)
 class Suspicion:
     """One open suspicion (suspicion.go ``suspicion``)."""
@@ -59,6 +82,8 @@ class Suspicion:
     max_ms: int
     start_ms: int
     timer_id: int
+    confirmed_min_ms: int
+    """Where the window ends once all k confirmations are in (``confirmed_window_ms``)."""
     confirmers: set[str] = field(default_factory=set)
     confirmations: int = 0
 
@@ -84,7 +109,8 @@ class Suspicions:
         min_ms, max_ms, k = suspicion_window_ms(ctx.config, n, ctx.rtt.typical_ms)
         timeout_ms = max_ms if k >= 1 else min_ms
         timer_id = ctx.set_timer(SuspicionTimeout, timeout_ms, name, state_change_ms)
-        suspicion = Suspicion(k, min_ms, max_ms, ctx.now_ms, timer_id)
+        confirmed_ms = confirmed_window_ms(ctx.config, n, ctx.rtt.typical_ms) if k else min_ms
+        suspicion = Suspicion(k, min_ms, max_ms, ctx.now_ms, timer_id, confirmed_ms)
         suspicion.confirmers.add(accuser)
         self._open[name] = suspicion
 
@@ -97,10 +123,7 @@ class Suspicions:
         ctx = self._ctx
         s.confirmers.add(accuser)
         s.confirmations += 1
-        elapsed = ctx.now_ms - s.start_ms
-        remaining = formulas.remaining_suspicion_time_ms(
-            s.confirmations, s.k, elapsed, s.min_ms, s.max_ms
-        )
+        remaining = _remaining_ms(s, ctx.now_ms - s.start_ms)
         ctx.cancel_timer(s.timer_id)
         s.timer_id = ctx.set_timer(SuspicionTimeout, max(remaining, 0), name, state_change_ms)
         return True
@@ -117,6 +140,14 @@ class Suspicions:
             return None
         if s.k < 1:
             return s.start_ms + s.min_ms
-        return s.start_ms + formulas.remaining_suspicion_time_ms(
-            s.confirmations, s.k, 0, s.min_ms, s.max_ms
-        )
+        return s.start_ms + _remaining_ms(s, 0)
+
+
+def _remaining_ms(s: Suspicion, elapsed_ms: int) -> int:
+    """Time left ``elapsed_ms`` after the start: Lifeguard's decay, or the confirmed window
+    once all k confirmations are in."""
+    if s.confirmations >= s.k:
+        return s.confirmed_min_ms - elapsed_ms
+    return formulas.remaining_suspicion_time_ms(
+        s.confirmations, s.k, elapsed_ms, s.min_ms, s.max_ms
+    )

@@ -60,25 +60,10 @@ from typing import Any
 
 from simulations.experiments import heartbeat as hb
 from simulations.experiments.harness import Params, Sim, build, combine_hashes, pauses
+from simulations.experiments.variants import VARIANTS
 from simulations.model.metrics import CrashRecord, LoadWindow
 from simulations.model.world import SlowSpec, World
 from swim import PROFILES, Config, EventKind, MemberEvent, Node, suspicion_window_ms
-
-VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "lan": ("lan", {}),
-    "local": ("local", {}),
-    "fast": ("fast", {}),
-    "fast/static-timeout": ("fast", {"adaptive_probe_timeout": False}),
-    "fast/memberlist-suspicion": ("fast", {"derived_suspicion": False}),
-    "fast/safety-1": ("fast", {"suspicion_safety_mult": 1}),
-    "fast/safety-3": ("fast", {"suspicion_safety_mult": 3}),
-    "fast/200ms": ("fast", {"probe_interval_ms": 200, "probe_timeout_max_ms": 100}),
-    "fast/beta-6": ("fast", {"suspicion_max_timeout_mult": 6}),
-    "fast/no-lhm": ("fast", {"lifeguard_lhm": False}),
-    "fast/no-verify": ("fast", {"verify_unconfirmed_suspicion": False}),
-}
-"""Name -> (preset, overrides): ``Config.profile(preset, **overrides)``."""
-
 
 BASELINES: dict[str, Callable[[], hb.HeartbeatConfig]] = {
     "heartbeat": hb.HeartbeatConfig.akka,
