@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import random
 import signal
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -150,6 +151,11 @@ class Agent:
             meta=serf.encode_tags(self._tags),
             keyring=self.keyring,
         )
+        # Probe rounds are numbered on the wall clock, so that agents agree on them
+        # (coordinated_probes, swim/schedule.py); trio's clock starts anywhere per process.
+        # Taken once: a later step of the wall clock only unaligns the rounds, it breaks
+        # nothing (each agent still probes one member per round).
+        node.set_clock_offset_ms(int(time.time() * 1000) - now_ms())
         driver = Driver(
             node,
             transport,
