@@ -1,0 +1,198 @@
+"""CPU per agent-second of two checkouts of the agent, measured in the same invocation.
+
+For each repetition, each profile and each tree (``--trees``: repository roots, e.g. the
+commit before a change checked out with ``git worktree add /tmp/cpu_base <commit>`` and this
+checkout), it starts an N-agent cluster on loopback with the agent code of that tree (the
+processes run ``python -m agent.cli`` with the tree as their working directory, so its
+``agent``/``swim``/``phi`` are the ones imported), waits until every agent has logged every
+other's join, lets it settle, reads utime+stime of every agent over a window
+(/proc/PID/stat), and stops every process by pid (also on error). The order of the trees
+alternates between repetitions, so a slow minute of a busy machine lands on both sides.
+
+It prints CPU ms per agent-second for each run, and per profile the median of each tree and
+the ratio to the first tree (below 1: cheaper). ``--profile-agent S`` instead records one
+agent of the last tree's first profile with py-spy for S seconds (``--flame`` names the SVG).
+
+    python -m bench.agent_cpu --trees /tmp/cpu_base,. --sizes 32 --profiles fast,lan --reps 3
+    python -m bench.agent_cpu --trees . --sizes 64 --profiles fast --profile-agent 30 \\
+        --flame bench/profiles/fast64.svg
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.demo import agent_command
+from agent.procs import free_port, stop, until
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+JOINED = re.compile(rb"member (\S+) joined")
+
+
+@dataclass
+class _Agent:
+    name: str
+    port: int
+    popen: subprocess.Popen[bytes]
+    joined: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _read(agent: _Agent) -> None:
+    assert agent.popen.stdout is not None
+    for line in agent.popen.stdout:
+        match = JOINED.search(line)
+        if match:
+            with agent.lock:
+                agent.joined.add(match.group(1).decode())
+
+
+def _start(tree: Path, name: str, profile: str, join: int | None, work: Path) -> _Agent:
+    port = free_port()
+    args = agent_command(name, port, work / f"{name}.sock", profile, join, retry_ms=500)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    popen = subprocess.Popen(
+        [*args, "--log-level", "info"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=tree,
+        env=env,
+    )
+    agent = _Agent(name, port, popen)
+    threading.Thread(target=_read, args=(agent,), daemon=True).start()
+    return agent
+
+
+@contextlib.contextmanager
+def cluster(tree: Path, n: int, profile: str) -> Iterator[list[_Agent]]:
+    """N agents of ``tree`` on loopback, converged; every one stopped by pid at the end."""
+    agents: list[_Agent] = []
+    with tempfile.TemporaryDirectory(prefix="agent-cpu-") as tmp:
+        work = Path(tmp)
+        try:
+            agents.append(_start(tree, "a0", profile, None, work))
+            time.sleep(1.0)  # the seed must be listening
+            for i in range(1, n):
+                agents.append(_start(tree, f"a{i}", profile, agents[0].port, work))
+            names = {a.name for a in agents}
+
+            def converged() -> bool:
+                for a in agents:
+                    if a.popen.poll() is not None:
+                        raise RuntimeError(f"{a.name} exited with {a.popen.returncode}")
+                    with a.lock:
+                        if not a.joined >= names - {a.name}:
+                            return False
+                return True
+
+            until(converged, 180, f"{n} agents of {tree} converged")
+            yield agents
+        finally:
+            stop(*(a.popen for a in agents), sig=signal.SIGKILL)
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def measure(tree: Path, n: int, profile: str, settle_s: float, window_s: float) -> float:
+    """Mean CPU ms per agent-second over the window, after convergence and settling."""
+    with cluster(tree, n, profile) as agents:
+        time.sleep(settle_s)
+        t0 = time.monotonic()
+        ticks0 = [cpu_ticks(a.popen.pid) for a in agents]
+        time.sleep(window_s)
+        ticks1 = [cpu_ticks(a.popen.pid) for a in agents]
+        elapsed = time.monotonic() - t0
+    return statistics.mean(
+        (b - a) * 1000 / CLK_TCK / elapsed for a, b in zip(ticks0, ticks1, strict=True)
+    )
+
+
+def record(tree: Path, n: int, profile: str, settle_s: float, seconds: int, flame: Path) -> None:
+    """py-spy one agent (the second started) of an N-agent cluster for ``seconds``: a
+    flame graph (SVG) and its collapsed stacks (the same path, ``.txt``)."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    with cluster(tree, n, profile) as agents:
+        time.sleep(settle_s)
+        pid = agents[1].popen.pid
+        flame.parent.mkdir(parents=True, exist_ok=True)
+        # --gil: only samples where the agent holds the GIL, i.e. runs Python (epoll waits
+        # release it); both formats recorded at once, over the same seconds
+        spies = [
+            subprocess.Popen(
+                [
+                    *(py_spy, "record", "--pid", str(pid), "--duration", str(seconds)),
+                    *("--rate", "500", "--gil", "--nonblocking", "--format", fmt),
+                    *("--output", str(path)),
+                ]
+            )
+            for fmt, path in (("flamegraph", flame), ("raw", flame.with_suffix(".txt")))
+        ]
+        try:
+            for spy in spies:
+                spy.wait(seconds + 60)
+        finally:
+            stop(*spies, sig=signal.SIGKILL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="agent CPU per agent-second, tree by tree")
+    parser.add_argument("--trees", default=".", help="comma-separated repository roots")
+    parser.add_argument("--sizes", default="32")
+    parser.add_argument("--profiles", default="fast,lan")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--settle-s", type=float, default=5.0)
+    parser.add_argument("--window-s", type=float, default=15.0)
+    parser.add_argument("--profile-agent", type=int, default=0, metavar="SECONDS")
+    parser.add_argument("--flame", type=Path, default=Path("bench/profiles/flame.svg"))
+    args = parser.parse_args(argv)
+    trees = [Path(t).resolve() for t in args.trees.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",")]
+    profiles = args.profiles.split(",")
+    if args.profile_agent:
+        record(trees[-1], sizes[0], profiles[0], args.settle_s, args.profile_agent, args.flame)
+        return 0
+    results: dict[tuple[int, str, Path], list[float]] = {}
+    for rep in range(args.reps):
+        order = trees if rep % 2 == 0 else trees[::-1]
+        for n in sizes:
+            for profile in profiles:
+                for tree in order:
+                    ms = measure(tree, n, profile, args.settle_s, args.window_s)
+                    results.setdefault((n, profile, tree), []).append(ms)
+                    print(f"rep {rep} N={n} {profile} {tree}: {ms:.2f} ms/agent-s", flush=True)
+    print(f"\n{args.reps} repetitions, window {args.window_s:g} s, trees alternating")
+    for n in sizes:
+        for profile in profiles:
+            base = statistics.median(results[(n, profile, trees[0])])
+            for tree in trees:
+                runs = results[(n, profile, tree)]
+                med = statistics.median(runs)
+                each = ", ".join(f"{v:.2f}" for v in runs)
+                paired = [v / b for v, b in zip(runs, results[(n, profile, trees[0])], strict=True)]
+                print(
+                    f"N={n} {profile:5} {tree}: median {med:.2f} ms/agent-s ({each}); "
+                    f"ratio of medians to {trees[0]} {med / base:.2f}, per repetition "
+                    + ", ".join(f"{r:.2f}" for r in paired)
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
