@@ -13,6 +13,15 @@ Rules:
   deadline, then hands every due timer back to the Node. Before due timers fire it handles
   what has already arrived, queued or still in the transport (``_catch_up``), so an ack or
   a refutation that beat its deadline counts even when the loop runs late.
+- The node task wakes up only for timers that can do something: a timer the Node has
+  forgotten (``Output.cancelled_timers``, e.g. an acked probe's timeout) is dropped from the
+  heap unhanded, and a gossip tick (``Output.gossip_timers``) that comes due while nothing
+  is queued (``Node.broadcast_queue_depth == 0``), which would only ask for the next tick, is
+  held back and handed over at its next multiple of ``gossip_interval_ms`` once something
+  is queued. The Node sees the same inputs as if each idle tick had fired (they do nothing).
+- Datagrams are read in batches: the reader task waits for the socket once, then takes
+  whatever else is already there without waiting (``receive_datagram_nowait``); the node
+  task handles everything queued in its inbox per wake-up.
 - Datagrams beyond the inbox bound (``INBOX_DEPTH``) are dropped and counted as
   ``QUEUE_FULL`` (memberlist's HandoffQueueDepth); streams are bounded by agent.transport.
 - Executing an Output (``apply``), in order: packets to the transport; timers onto the
@@ -153,6 +162,13 @@ class Driver:
         self._tcp_timeout_ms = tcp_timeout_ms
         self._send_in, self._inbox = trio.open_memory_channel[_Input](INBOX_DEPTH)
         self._timers: list[tuple[int, int, Timer]] = []
+        self._cancelled: set[int] = set()
+        """Ids of timers in the heap the Node has forgotten: dropped when they come up."""
+        self._gossip_ids: set[int] = set()
+        """Ids of the gossip ticks in the heap (or held back)."""
+        self._held_gossip: tuple[int, int, Timer] | None = None
+        """A gossip tick held back while nothing is queued (its deadline, id, timer)."""
+        self._gossip_interval_ms = node.config.gossip_interval_ms
         self._join_waiters: dict[Address, trio.MemorySendChannel[JoinResult]] = {}
         self._nursery: trio.Nursery | None = None
         self._streams = Streams(
@@ -276,12 +292,27 @@ class Driver:
         return result
 
     async def _read_datagrams(self) -> None:
+        """Wait for a datagram, then take what else already waits without waiting again."""
+        transport = self.transport
+        send = self._send_in.send_nowait
         while True:
-            source, data = await self.transport.receive_datagram()
-            try:
-                self._send_in.send_nowait(_Datagram(source, data))
-            except trio.WouldBlock:
-                self.node.record_drop(DropReason.QUEUE_FULL)
+            source, data = await transport.receive_datagram()
+            read = 0
+            while True:
+                try:
+                    send(_Datagram(source, data))
+                except trio.WouldBlock:
+                    self.node.record_drop(DropReason.QUEUE_FULL)
+                read += 1
+                if read >= MAX_CATCH_UP:
+                    break
+                try:
+                    got = transport.receive_datagram_nowait()
+                except OSError:  # one unreadable datagram (ICMP); the next may be fine
+                    continue
+                if got is None:
+                    break
+                source, data = got
 
     async def _deliver_stream(self, source: Address, message: StreamMessage) -> bytes | None:
         send, receive = trio.open_memory_channel[bytes | None](1)
@@ -296,23 +327,63 @@ class Driver:
     # --- the node task --------------------------------------------------------------------
 
     async def _node_loop(self) -> None:
+        timers = self._timers
+        inbox = self._inbox
         while True:
-            deadline = self._timers[0][0] / 1000 if self._timers else math.inf
+            self._settle_timers()
+            deadline = timers[0][0] / 1000 if timers else math.inf
             with trio.move_on_at(deadline):
-                item = await self._inbox.receive()
+                item = await inbox.receive()
                 self._handle(item)
-            if self._timers and self._timers[0][0] <= now_ms():
+                self._drain_inbox()
+            self._settle_timers()
+            if timers and timers[0][0] <= now_ms():
                 self._catch_up()
             self._fire_due_timers()
+
+    def _drain_inbox(self) -> None:
+        """Handle what is queued in the inbox, without waiting."""
+        receive = self._inbox.receive_nowait
+        for _ in range(INBOX_DEPTH):
+            try:
+                item = receive()
+            except trio.WouldBlock:
+                break
+            self._handle(item)
+
+    def _settle_timers(self) -> None:
+        """Drop forgotten timers from the top of the heap, hold back an idle gossip tick
+        there, and put a held one back once something is queued (module docstring)."""
+        timers = self._timers
+        cancelled = self._cancelled
+        while timers:
+            top = timers[0]
+            timer_id = top[1]
+            if timer_id in cancelled:
+                heapq.heappop(timers)
+                cancelled.discard(timer_id)
+            elif (
+                timer_id in self._gossip_ids
+                and self._held_gossip is None
+                and not self.node.broadcast_queue_depth
+            ):
+                self._held_gossip = heapq.heappop(timers)
+            else:
+                break
+        held = self._held_gossip
+        if held is not None and self.node.broadcast_queue_depth:
+            self._held_gossip = None
+            deadline, timer_id, timer = held
+            now = now_ms()
+            if deadline < now:  # its next multiple of the interval from now on
+                interval = max(self._gossip_interval_ms, 1)
+                deadline += -(-(now - deadline) // interval) * interval
+            heapq.heappush(timers, (deadline, timer_id, timer))
 
     def _catch_up(self) -> None:
         """Before due timers: handle what is queued and what waits in the transport."""
         late_ms = now_ms() - self._timers[0][0]
-        for _ in range(INBOX_DEPTH):
-            try:
-                self._handle(self._inbox.receive_nowait())
-            except trio.WouldBlock:
-                break
+        self._drain_inbox()
         read = 0
         while read < MAX_CATCH_UP:
             try:
@@ -331,9 +402,21 @@ class Driver:
 
     def _fire_due_timers(self) -> None:
         now = now_ms()
-        while self._timers and self._timers[0][0] <= now:
-            _, _, timer = heapq.heappop(self._timers)
-            self.apply(self.node.handle_timer(timer, now))
+        timers = self._timers
+        cancelled = self._cancelled
+        gossip = self._gossip_ids
+        while timers and timers[0][0] <= now:
+            entry = heapq.heappop(timers)
+            timer_id = entry[1]
+            if timer_id in cancelled:
+                cancelled.discard(timer_id)
+                continue
+            if timer_id in gossip:
+                if self._held_gossip is None and not self.node.broadcast_queue_depth:
+                    self._held_gossip = entry
+                    continue
+                gossip.discard(timer_id)
+            self.apply(self.node.handle_timer(entry[2], now))
 
     def _handle(self, item: _Input) -> None:
         node = self.node
@@ -364,8 +447,15 @@ class Driver:
         """Execute an Output (in the node task): send, schedule, spawn streams, publish."""
         for packet in out.packets:
             self.transport.send_datagram(packet.dest, packet.data)
+        timers = self._timers
         for timer in out.timers:
-            heapq.heappush(self._timers, (timer.deadline_ms, timer.timer_id, timer))
+            heapq.heappush(timers, (timer.deadline_ms, timer.timer_id, timer))
+        if out.gossip_timers:
+            self._gossip_ids.update(out.gossip_timers)
+        if out.cancelled_timers:
+            self._cancelled.update(out.cancelled_timers)
+            if len(self._cancelled) > len(timers) + 1:  # ids of timers never pushed: forget
+                self._cancelled.intersection_update(entry[1] for entry in timers)
         if self._nursery is not None:
             for request in out.streams:
                 self._nursery.start_soon(self._request_stream, request)

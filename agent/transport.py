@@ -313,9 +313,15 @@ class SocketTransport:
             log.debug("send to %s failed: %s", dest, exc)
 
     async def receive_datagram(self) -> tuple[Address, bytes]:
+        # One wait for readability, then the plain non-blocking read: trio's own recvfrom
+        # adds two schedule points per datagram, which cost more than the read itself.
+        raw = self._raw
         while True:
+            await trio.lowlevel.wait_readable(raw)
             try:
-                data, addr = await self._udp.recvfrom(RECV_BYTES)
+                data, addr = raw.recvfrom(RECV_BYTES)
+            except (BlockingIOError, InterruptedError):
+                continue
             except OSError as exc:  # e.g. ICMP port unreachable surfacing on Linux
                 log.debug("udp receive error: %s", exc)
                 continue

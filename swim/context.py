@@ -4,7 +4,9 @@ Rules: one ``Context`` per node; it holds the output of the call in progress, th
 ``now_ms``, the live timers and the counters. Timers are identified by a number; a timer
 is live while its number is registered, so "cancelling" is forgetting the number and a
 stale timer handed back later is recognised and ignored (docs/design.md §1.3: timers are
-values, never cancelled by the driver; the kinds are in ``swim.timers``).
+values, never cancelled by the driver; the kinds are in ``swim.timers``). The output names
+the timers it forgets (``Output.cancelled_timers``) and its gossip ticks
+(``Output.gossip_timers``), so a driver need not wake up for a timer that would do nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from swim.effects import (
 )
 from swim.queue import BroadcastQueue
 from swim.rtt import RttTable
-from swim.timers import NodeTimer
+from swim.timers import GossipTick, NodeTimer
 from swim.wire import DropReason
 
 P = ParamSpec("P")
@@ -71,11 +73,14 @@ class Context:
         timer = kind(self.now_ms + max(delay_ms, 0), timer_id, *payload, **named)
         self._timers[timer_id] = timer
         self.out.timers.append(timer)
+        if kind is GossipTick:
+            self.out.gossip_timers.append(timer_id)
         return timer_id
 
     def cancel_timer(self, timer_id: int | None) -> None:
-        if timer_id is not None:
-            self._timers.pop(timer_id, None)
+        """Forget a live timer; the driver learns of it (``Output.cancelled_timers``)."""
+        if timer_id is not None and self._timers.pop(timer_id, None) is not None:
+            self.out.cancelled_timers.append(timer_id)
 
     def take_timer(self, timer: Timer) -> NodeTimer | None:
         """The timer if it is one of ours and still live (and forget it), else None."""

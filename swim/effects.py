@@ -167,6 +167,16 @@ class Output:
     ``Delegate.MergeRemoteState``), non-empty ones only."""
     reply: bytes | None
     """Bytes to write back on the stream that ``handle_stream`` was called for."""
+    cancelled_timers: list[int]
+    """Ids of timers asked for in this or an earlier Output that the node no longer wants:
+    handed back, each would do nothing, so a driver may drop it unhanded (and not wake up
+    for it)."""
+    gossip_timers: list[int]
+    """Ids of the gossip ticks among ``timers``. One handed back while
+    ``Node.broadcast_queue_depth`` is 0 does nothing but ask for the next tick
+    ``gossip_interval_ms`` later, so a driver may hold it back while nothing is queued and
+    hand it over at its next multiple of the interval once something is, instead of waking
+    up for every idle tick."""
 
     def __init__(self) -> None:
         # One Output per input: list literals here are twice as fast as the dataclass
@@ -182,6 +192,8 @@ class Output:
         self.join_results = []
         self.push_pull_states = []
         self.reply = None
+        self.cancelled_timers = []
+        self.gossip_timers = []
 
     def extend(self, other: Output) -> None:
         self.packets.extend(other.packets)
@@ -194,6 +206,8 @@ class Output:
         self.notices.extend(other.notices)
         self.join_results.extend(other.join_results)
         self.push_pull_states.extend(other.push_pull_states)
+        self.cancelled_timers.extend(other.cancelled_timers)
+        self.gossip_timers.extend(other.gossip_timers)
         if other.reply is not None:
             self.reply = other.reply
 
