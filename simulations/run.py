@@ -36,6 +36,7 @@ from pathlib import Path
 
 from simulations.experiments.harness import LIFEGUARD, PRESETS, Params
 from simulations.experiments.scenarios import REGISTRY, run
+from simulations.model.gc_tuning import tune_for_simulation
 from simulations.model.world import World
 from simulations.reports import scenario as report
 from simulations.reports.files import fmt
@@ -124,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress=printer,
     )
     print(f"scenario {args.scenario}  seed {args.seed}", flush=True)
+    tune_for_simulation()
     wall0 = time.perf_counter()
     result = run(args.scenario, params)
     wall = time.perf_counter() - wall0

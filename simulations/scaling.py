@@ -20,6 +20,7 @@ from pathlib import Path
 
 from simulations.experiments.frontier import CONDITIONS, all_variants, explore
 from simulations.experiments.scaling import Sweep
+from simulations.model.gc_tuning import tune_for_simulation
 from simulations.reports.scaling import load, plot, write
 
 
@@ -72,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(plot(load(sweep.render), sweep.render / "scaling.png"))
         return 0
     messages: list[str] = []
+    tune_for_simulation()
     for i, n in enumerate(sweep.nodes):
         wall0 = time.perf_counter()
         report = explore(sweep.options(i), progress=True)

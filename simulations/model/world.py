@@ -28,9 +28,18 @@ from typing import Any
 from simulations.model.calendar import Calendar
 from simulations.model.faults import DROP, NOW, SlowSpec, SlowState
 from simulations.model.network import Latency, Network
-from simulations.model.streams import read_reply, read_request
 from simulations.model.trace import Trace
-from simulations.model.world_types import InputChecker, Listener, Traffic
+from simulations.model.world_streams import WorldStreams
+from simulations.model.world_types import (
+    K_CALL,
+    K_PACKET,
+    K_SERVE,
+    K_TIMER,
+    LATE,
+    InputChecker,
+    Listener,
+    Traffic,
+)
 from swim import (
     Address,
     Config,
@@ -39,22 +48,14 @@ from swim import (
     Node,
     Output,
     SeedMember,
-    StreamRequest,
     UrgentProbeOutcome,
 )
-
-K_PACKET = 0
-K_TIMER = 1
-K_SERVE = 2
-K_RESULT = 3
-K_CALL = 4
-LATE = 8
-"""Added to a kind: a slow node's queued input, now due (never deferred again)."""
+from swim.timers import GossipTick
 
 LEAVE_PROPAGATE_DELAY_MS = 1000
 
 
-class World:
+class World(WorldStreams):
     """N nodes named ``node-000…`` at 10.x.y.z:7946 on a virtual clock."""
 
     def __init__(
@@ -95,6 +96,19 @@ class World:
         member. Empty ``tapped``: one falsy check per packet batch."""
         self.tapped: set[int] = set()
         self.checker: InputChecker | None = None
+        self.skip_idle_gossip = True
+        """Hand a node's gossip tick back one interval later, without calling the node,
+        while its broadcast queues are empty: what ``Node.handle_timer`` would do then is only
+        re-arm the tick at ``now + gossip_interval_ms`` (``swim.transport``: a round with
+        nothing queued draws no targets), and a timer may be handled after its deadline
+        (``swim.timers``). Same behaviour, same trace hash (``test_world``); False calls
+        the node for every tick."""
+        self.skip_stale_timers = True
+        """Drop a ``swim.Node``'s timer that is no longer live (a probe's timeout after
+        its ack, ...) instead of handing it back: ``Node.handle_timer`` ignores it and
+        returns an empty output. This reads the node's live-timer table
+        (``swim.context.Context``), the one private look the world takes, for speed;
+        ``test_world`` checks the run is the same without it."""
         self.events_processed = 0
         self.member_events = 0
         self.packets_lost = 0
@@ -287,6 +301,8 @@ class World:
         apply = self._apply
         traffic = self.traffic
         pkts_in, bytes_in = traffic.pkts_in, traffic.bytes_in
+        gossip_ms = self.config.gossip_interval_ms if self.skip_idle_gossip else -1
+        skip_stale = self.skip_stale_timers and self._factory is Node
         processed = 0
         while times and times[0] <= t_end:
             t = times[0]
@@ -303,6 +319,18 @@ class World:
                         continue  # a timer of a dead or replaced process
                     if slow and idx in slow and self._defer(t, kind, idx, a, b):
                         continue
+                    if gossip_ms >= 0 and b.__class__ is GossipTick and not a.broadcast_queue_depth:
+                        # An idle gossip round: the node would only re-arm its tick at
+                        # t + gossip_interval_ms. Hand the same tick back then instead.
+                        at = t + gossip_ms
+                        later = buckets.get(at)
+                        if later is None:
+                            calendar.push(at, (K_TIMER, idx, a, b))
+                        else:
+                            later.append((K_TIMER, idx, a, b))
+                        continue
+                    if skip_stale and b.timer_id not in a._ctx._timers:
+                        continue  # cancelled or superseded: the node would ignore it
                     apply(idx, a, a.handle_timer(b, t))
                 elif kind == K_PACKET:
                     if not up[idx]:
@@ -420,68 +448,9 @@ class World:
             for listener in listeners:
                 listener.on_event(idx, e)
 
-    # --- streams ------------------------------------------------------------------------
-
-    def _open_stream(self, idx: int, node: Node, request: StreamRequest) -> None:
-        traffic = self.traffic
-        traffic.streams_out[idx] += 1
-        traffic.stream_bytes_out[idx] += len(request.data)
-        dst = self._addr_idx.get(request.dest)
-        budget = request.deadline_ms - self.now_ms
-        t, d = (-1, 0) if dst is None else self.network.stream_open(idx, dst, budget)
-        if dst is None or t < 0:
-            # no route, filtered, or (lossy TCP) too slow: the dial times out at the deadline
-            self._result_at(request.deadline_ms, idx, node, request.stream_id, None, "timeout")
-            return
-        self._push(self.now_ms + t, K_SERVE, dst, (idx, node, d), request)
-
     def _push(self, t: int, kind: int, idx: int, a: Any, b: Any) -> None:
         """Schedule an event; never in the past. Same time ⇒ handled in schedule order."""
         self._calendar.push(t if t >= self.now_ms else self.now_ms, (kind, idx, a, b))
-
-    def _result_at(
-        self, t: int, idx: int, node: Node, stream_id: int, reply: bytes | None, error: str
-    ) -> None:
-        if self.nodes[idx] is not node:
-            return
-        self._push(max(t, self.now_ms), K_RESULT, idx, node, (stream_id, reply, error))
-
-    def _refuse(self, a: tuple[int, Node, int], request: StreamRequest) -> None:
-        src, src_node, d = a
-        self._result_at(self.now_ms + d, src, src_node, request.stream_id, None, "refused")
-
-    def _serve(
-        self, idx: int, node: Node, a: tuple[int, Node, int], request: StreamRequest
-    ) -> None:
-        src, src_node, d = a
-        traffic = self.traffic
-        traffic.streams_in[idx] += 1
-        traffic.stream_bytes_in[idx] += len(request.data)
-        message = read_request(node, request.data)
-        if message is None:
-            self._result_at(self.now_ms + d, src, src_node, request.stream_id, None, "bad request")
-            return
-        out = node.handle_stream(src_node.address, message, self.now_ms)
-        reply = out.reply
-        self._apply(idx, node, out)
-        if not request.expect_reply:
-            return
-        if reply is None:
-            self._result_at(self.now_ms + d, src, src_node, request.stream_id, None, "no reply")
-            return
-        traffic.stream_bytes_out[idx] += len(reply)
-        back = self.network.stream_reply(idx, src, request.deadline_ms - self.now_ms)
-        if back < 0:
-            self._result_at(request.deadline_ms, src, src_node, request.stream_id, None, "timeout")
-        else:
-            self._result_at(self.now_ms + back, src, src_node, request.stream_id, reply, "")
-
-    def _stream_result(self, idx: int, node: Node, b: tuple[int, bytes | None, str]) -> Output:
-        stream_id, reply, error = b
-        if reply is not None:
-            self.traffic.stream_bytes_in[idx] += len(reply)
-        message, error = read_reply(node, reply, error)
-        return node.handle_stream_response(stream_id, message, self.now_ms, error)
 
     # --- results ------------------------------------------------------------------------
 

@@ -12,6 +12,14 @@ from typing import Protocol
 
 from swim import MemberEvent, Node
 
+K_PACKET = 0
+K_TIMER = 1
+K_SERVE = 2
+K_RESULT = 3
+K_CALL = 4
+LATE = 8
+"""Added to a kind: a slow node's queued input, now due (never deferred again)."""
+
 
 class Listener(Protocol):
     def on_event(self, idx: int, event: MemberEvent) -> None: ...
@@ -56,4 +64,14 @@ class Traffic:
         return {k: list(v) for k, v in self.columns().items()}
 
 
-__all__ = ["InputChecker", "Listener", "Traffic"]
+__all__ = [
+    "K_CALL",
+    "K_PACKET",
+    "K_RESULT",
+    "K_SERVE",
+    "K_TIMER",
+    "LATE",
+    "InputChecker",
+    "Listener",
+    "Traffic",
+]

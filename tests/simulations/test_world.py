@@ -149,3 +149,38 @@ def test_events_at_the_same_millisecond_run_in_the_order_they_were_scheduled() -
     world.run_until(100)
     assert order == ["past", "earlier", "first", "second", "scheduled-during-first"]
     assert world.now_ms == 100 and world.pending_events() == 0
+
+
+def _scripted_run(*, fast: bool) -> World:
+    """Crash, restart, leave, join, a metadata update and a slow member, on a lossy net."""
+    world = World(12, seed=11, loss=0.05)
+    world.skip_idle_gossip = fast
+    world.skip_stale_timers = fast
+    world.start_all()
+    world.run_until(2_000)
+    world.set_slow(5, SlowSpec(delay_ms=150, queue_limit=8, timer_delay_ms=30))
+    world.crash(3)
+    world.run_until(8_000)
+    world.set_meta(7, b"v2")
+    world.leave(9)
+    world.join_new(b"new")
+    world.run_until(15_000)
+    world.set_slow(5, None)
+    world.restart(3)
+    world.run_until(40_000)
+    return world
+
+
+def test_the_fast_paths_change_nothing_a_node_or_the_trace_could_see() -> None:
+    """Idle gossip ticks handed back later and stale timers dropped (``World.
+    skip_idle_gossip``, ``skip_stale_timers``): the same run as calling the node for each."""
+    slow, fast = _scripted_run(fast=False), _scripted_run(fast=True)
+    assert fast.trace_hash() == slow.trace_hash()
+    assert fast.member_events == slow.member_events
+    assert fast.traffic.snapshot() == slow.traffic.snapshot()
+    assert fast.events_processed == slow.events_processed
+    for a, b in zip(slow.nodes, fast.nodes, strict=True):
+        assert b.members() == a.members()
+        assert b.stats == a.stats
+        assert b.incarnation == a.incarnation
+        assert b.live_timers == a.live_timers
