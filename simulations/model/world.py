@@ -97,18 +97,15 @@ class World(WorldStreams):
         self.tapped: set[int] = set()
         self.checker: InputChecker | None = None
         self.skip_idle_gossip = True
-        """Hand a node's gossip tick back one interval later, without calling the node,
-        while its broadcast queues are empty: what ``Node.handle_timer`` would do then is only
-        re-arm the tick at ``now + gossip_interval_ms`` (``swim.transport``: a round with
-        nothing queued draws no targets), and a timer may be handled after its deadline
-        (``swim.timers``). Same behaviour, same trace hash (``test_world``); False calls
-        the node for every tick."""
+        """Hold an idle gossip tick back instead of handing it to the node: while
+        ``Node.broadcast_queue_depth`` is 0 the tick would only ask for the next one
+        ``gossip_interval_ms`` later (``swim.Output.gossip_timers``), so the world hands the
+        same tick back then. False: the node gets every tick (the same run, ``test_world``)."""
         self.skip_stale_timers = True
-        """Drop a ``swim.Node``'s timer that is no longer live (a probe's timeout after
-        its ack, ...) instead of handing it back: ``Node.handle_timer`` ignores it and
-        returns an empty output. This reads the node's live-timer table
-        (``swim.context.Context``), the one private look the world takes, for speed;
-        ``test_world`` checks the run is the same without it."""
+        """Drop a timer the node has cancelled (``swim.Output.cancelled_timers``, e.g. an
+        acked probe's timeouts) instead of handing it back to be ignored."""
+        self._cancelled: list[set[int]] = []
+        """Per node: ids of its cancelled timers still in the calendar."""
         self.events_processed = 0
         self.member_events = 0
         self.packets_lost = 0
@@ -149,6 +146,7 @@ class World(WorldStreams):
         self.index[name] = idx
         self.up.append(False)
         self.leaving.append(False)
+        self._cancelled.append(set())
         self.traffic.grow()
         self.nodes.append(self._new_node(idx, meta))
         self._addr_idx[self.address_of(idx)] = idx
@@ -209,6 +207,7 @@ class World(WorldStreams):
         self.up[idx] = True
         self.leaving[idx] = False
         self._slow.pop(idx, None)  # a new process on a healthy machine
+        self._cancelled[idx] = set()  # the new process numbers its timers from 1 again
         self.faulty.discard(idx)
         self._notify("restart", idx)
         self._apply(idx, node, node.start(self.now_ms))
@@ -302,7 +301,7 @@ class World(WorldStreams):
         traffic = self.traffic
         pkts_in, bytes_in = traffic.pkts_in, traffic.bytes_in
         gossip_ms = self.config.gossip_interval_ms if self.skip_idle_gossip else -1
-        skip_stale = self.skip_stale_timers and self._factory is Node
+        cancelled = self._cancelled
         processed = 0
         while times and times[0] <= t_end:
             t = times[0]
@@ -319,6 +318,10 @@ class World(WorldStreams):
                         continue  # a timer of a dead or replaced process
                     if slow and idx in slow and self._defer(t, kind, idx, a, b):
                         continue
+                    gone = cancelled[idx]
+                    if gone and b.timer_id in gone:
+                        gone.discard(b.timer_id)
+                        continue  # the node would ignore it
                     if gossip_ms >= 0 and b.__class__ is GossipTick and not a.broadcast_queue_depth:
                         # An idle gossip round: the node would only re-arm its tick at
                         # t + gossip_interval_ms. Hand the same tick back then instead.
@@ -329,8 +332,6 @@ class World(WorldStreams):
                         else:
                             later.append((K_TIMER, idx, a, b))
                         continue
-                    if skip_stale and b.timer_id not in a._ctx._timers:
-                        continue  # cancelled or superseded: the node would ignore it
                     apply(idx, a, a.handle_timer(b, t))
                 elif kind == K_PACKET:
                     if not up[idx]:
@@ -374,7 +375,12 @@ class World(WorldStreams):
             self.traffic.bytes_in[idx] += len(b)
             self._apply(idx, node, node.handle_datagram(a, b, t))
         elif kind == K_TIMER:
-            if a is node:
+            if a is not node:
+                return
+            gone = self._cancelled[idx]
+            if b.timer_id in gone:
+                gone.discard(b.timer_id)
+            else:
                 self._apply(idx, node, node.handle_timer(b, t))
         elif kind == K_SERVE:
             self._serve(idx, node, a, b)
@@ -395,6 +401,8 @@ class World(WorldStreams):
     def _apply(self, idx: int, node: Node, out: Output) -> None:
         if out.events:
             self._on_events(idx, out.events)
+        if out.cancelled_timers and self.skip_stale_timers:
+            self._cancelled[idx].update(out.cancelled_timers)
         buckets = self._calendar.buckets
         for timer in out.timers:
             at = timer.deadline_ms
