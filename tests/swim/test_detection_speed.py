@@ -33,7 +33,7 @@ from swim.timers import (
     SuspicionTimeout,
     SuspicionVerify,
 )
-from tests.swim.node_harness import Peer, addr, alive, decode, make_peer
+from tests.swim.node_harness import FAST_WITHOUT_ISSUE_17, Peer, addr, alive, decode, make_peer
 
 ALIVE, SUSPECT = NodeStateType.ALIVE, NodeStateType.SUSPECT
 NAMES = ("b", "c", "d", "e", "f", "g")
@@ -80,9 +80,14 @@ def test_the_ring_adds_and_discards_idempotently_and_keeps_the_local_member() ->
 # --- the node: coordinated probes -------------------------------------------------------------
 
 
+def _fast(**overrides: object) -> Config:
+    """``fast`` with all four switches off but those a test is about."""
+    return Config.fast(**{**FAST_WITHOUT_ISSUE_17, **overrides})
+
+
 def _group(**overrides: object) -> Peer:
     """a knows b..g (alive, protocol 5); nothing left to gossip."""
-    a = make_peer("a", 1, config=Config.fast(**overrides))
+    a = make_peer("a", 1, config=_fast(**overrides))
     a.learn(*(alive(n, i) for i, n in enumerate(NAMES, start=2)))
     a.drain(5)
     return a
@@ -220,7 +225,7 @@ def test_cross_checks_are_drawn_with_probability_checks_over_n_minus_1() -> None
     started = 0
     trials = 400
     for seed in range(trials):
-        a = make_peer("a", 1, config=Config.fast(suspicion_cross_checks=2), seed=seed)
+        a = make_peer("a", 1, config=_fast(suspicion_cross_checks=2), seed=seed)
         a.learn(*(alive(f"m{i:02d}", 2 + i) for i in range(20)))
         a.receive(addr(250), Suspect(1, "m07", "z"), now_ms=1000)
         started += a.node.stats.cross_check_probes
@@ -235,10 +240,10 @@ def test_cross_checks_are_drawn_with_probability_checks_over_n_minus_1() -> None
     [(8, 636, 318), (64, 848, 424), (1000, 1272, 636), (10_000, 1484, 742)],
 )
 def test_the_confirmed_window(n: int, unconfirmed_min_ms: int, confirmed_ms: int) -> None:
-    on = Config.fast(confirmed_suspicion_safety_mult=1)
+    on = _fast(confirmed_suspicion_safety_mult=1)
     assert suspicion_window_ms(on, n, 5)[0] == unconfirmed_min_ms
     assert confirmed_window_ms(on, n, 5) == confirmed_ms
-    assert confirmed_window_ms(Config.fast(), n, 5) == unconfirmed_min_ms
+    assert confirmed_window_ms(_fast(), n, 5) == unconfirmed_min_ms
     assert confirmed_ms == formulas.derived_suspicion_timeout_ms(n, 50, 4, 5, 1)
 
 
@@ -271,4 +276,4 @@ def test_k_confirmations_end_the_window_at_the_confirmed_window() -> None:
 )
 def test_bad_combinations_are_refused(overrides: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        Config.fast(**overrides)
+        _fast(**overrides)
