@@ -113,6 +113,7 @@ class World(WorldStreams):
         self.packets_to_down = 0
         self.packets_queue_dropped = 0
         self._addr_idx: dict[Address, int] = {}
+        self._addresses: list[Address] = []
         self._slow: dict[int, SlowState] = {}
         self._calendar = Calendar()
         self._trace = Trace()
@@ -130,7 +131,7 @@ class World(WorldStreams):
     def _new_node(self, idx: int, meta: bytes) -> Node:
         return self._factory(
             self.names[idx],
-            self.address_of(idx),
+            self._addresses[idx],
             rng=random.Random(self._node_rngs.getrandbits(64)),
             now_ms=self.now_ms,
             config=self.config,
@@ -148,8 +149,12 @@ class World(WorldStreams):
         self.leaving.append(False)
         self._cancelled.append(set())
         self.traffic.grow()
+        # One Address object per member, shared by its nodes, the snapshot and the routing
+        # table: dict lookups by address then match on identity, without calling __eq__.
+        address = self.address_of(idx)
+        self._addresses.append(address)
+        self._addr_idx[address] = idx
         self.nodes.append(self._new_node(idx, meta))
-        self._addr_idx[self.address_of(idx)] = idx
         return idx
 
     def start_all(self, *, bootstrap: bool = True) -> bool:
