@@ -11,7 +11,9 @@ alternates between repetitions, so a slow minute of a busy machine lands on both
 
 It prints CPU ms per agent-second for each run, and per profile the median of each tree and
 the ratio to the first tree (below 1: cheaper). ``--profile-agent S`` instead records one
-agent of the last tree's first profile with py-spy for S seconds (``--flame`` names the SVG).
+agent of the last tree's first profile with py-spy for S seconds (``--flame`` names the SVG;
+its collapsed stacks go next to it as ``.txt``), and ``--summarize FILE.txt`` prints that
+profile's top functions, self and cumulative, as markdown tables.
 
     python -m bench.agent_cpu --trees /tmp/cpu_base,. --sizes 32 --profiles fast,lan --reps 3
     python -m bench.agent_cpu --trees . --sizes 64 --profiles fast --profile-agent 30 \\
@@ -32,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,7 +141,7 @@ def record(tree: Path, n: int, profile: str, settle_s: float, seconds: int, flam
             subprocess.Popen(
                 [
                     *(py_spy, "record", "--pid", str(pid), "--duration", str(seconds)),
-                    *("--rate", "500", "--gil", "--nonblocking", "--format", fmt),
+                    *("--rate", "1000", "--gil", "--nonblocking", "--format", fmt),
                     *("--output", str(path)),
                 ]
             )
@@ -151,6 +154,30 @@ def record(tree: Path, n: int, profile: str, settle_s: float, seconds: int, flam
             stop(*spies, sig=signal.SIGKILL)
 
 
+def summarize(stacks: Path, top: int = 15) -> str:
+    """Markdown tables of the functions with the most samples in py-spy's collapsed stacks
+    (``--format raw``): self (the innermost frame) and cumulative (anywhere on the stack)."""
+    own: Counter[str] = Counter()
+    anywhere: Counter[str] = Counter()
+    total = 0
+    for line in stacks.read_text().splitlines():
+        if not line.strip():
+            continue
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        own[frames[-1]] += n
+        for frame in set(frames):
+            anywhere[frame] += n
+    lines = [f"{total} samples (py-spy --gil: only while the agent runs Python)", ""]
+    for title, counter in (("self", own), ("cumulative", anywhere)):
+        lines += [f"| {title} % | function |", "|---:|---|"]
+        lines += [f"| {100 * n / total:.1f} | `{f}` |" for f, n in counter.most_common(top)]
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="agent CPU per agent-second, tree by tree")
     parser.add_argument("--trees", default=".", help="comma-separated repository roots")
@@ -161,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-s", type=float, default=15.0)
     parser.add_argument("--profile-agent", type=int, default=0, metavar="SECONDS")
     parser.add_argument("--flame", type=Path, default=Path("bench/profiles/flame.svg"))
+    parser.add_argument("--summarize", type=Path, help="print the top functions of a .txt")
     args = parser.parse_args(argv)
+    if args.summarize:
+        print(summarize(args.summarize))
+        return 0
     trees = [Path(t).resolve() for t in args.trees.split(",")]
     sizes = [int(s) for s in args.sizes.split(",")]
     profiles = args.profiles.split(",")

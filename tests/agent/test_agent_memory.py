@@ -26,11 +26,12 @@ from agent import serf
 from agent.config import load
 from agent.control import FrameDecoder, encode_frame, make_request
 from agent.control_server import answer
+from agent.driver import Driver
 from agent.memory_transport import MemoryNetwork, address_of
 from agent.procs import until_async as until
 from agent.runtime import Agent
 from agent.watch import job_view, serve_watch
-from swim import Address, Node, NodeStateType
+from swim import Address, Node, NodeStateType, Output, Timer
 
 pytestmark = pytest.mark.trio
 KEY = base64.b64encode(bytes(range(16))).decode()
@@ -422,3 +423,50 @@ async def test_a_rank_that_stops_heartbeating_takes_its_node_out_until_it_steps_
         await rank.send({"heartbeat": {"step": 5}})
         await observer.until_view(["n0"])
         nursery.cancel_scope.cancel()
+
+
+async def test_the_node_task_wakes_only_for_timers_that_can_do_something(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forgotten timers (``Output.cancelled_timers``) are never handed back, idle gossip
+    ticks are held back, and a held tick is handed over at a multiple of the gossip
+    interval from its deadline once something is queued (agent/driver.py docstring)."""
+    cancelled: dict[str, set[int]] = {}
+    handed: list[tuple[str, str, int, bool]] = []  # node, timer kind, ms late, queued
+    apply, handle_timer = Driver.apply, Node.handle_timer
+
+    def record_apply(driver: Driver, out: Output) -> Output:
+        cancelled.setdefault(driver.node.name, set()).update(out.cancelled_timers)
+        return apply(driver, out)
+
+    def record_timer(node: Node, timer: Timer, now_ms: int) -> Output:
+        assert timer.timer_id not in cancelled.get(node.name, set()), timer
+        kind = type(timer).__name__
+        handed.append((node.name, kind, now_ms - timer.deadline_ms, node.broadcast_queue_depth > 0))
+        return handle_timer(node, timer, now_ms)
+
+    monkeypatch.setattr(Driver, "apply", record_apply)
+    monkeypatch.setattr(Node, "handle_timer", record_timer)
+    async with cluster(3) as c:
+        await until(alive(c.members), 20)
+        await until(lambda: all(m.node.broadcast_queue_depth == 0 for m in c.members), 20)
+        await trio.sleep(1)
+        handed.clear()
+        await trio.sleep(5)  # quiet: probes, no gossip
+        kinds = {kind for _, kind, _, _ in handed}
+        assert "ProbeTick" in kinds and "GossipTick" not in kinds, kinds
+        assert sum(len(ids) for ids in cancelled.values()) > 0  # acked probes' timeouts
+
+        handed.clear()
+        n0 = c.members[0]
+        await n0.agent.set_tags({"zone": "z1"})  # queues a broadcast of n0's alive
+        await until(
+            lambda: all(
+                (m := x.node.member("n0")) is not None and b"z1" in m.meta for x in c.members
+            ),
+            5,
+        )
+        gossip = [(late, queued) for name, kind, late, queued in handed if kind == "GossipTick"]
+        assert gossip and all(queued for _, queued in gossip)
+        interval = n0.node.config.gossip_interval_ms
+        assert all(late % interval == 0 for late, _ in gossip), gossip
