@@ -34,6 +34,7 @@ from swim.messages import Address, NodeStateType
 from swim.shared import SharedCodec
 
 _SAMPLE_TRIES = 32
+_UNSET = object()
 """Rejection-sampling draws per wanted item before the exact O(n) fallback."""
 
 
@@ -204,9 +205,19 @@ class MemberTable:
         return state
 
     def by_address(self, address: Address) -> MemberState | None:
-        own = self._addr
-        name = own[address] if address in own else self._base_addr.get(address)
-        return None if name is None else self.get(name)
+        # One hash of ``address`` per index and ``get`` inlined: a lookup per datagram.
+        name = self._addr.get(address, _UNSET)
+        if name is _UNSET:
+            name = self._base_addr.get(address)
+        if name is None:
+            return None
+        assert isinstance(name, str)
+        state = self._own.get(name)
+        if state is not None:
+            return state
+        if name in self._gone:
+            return None
+        return self._base.get(name)
 
     def count(self, state: NodeStateType) -> int:
         return self._counts[state]
