@@ -169,6 +169,12 @@ class Config:
     accusation (each with probability cross_checks / (n − 1)); a failed cross-check is an
     independent confirmation (Lifeguard §IV-B), a live suspect refutes on the buddy
     accusation the cross-check carries. 0: off (confirmations wait for the round robin)."""
+    verify_confirmed_suspicion: bool = False
+    """With ``verify_unconfirmed_suspicion``: the last-chance ping goes to every suspect
+    whose window ran out, confirmed or not. Confirmations prove that several members could
+    not reach the suspect, not that its refutation reached us: in the frontier's ``worst``
+    condition one observer in thousands of suspicions missed a refutation everyone else had
+    and declared a live member dead. Costs one adaptive probe timeout per real death."""
     confirmed_suspicion_safety_mult: int = 0
     """With ``derived_suspicion``: once k independent confirmations are in, the window may
     end at ``formulas.derived_suspicion_timeout_ms`` with this safety multiple (1: the
@@ -348,6 +354,10 @@ def _validate(c: Config) -> None:
         f"exceed suspicion_safety_mult ({c.suspicion_safety_mult})",
     )
     need(c.suspicion_cross_checks <= 16, "suspicion_cross_checks must be <= 16")
+    need(
+        not c.verify_confirmed_suspicion or c.verify_unconfirmed_suspicion,
+        "verify_confirmed_suspicion needs verify_unconfirmed_suspicion",
+    )
     need(c.max_members >= 2, "max_members must be >= 2")
     need(c.max_broadcast_queue >= 1, "max_broadcast_queue must be >= 1")
     need(c.max_push_pull_nodes >= 1, "max_push_pull_nodes must be >= 1")

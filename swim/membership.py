@@ -3,21 +3,20 @@ as memberlist implements it, plus Lifeguard's refutation health.
 
 Rules (hashicorp/memberlist @ 1b4c746 state.go ``aliveNode``, ``suspectNode``, ``deadNode``,
 ``refute``, ``mergeState``, ``resetNodes``; docs/design.md §5.6):
-- Validate, then decide, then mutate. An alive, suspect or dead message first passes the
-  input checks (malformed, a claim on our address under another name, a member at a new
-  address that may not reclaim its name, the member limit); the ``PRECEDENCE`` table then
-  decides, from whom it is about, what we know of them and how its incarnation compares
-  with theirs, what happens: ignore, apply, count a confirmation, refute, re-announce.
+- Validate, decide, mutate. An alive, suspect or dead message passes the input checks
+  (malformed, a claim on our address under another name, a new address that may not
+  reclaim its name, the member limit); the ``PRECEDENCE`` table decides from whom it is
+  about, what we know and how the incarnations compare: ignore, apply, confirm, refute,
+  re-announce.
 - The table in words is docs/design.md §5.6. A refutation sets our incarnation to
   max(own+1, accused+1) and raises our health score by 1 (``swim.awareness``); only the
   node itself ever raises its incarnation. A dead message sent by the member itself means
   it left.
-- Dead and left members stay in the table, gossiped to, for gossip_to_the_dead_time; they
-  are reaped when the round-robin probe order wraps, and the order is then reshuffled
-  (SWIM §4.3). New members are inserted at a random position among those still to be
-  probed this round. The order is drawn incrementally (``swim.table``), never stored.
-- Storage is copy-on-write over an optional shared ``MembershipSnapshot`` (``bootstrap``):
-  a node holds only the members it changed or added; see ``swim.table``.
+- Dead and left members stay, gossiped to, for gossip_to_the_dead_time; they are reaped
+  when the round-robin order wraps, which is then reshuffled (SWIM §4.3); new members land
+  at a random place among those still to probe this round (drawn incrementally,
+  ``swim.table``). ``coordinated_probes`` instead keeps the ring of ``swim.schedule``.
+- Storage is copy-on-write over an optional shared ``MembershipSnapshot`` (``bootstrap``).
 - Hostile or invalid input is dropped and counted before anything changes.
 """
 
@@ -387,10 +386,13 @@ class Membership:
             return None
         return self._suspicions.get(name)
 
-    def unconfirmed(self, name: str, state_change_ms: int) -> bool:
-        """The suspicion is still live and has fewer than k confirmations (or k is 0)."""
-        live = self._live_suspicion(name, state_change_ms)
-        return live is not None and live.unconfirmed
+    def needs_verify(self, name: str, state_change_ms: int) -> bool:
+        """The suspicion is live and, with ``verify_unconfirmed_suspicion``, has fewer than
+        k confirmations (or k is 0), or any with ``verify_confirmed_suspicion``."""
+        c, live = self._ctx.config, self._live_suspicion(name, state_change_ms)
+        if live is None or not c.verify_unconfirmed_suspicion:
+            return False
+        return live.unconfirmed or c.verify_confirmed_suspicion
 
     def on_suspicion_timeout(self, name: str, state_change_ms: int) -> None:
         suspicion = self._live_suspicion(name, state_change_ms)
@@ -480,8 +482,7 @@ class Membership:
         self.merge([remote[i] for i in self.push_pull.merge_picks(diff)])
 
     def force_left(self, name: str) -> None:
-        """Mark a failed member as left, as if it had said so itself (its own incarnation,
-        sender = itself), and gossip that; it is then reaped like any left member."""
+        """A failed member left, as if it said so (its incarnation, sender = itself); gossiped."""
         state = self._members.mutable(name)
         if state.state == NodeStateType.DEAD:
             # apply_dead ignores news about the already dead; replace the record directly
@@ -493,8 +494,7 @@ class Membership:
             self.apply_dead(Dead(state.incarnation, name, name))
 
     def leave(self) -> None:
-        """We leave: our own dead message, gossiped with ``LEAVE_NOTIFY`` so the node can
-        tell when it is out (``Node.leave_done``). From now on we are LEFT."""
+        """We leave (LEFT from now on): our dead, gossiped with ``LEAVE_NOTIFY`` (leave_done)."""
         self.leaving = True
         me = self.local
         self._declare_dead(Dead(me.incarnation, me.name, me.name), notify=LEAVE_NOTIFY)

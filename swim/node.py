@@ -452,11 +452,9 @@ class Node:
             case RelayTimeout(seq_no=seq_no):
                 prober.on_relay_timeout(seq_no)
             case SuspicionTimeout(name=name, state_change_ms=state_change_ms):
-                # A suspicion nobody confirmed gets a last-chance ping first
-                # (SuspicionVerify is that ping's deadline); else the member is dead.
-                if self.config.verify_unconfirmed_suspicion and self._members.unconfirmed(
-                    name, state_change_ms
-                ):
+                # A last-chance ping first (its deadline is SuspicionVerify) where the config
+                # asks for one (``Membership.needs_verify``); else the member is dead.
+                if self._members.needs_verify(name, state_change_ms):
                     prober.verify_suspect(name, state_change_ms)
                 else:
                     self._members.on_suspicion_timeout(name, state_change_ms)

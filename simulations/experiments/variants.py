@@ -32,5 +32,6 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "fast/cross": ("fast", {"suspicion_cross_checks": 4}),
     "fast/confirmed": ("fast", {"suspicion_cross_checks": 4, "confirmed_suspicion_safety_mult": 1}),
     "fast/all": ("fast", ALL_17),
+    "fast/all+verify": ("fast", {**ALL_17, "verify_confirmed_suspicion": True}),
 }
 """Name -> (preset, overrides): ``Config.profile(preset, **overrides)``."""

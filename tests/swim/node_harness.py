@@ -18,6 +18,7 @@ FAST_WITHOUT_ISSUE_17: dict[str, object] = {
     "early_probe_conclusion": False,
     "suspicion_cross_checks": 0,
     "confirmed_suspicion_safety_mult": 0,
+    "verify_confirmed_suspicion": False,
 }
 """Overrides that turn ``Config.fast()`` back into the fast profile before issue 17's
 detection switches, for tests about what those switches would blur (RTT sampling order,

@@ -8,7 +8,8 @@ time (and ``swim.schedule.ProbeRing``, which is pure):
 - ``suspicion_cross_checks``: a member that first hears an accusation probes the suspect;
   its failure is its own confirmation (Lifeguard §IV-B, arXiv:1707.00788);
 - ``confirmed_suspicion_safety_mult``: k confirmations end the window at the derived window
-  with that safety multiple (``swim.suspicion.confirmed_window_ms``).
+  with that safety multiple (``swim.suspicion.confirmed_window_ms``);
+- ``verify_confirmed_suspicion``: the last-chance ping goes to confirmed suspects too.
 
 Rules: swim/schedule.py, swim/probe.py and swim/suspicion.py docstrings; measured in
 simulations/RESULTS.md §9.
@@ -266,12 +267,47 @@ def test_k_confirmations_end_the_window_at_the_confirmed_window() -> None:
     assert windows[1][1] < windows[1][0]
 
 
+@pytest.mark.parametrize("verify_confirmed", [False, True])
+def test_a_confirmed_suspicion_gets_the_last_chance_ping_only_with_the_switch(
+    verify_confirmed: bool,
+) -> None:
+    a = _group(verify_confirmed_suspicion=verify_confirmed)
+    for t, accuser in enumerate("xyz"):  # the accusation and k = 2 confirmations
+        a.receive(addr(30), Suspect(1, "b", accuser), now_ms=1000 + t)
+    out = a.fire(SuspicionTimeout)
+    if not verify_confirmed:
+        assert [(e.kind, e.member.name) for e in out.events] == [(EventKind.DEAD, "b")]
+        return
+    assert out.events == []
+    pings = [m for p in out.packets if p.dest == addr(2) for m in decode(p.data)]
+    assert [type(m) for m in pings] == [Suspect, Ping] * (len(pings) // 2)
+    assert len(pings) >= 4, "the accusation and a ping, twice"
+    done = a.fire(SuspicionVerify)
+    assert [(e.kind, e.member.name) for e in done.events] == [(EventKind.DEAD, "b")]
+
+
+def test_a_live_suspect_refutes_on_the_last_chance_ping_of_a_confirmed_suspicion() -> None:
+    a = _group(verify_confirmed_suspicion=True)
+    for t, accuser in enumerate("xyz"):
+        a.receive(addr(30), Suspect(1, "b", accuser), now_ms=1000 + t)
+    out = a.fire(SuspicionTimeout)
+    [ping, *_] = [m for p in out.packets for m in decode(p.data) if isinstance(m, Ping)]
+    t = a.timer(SuspicionVerify).deadline_ms - 1
+    a.receive(addr(2), Ack(ping.seq_no), alive("b", 2, incarnation=2), now_ms=t)
+    a.fire(SuspicionVerify)
+    assert a.member("b").state == ALIVE
+
+
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
         ({"derived_suspicion": False, "confirmed_suspicion_safety_mult": 1}, "derived"),
         ({"confirmed_suspicion_safety_mult": 3}, "must not exceed"),
         ({"suspicion_cross_checks": 17}, "<= 16"),
+        (
+            {"verify_unconfirmed_suspicion": False, "verify_confirmed_suspicion": True},
+            "needs verify_unconfirmed",
+        ),
     ],
 )
 def test_bad_combinations_are_refused(overrides: dict[str, object], match: str) -> None:
