@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from swim import Timer
+from swim import Ack, Timer
 from swim.messages import Suspect
 from swim.timers import NODE_TIMERS, GossipTick, ProbeTick, SuspicionTimeout
 from tests.swim.node_harness import addr, alive, make_peer
@@ -52,3 +52,30 @@ def test_a_foreign_timer_raises_and_a_stale_one_is_ignored() -> None:
     forged = GossipTick(probe.deadline_ms, probe.timer_id)  # a live number, another kind
     assert o.node.handle_timer(forged, probe.deadline_ms).timers == []
     assert [type(t) for t in o.fire(ProbeTick).timers] == [ProbeTick]  # still live
+
+
+def test_outputs_name_gossip_ticks_and_forgotten_timers_as_a_driver_relies_on() -> None:
+    """agent/driver.py holds back idle gossip ticks and drops forgotten timers unhanded:
+    an idle tick only asks for the next one an interval later, and a timer named in
+    ``Output.cancelled_timers`` does nothing when handed back."""
+    o = make_peer("o", 1)
+    o.learn(alive("x", 2))
+    o.drain(0)
+    tick = o.timer(GossipTick)
+    out = o.fire(GossipTick)
+    assert o.node.broadcast_queue_depth == 0
+    assert [type(t) for t in out.timers] == [GossipTick]
+    assert out.gossip_timers == [out.timers[0].timer_id]
+    assert out.timers[0].deadline_ms == tick.deadline_ms + o.node.config.gossip_interval_ms
+    assert not out.packets and not out.events and not out.cancelled_timers
+
+    probed, ping = o.probe("x", now_ms=5000)
+    waiting = [t for t in probed.timers if not isinstance(t, (ProbeTick, GossipTick))]
+    assert waiting and not probed.gossip_timers
+    acked = o.receive(addr(2), Ack(ping.seq_no), now_ms=5001)
+    assert sorted(acked.cancelled_timers) == sorted(t.timer_id for t in waiting)
+    for timer in waiting:
+        handed = o.node.handle_timer(timer, timer.deadline_ms)
+        assert not (handed.timers or handed.packets or handed.events or handed.notices)
+    again = o.node.handle_timer(waiting[0], waiting[0].deadline_ms)
+    assert again.cancelled_timers == []  # forgotten once, named once
