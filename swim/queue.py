@@ -79,34 +79,43 @@ class BroadcastQueue:
         Walks transmit levels from the least-sent up; within a level takes the largest
         message that still fits, as memberlist's ``GetBroadcasts`` does.
         """
-        if not self._keys:
+        keys = self._keys
+        if not keys:
             return []
+        items = self._items
         transmit_limit = retransmit_limit(self._retransmit_mult, n)
         used = 0
         out: list[bytes] = []
         reinsert: list[_Item] = []
-        transmits = self._keys[0][0]
-        max_transmits = self._keys[-1][0]
+        transmits = keys[0][0]
+        max_transmits = keys[-1][0]
         while transmits <= max_transmits:
             free = limit - used - overhead
             if free <= 0:
                 break
-            index = bisect.bisect_left(self._keys, (transmits, -free, _MIN_ID))
-            if index >= len(self._keys) or self._keys[index][0] != transmits:
+            index = bisect.bisect_left(keys, (transmits, -free, _MIN_ID))
+            if index >= len(keys) or keys[index][0] != transmits:
                 transmits += 1
                 continue
-            item = self._items[self._keys[index]]
-            used += overhead + len(item.msg)
-            out.append(item.msg)
-            self._remove(item)
+            # ``_remove`` inlined: the key is unique, so its index is the one just found.
+            item = items.pop(keys[index])
+            del keys[index]
+            msg = item.msg
+            used += overhead + len(msg)
+            out.append(msg)
             if item.transmits + 1 >= transmit_limit:
                 self._drop_name(item)
                 self._finish(item)
             else:
                 item.transmits += 1
                 reinsert.append(item)
-        for item in reinsert:
-            self._insert(item)
+        by_name = self._by_name
+        for item in reinsert:  # ``_insert`` inlined
+            key = (item.transmits, -len(item.msg), -item.id)
+            bisect.insort(keys, key)
+            items[key] = item
+            if item.name is not None:
+                by_name[item.name] = item
         return out
 
     def reset(self) -> None:
