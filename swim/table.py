@@ -337,13 +337,19 @@ class MemberTable:
         chosen: list[MemberState] = []
         seen: set[str] = set()
         if self._size > 2 * k:
-            gone = self._gone
+            gone, own, base = self._gone, self._own, self._base
+            base_names, added = self._base_names, self._added
+            nb = len(base_names)
+            randrange = rng.randrange
             for _ in range(_SAMPLE_TRIES * k):
-                name = self._name_at(rng.randrange(space))
+                i = randrange(space)  # ``_name_at`` and ``get`` inlined
+                name = base_names[i] if i < nb else added[i - nb]
                 if name in seen or name in gone:
                     continue
                 seen.add(name)
-                state = self.get(name)
+                state = own.get(name)
+                if state is None:
+                    state = base.get(name)
                 if state is not None and not exclude(state):
                     chosen.append(state)
                     if len(chosen) == k:
