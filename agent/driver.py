@@ -294,25 +294,22 @@ class Driver:
     async def _read_datagrams(self) -> None:
         """Wait for a datagram, then take what else already waits without waiting again."""
         transport = self.transport
-        send = self._send_in.send_nowait
         while True:
-            source, data = await transport.receive_datagram()
-            read = 0
-            while True:
-                try:
-                    send(_Datagram(source, data))
-                except trio.WouldBlock:
-                    self.node.record_drop(DropReason.QUEUE_FULL)
-                read += 1
-                if read >= MAX_CATCH_UP:
-                    break
+            self._queue_datagram(*await transport.receive_datagram())
+            for _ in range(MAX_CATCH_UP - 1):
                 try:
                     got = transport.receive_datagram_nowait()
                 except OSError:  # one unreadable datagram (ICMP); the next may be fine
                     continue
                 if got is None:
                     break
-                source, data = got
+                self._queue_datagram(*got)
+
+    def _queue_datagram(self, source: Address, data: bytes) -> None:
+        try:
+            self._send_in.send_nowait(_Datagram(source, data))
+        except trio.WouldBlock:
+            self.node.record_drop(DropReason.QUEUE_FULL)
 
     async def _deliver_stream(self, source: Address, message: StreamMessage) -> bytes | None:
         send, receive = trio.open_memory_channel[bytes | None](1)
