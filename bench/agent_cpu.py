@@ -108,13 +108,17 @@ def cluster(tree: Path, n: int, profile: str) -> Iterator[list[_Agent]]:
             stop(*(a.popen for a in agents), sig=signal.SIGKILL)
 
 
-def cpu_ticks(pid: int) -> int:
+def cpu_ticks(pid: int) -> tuple[int, int]:
+    """(utime, stime) of a process, in clock ticks."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+    return int(fields[11]), int(fields[12])
 
 
-def measure(tree: Path, n: int, profile: str, settle_s: float, window_s: float) -> float:
-    """Mean CPU ms per agent-second over the window, after convergence and settling."""
+def measure(
+    tree: Path, n: int, profile: str, settle_s: float, window_s: float
+) -> tuple[float, float]:
+    """Mean CPU ms per agent-second over the window, after convergence and settling, and
+    the kernel's (stime's) share of it."""
     with cluster(tree, n, profile) as agents:
         time.sleep(settle_s)
         t0 = time.monotonic()
@@ -122,9 +126,10 @@ def measure(tree: Path, n: int, profile: str, settle_s: float, window_s: float) 
         time.sleep(window_s)
         ticks1 = [cpu_ticks(a.popen.pid) for a in agents]
         elapsed = time.monotonic() - t0
-    return statistics.mean(
-        (b - a) * 1000 / CLK_TCK / elapsed for a, b in zip(ticks0, ticks1, strict=True)
-    )
+    user = sum(b[0] - a[0] for a, b in zip(ticks0, ticks1, strict=True))
+    system = sum(b[1] - a[1] for a, b in zip(ticks0, ticks1, strict=True))
+    ms = (user + system) * 1000 / CLK_TCK / elapsed / len(agents)
+    return ms, system / max(user + system, 1)
 
 
 def record(tree: Path, n: int, profile: str, settle_s: float, seconds: int, flame: Path) -> None:
@@ -159,6 +164,7 @@ def summarize(stacks: Path, top: int = 15) -> str:
     (``--format raw``): self (the innermost frame) and cumulative (anywhere on the stack)."""
     own: Counter[str] = Counter()
     anywhere: Counter[str] = Counter()
+    where: Counter[str] = Counter()
     total = 0
     for line in stacks.read_text().splitlines():
         if not line.strip():
@@ -166,16 +172,34 @@ def summarize(stacks: Path, top: int = 15) -> str:
         stack, _, count = line.rpartition(" ")
         n = int(count)
         total += n
-        frames = stack.split(";")
+        # per function, not per line; the frames above the trio run (click, runpy) dropped
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        for i, frame in enumerate(frames):
+            if frame.startswith("run (trio/"):
+                frames = frames[i:]
+                break
         own[frames[-1]] += n
+        where[_package(frames[-1])] += n
         for frame in set(frames):
             anywhere[frame] += n
     lines = [f"{total} samples (py-spy --gil: only while the agent runs Python)", ""]
-    for title, counter in (("self", own), ("cumulative", anywhere)):
+    for title, counter in (("self", own), ("cumulative", anywhere), ("self, by package", where)):
         lines += [f"| {title} % | function |", "|---:|---|"]
         lines += [f"| {100 * n / total:.1f} | `{f}` |" for f, n in counter.most_common(top)]
         lines.append("")
     return "\n".join(lines)
+
+
+def _package(frame: str) -> str:
+    """The package of a collapsed-stack frame ``name (path:line)``: swim, phi, agent, trio
+    (with outcome, attrs and contextlib, which trio's cancel scopes use), or other."""
+    path = frame.rpartition("(")[2]
+    for package in ("swim", "phi", "agent", "trio", "msgpack"):
+        if path.startswith(f"{package}/"):
+            return package
+    if path.startswith(("outcome/", "attr/", "contextlib.py", "<attrs generated")):
+        return "trio"
+    return "other"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,9 +229,13 @@ def main(argv: list[str] | None = None) -> int:
         for n in sizes:
             for profile in profiles:
                 for tree in order:
-                    ms = measure(tree, n, profile, args.settle_s, args.window_s)
+                    ms, system = measure(tree, n, profile, args.settle_s, args.window_s)
                     results.setdefault((n, profile, tree), []).append(ms)
-                    print(f"rep {rep} N={n} {profile} {tree}: {ms:.2f} ms/agent-s", flush=True)
+                    print(
+                        f"rep {rep} N={n} {profile} {tree}: {ms:.2f} ms/agent-s "
+                        f"({100 * system:.0f}% of it in the kernel)",
+                        flush=True,
+                    )
     print(f"\n{args.reps} repetitions, window {args.window_s:g} s, trees alternating")
     for n in sizes:
         for profile in profiles:
