@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -190,6 +191,11 @@ def summarize(stacks: Path, top: int = 15) -> str:
     return "\n".join(lines)
 
 
+def _ratio(a: float, b: float) -> float:
+    """a / b, NaN where b is 0 (a window too short for a clock tick)."""
+    return a / b if b else math.nan
+
+
 def _package(frame: str) -> str:
     """The package of a collapsed-stack frame ``name (path:line)``: swim, phi, agent, trio
     (with outcome, attrs and contextlib, which trio's cancel scopes use), or other."""
@@ -244,10 +250,12 @@ def main(argv: list[str] | None = None) -> int:
                 runs = results[(n, profile, tree)]
                 med = statistics.median(runs)
                 each = ", ".join(f"{v:.2f}" for v in runs)
-                paired = [v / b for v, b in zip(runs, results[(n, profile, trees[0])], strict=True)]
+                paired = [
+                    _ratio(v, b) for v, b in zip(runs, results[(n, profile, trees[0])], strict=True)
+                ]
                 print(
                     f"N={n} {profile:5} {tree}: median {med:.2f} ms/agent-s ({each}); "
-                    f"ratio of medians to {trees[0]} {med / base:.2f}, per repetition "
+                    f"ratio of medians to {trees[0]} {_ratio(med, base):.2f}, per repetition "
                     + ", ".join(f"{r:.2f}" for r in paired)
                 )
     return 0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import compare_serf
+from bench import agent_cpu, compare_serf
 from bench.procs import SERF
 
 
@@ -52,3 +52,21 @@ def test_runs_are_checked() -> None:
     for bad in ("serf:fast", "swim:turbo", "etcd:lan", "swim"):
         with pytest.raises(ValueError, match=r"serf has no profile|bad run"):
             compare_serf.parse_runs(bad, "lan")
+
+
+def test_agent_cpu_measures_a_tiny_cluster_and_summarizes_a_profile(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """bench/agent_cpu.py end to end: two agents of this checkout, one short window; and
+    the committed profile's summary (no numbers asserted)."""
+    root = Path(__file__).resolve().parents[1]
+    rc = agent_cpu.main(
+        [
+            *("--trees", str(root), "--sizes", "2", "--profiles", "fast", "--reps", "1"),
+            *("--settle-s", "0.5", "--window-s", "1"),
+        ]
+    )
+    assert rc == 0
+    assert "N=2 fast" in capsys.readouterr().out
+    assert agent_cpu.main(["--summarize", str(root / "bench/profiles/fast64-new.txt")]) == 0
+    assert "| self, by package % |" in capsys.readouterr().out
