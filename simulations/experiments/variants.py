@@ -13,7 +13,15 @@ ALL_17: dict[str, Any] = {
     "suspicion_cross_checks": 4,
     "confirmed_suspicion_safety_mult": 1,
 }
-"""Issue 17's four switches together."""
+"""Issue 17's four switches together (``fast``'s since issue 17)."""
+
+BEFORE_17: dict[str, Any] = {
+    "coordinated_probes": False,
+    "early_probe_conclusion": False,
+    "suspicion_cross_checks": 0,
+    "confirmed_suspicion_safety_mult": 0,
+}
+"""``fast`` as it was before issue 17 (issue 7's profile)."""
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "lan": ("lan", {}),
@@ -33,5 +41,6 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "fast/confirmed": ("fast", {"suspicion_cross_checks": 4, "confirmed_suspicion_safety_mult": 1}),
     "fast/all": ("fast", ALL_17),
     "fast/all+verify": ("fast", {**ALL_17, "verify_confirmed_suspicion": True}),
+    "fast/before-17": ("fast", BEFORE_17),
 }
 """Name -> (preset, overrides): ``Config.profile(preset, **overrides)``."""
