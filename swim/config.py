@@ -251,11 +251,14 @@ class Config:
     def fast(cls, **overrides: Any) -> Config:
         """Ours, for one low-latency LAN (a GPU cluster): 250 ms probes with Phi-adaptive
         per-peer timeouts (20–125 ms), 3 indirect checks, gossip every 50 ms to 4 members,
-        a suspicion window derived from dissemination time (0.8 s at 64 members, up to
-        β = 4 times that without confirmations), and a last-chance ping to a suspect
-        nobody confirmed. A crash is dead everywhere in ~1.3 s at 64 members for 4x lan's
-        probe traffic; a member that stalls for more than ~1 s is declared dead too.
-        Every choice and its measurement: simulations/RESULTS.md §5, BENCHMARKS.md."""
+        a suspicion window derived from dissemination time (0.85 s at 64 members, up to
+        β = 4 times that without confirmations, half of it with k confirmations) and a
+        last-chance ping to a suspect nobody confirmed; since issue 17 also probe rounds
+        coordinated across members, probes that end when every path failed, and four
+        cross-checks of each fresh accusation. A crash is dead everywhere in ~0.7 s at 64
+        members (simulator; p99 ≤ 1.3 s up to 20 % loss); a member that stalls for more
+        than ~0.5 s is declared dead too. Every choice and its measurement:
+        simulations/RESULTS.md §5 and §9, BENCHMARKS.md."""
         values: dict[str, Any] = {
             "probe_interval_ms": 250,
             "probe_timeout_ms": 100,
@@ -265,6 +268,10 @@ class Config:
             "suspicion_max_timeout_mult": 4,
             "derived_suspicion": True,
             "verify_unconfirmed_suspicion": True,
+            "coordinated_probes": True,
+            "early_probe_conclusion": True,
+            "suspicion_cross_checks": 4,
+            "confirmed_suspicion_safety_mult": 1,
             "gossip_interval_ms": 50,
             "gossip_nodes": 4,
             "gossip_to_the_dead_time_ms": 15_000,

@@ -11,6 +11,11 @@ Pinned: every registered scenario's CI variant at seed 3 (``slow-members`` in bo
 at 150 nodes), ``crash`` at seed 9, the bare world's crash run at seed 7 (snapshot
 bootstrap and join fallback), the frontier's CI sweep and one of its runs, and the
 all-to-all heartbeat baseline in a clean and a lossy frontier cell.
+
+Re-pinned on purpose (issue 17): ``fast`` turned on the coordinated probe ring, early
+conclusion of round-robin probes, cross-checks and the confirmed window, which moved the
+frontier CI sweep (``4b32e0a1…`` → ``6113bc69…``) and the fast run (``d6d6b7ec…`` →
+``1da77eed…``); the old fast run is still pinned, unchanged, as ``fast/before-17``.
 """
 
 from __future__ import annotations
@@ -79,10 +84,15 @@ PINS: list[tuple[str, Callable[[], str], str]] = [
     ("scale ci seed 3 n 150", _scenario("scale", nodes=150), "112c1631137af721f82c834632020731"),
     ("world crash seed 7 snapshot", _world_crash(7, True), "c64f70d714e031bfbe3271d374b01f82"),
     ("world crash seed 7 join", _world_crash(7, False), "07abf7d31834b21e607a869b06e79f92"),
-    ("frontier ci", _frontier_ci, "4b32e0a137d67d9311f25ddf6f885cd0"),
+    ("frontier ci", _frontier_ci, "6113bc6966f3c21b6ce68819f53fb294"),
     (
         "frontier fast clean n 16 seed 2",
         _frontier_run("fast", "clean", 16, 2),
+        "1da77eed6d84fd459f741b267843d598",
+    ),
+    (
+        "frontier fast/before-17 clean n 16 seed 2",
+        _frontier_run("fast/before-17", "clean", 16, 2),
         "d6d6b7ecdb942ba0827d03f692068a45",
     ),
     (
