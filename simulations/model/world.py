@@ -9,7 +9,10 @@ Rules:
 - Packets are the real encoded bytes a node emitted, routed by address through the
   ``Network`` (latency, loss, partitions). A stream connection costs three one-way delays
   (SYN, SYN-ACK, data) before the server sees it (lossy TCP: ``Network.stream_open``);
-  what the ends read: ``streams``.
+  the timing: ``world_streams``; what the ends read: ``streams``.
+- Inputs that would do nothing are not handed to a node: an idle gossip tick comes back
+  one interval later, a cancelled timer is dropped (``skip_idle_gossip``,
+  ``skip_stale_timers``; the run is the same either way).
 - A crashed node handles nothing (its in-flight timers are dropped, packets to it are
   lost); a restarted node is a new ``Node`` under the same name and address that joins
   through a live member. A leaving node stops one second after ``leave`` (serf
