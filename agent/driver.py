@@ -205,6 +205,8 @@ class Driver:
             "tcp_fallback_rescues": st.tcp_fallback_rescues,
             "suspicions_raised": st.suspicions_raised,
             "suspicion_verifications": st.suspicion_verifications,
+            "cross_check_probes": st.cross_check_probes,
+            "cross_check_probes_failed": st.cross_check_probes_failed,
             "refutations": st.refutations,
             "deaths_declared": st.deaths_declared,
             "urgent_probes": dict(st.urgent_probes),

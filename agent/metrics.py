@@ -19,7 +19,8 @@ Metric names (all prefixed ``swim_``; counters end in ``_total``; base units):
   ``swim_tcp_fallback_rescues_total``, ``swim_nacks_received_total``
 - ``swim_suspicions_raised_total``, ``swim_suspicions_refuted_total``,
   ``swim_refutations_total``, ``swim_deaths_declared_total``,
-  ``swim_suspicion_timeouts_degraded_total``, ``swim_suspicion_verifications_total``
+  ``swim_suspicion_timeouts_degraded_total``, ``swim_suspicion_verifications_total``,
+  ``swim_cross_check_probes_total``, ``swim_cross_check_probes_failed_total``
 - ``swim_health_score``, ``swim_broadcast_queue_depth``, ``swim_incarnation`` gauges
 - ``swim_packets_received_total``, ``swim_packets_sent_total``,
   ``swim_received_bytes_total``, ``swim_sent_bytes_total``
@@ -180,6 +181,19 @@ _SCALARS: tuple[_Scalar, ...] = (
         "(verify_unconfirmed_suspicion, the fast profile).",
         True,
         lambda n: n.stats.suspicion_verifications,
+    ),
+    _Scalar(
+        "swim_cross_check_probes",
+        "Probes of a member just heard accused by another (suspicion_cross_checks, the fast "
+        "profile).",
+        True,
+        lambda n: n.stats.cross_check_probes,
+    ),
+    _Scalar(
+        "swim_cross_check_probes_failed",
+        "Cross-checks that got no answer: this node's own confirmation of the suspicion.",
+        True,
+        lambda n: n.stats.cross_check_probes_failed,
     ),
     _Scalar(
         "swim_urgent_probes_failed",
