@@ -53,6 +53,20 @@ class Kill:
     first_dead_s: float | None
     last_dead_s: float | None
 
+    @property
+    def suspicion_s(self) -> float | None:
+        """First suspicion → first death anywhere: the suspicion window as it ran."""
+        if self.first_suspect_s is None or self.first_dead_s is None:
+            return None
+        return self.first_dead_s - self.first_suspect_s
+
+    @property
+    def spread_s(self) -> float | None:
+        """First death → the last survivor's: the verdict's dissemination."""
+        if self.first_dead_s is None or self.last_dead_s is None:
+            return None
+        return self.last_dead_s - self.first_dead_s
+
 
 @dataclass
 class Result:
@@ -263,6 +277,21 @@ def report(results: list[Result], runs: list[tuple[str, str]], command: str) -> 
             f"{_f(r.rss_mib_mean, '{:.1f}')} ({_f(r.rss_mib_max, '{:.1f}')}) | "
             f"{_f(r.pkts_per_s, '{:.1f}')} | {_f(r.bytes_per_s, '{:.0f}')} |"
         )
+    lines += [
+        "",
+        "Detection budget, median / p99 s over the kills: *to suspicion* (kill → first "
+        "suspicion anywhere: waiting for a prober, the direct timeout, the indirect round), "
+        "*suspicion* (→ first death: the window), *spread* (→ the last survivor's death).",
+        "",
+        "| impl | profile | N | to suspicion | suspicion | spread | total |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        cells = [
+            f"{_f(r.median(a))} / {_f(r.p99(a))}"
+            for a in ("first_suspect_s", "suspicion_s", "spread_s", "last_dead_s")
+        ]
+        lines.append(f"| {r.impl} | {r.profile} | {r.n} | " + " | ".join(cells) + " |")
     base_impl, base_profile = runs[0]
     lines += [
         "",

@@ -36,11 +36,17 @@ def test_benchmark_produces_a_report(tmp_path: Path) -> None:
     text = out.read_text()
     assert "| serf | local | 3 |" in text and "| swim | fast | 3 |" in text
     assert "| swim `fast` | 3 |" in text.split("Ratios to serf `local`")[1]
-    for line in text.splitlines():
+    main, budget = text.split("Detection budget")
+    for line in main.splitlines():
         if line.startswith(("| serf | local | 3", "| swim | fast | 3")):
             cells = [c.strip() for c in line.strip("|").split("|")]
             assert not cells[6].startswith("n/a"), "every survivor saw the killed agent dead"
             assert cells[9] == "0 (0)", "no false positives on an idle loopback cluster"
+    rows = [line for line in budget.splitlines() if line.startswith(("| serf |", "| swim |"))]
+    assert len(rows) == 2
+    for row in rows:  # to suspicion, suspicion, spread, total: each "median / p99"
+        phases = [c.strip() for c in row.strip("|").split("|")][3:]
+        assert len(phases) == 4 and all(" / " in p and "n/a" not in p for p in phases), row
 
 
 def test_runs_are_checked() -> None:
