@@ -19,6 +19,7 @@ Rules:
   is queued (``Node.broadcast_queue_depth == 0``), which would only ask for the next tick, is
   held back and handed over at its next multiple of ``gossip_interval_ms`` once something
   is queued. The Node sees the same inputs as if each idle tick had fired (they do nothing).
+  The heap and these two rules are ``agent.timer_heap.TimerHeap``.
 - Datagrams are read in batches: the reader task waits for the socket once, then takes
   whatever else is already there without waiting (``receive_datagram_nowait``); the node
   task handles everything queued in its inbox per wake-up.
@@ -35,7 +36,6 @@ Rules:
 from __future__ import annotations
 
 import contextlib
-import heapq
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -47,6 +47,7 @@ import trio
 from agent.config import parse_host_port
 from agent.control import MAX_PROBE_NODES
 from agent.events import Events
+from agent.timer_heap import TimerHeap
 from agent.transport import MAX_BUFFERED_STREAM_BYTES, Streams, Transport
 from phi import PhiRegistry, RegistryFullError
 from swim import (
@@ -59,7 +60,6 @@ from swim import (
     Output,
     StreamMessage,
     StreamRequest,
-    Timer,
     UrgentProbeOutcome,
 )
 
@@ -161,14 +161,7 @@ class Driver:
         """Datagrams read by the catch-up after a stall, before the overdue timers fired."""
         self._tcp_timeout_ms = tcp_timeout_ms
         self._send_in, self._inbox = trio.open_memory_channel[_Input](INBOX_DEPTH)
-        self._timers: list[tuple[int, int, Timer]] = []
-        self._cancelled: set[int] = set()
-        """Ids of timers in the heap the Node has forgotten: dropped when they come up."""
-        self._gossip_ids: set[int] = set()
-        """Ids of the gossip ticks in the heap (or held back)."""
-        self._held_gossip: tuple[int, int, Timer] | None = None
-        """A gossip tick held back while nothing is queued (its deadline, id, timer)."""
-        self._gossip_interval_ms = node.config.gossip_interval_ms
+        self._timers = TimerHeap(node.config.gossip_interval_ms)
         self._join_waiters: dict[Address, trio.MemorySendChannel[JoinResult]] = {}
         self._nursery: trio.Nursery | None = None
         self._streams = Streams(
@@ -328,16 +321,18 @@ class Driver:
     async def _node_loop(self) -> None:
         timers = self._timers
         inbox = self._inbox
+        node = self.node
         while True:
-            self._settle_timers()
-            deadline = timers[0][0] / 1000 if timers else math.inf
-            with trio.move_on_at(deadline):
+            timers.settle(node.broadcast_queue_depth, now_ms)
+            next_ms = timers.next_deadline_ms()
+            with trio.move_on_at(math.inf if next_ms is None else next_ms / 1000):
                 item = await inbox.receive()
                 self._handle(item)
                 self._drain_inbox()
-            self._settle_timers()
-            if timers and timers[0][0] <= now_ms():
-                self._catch_up()
+            timers.settle(node.broadcast_queue_depth, now_ms)
+            next_ms = timers.next_deadline_ms()
+            if next_ms is not None and next_ms <= now_ms():
+                self._catch_up(next_ms)
             self._fire_due_timers()
 
     def _drain_inbox(self) -> None:
@@ -350,38 +345,9 @@ class Driver:
                 break
             self._handle(item)
 
-    def _settle_timers(self) -> None:
-        """Drop forgotten timers from the top of the heap, hold back an idle gossip tick
-        there, and put a held one back once something is queued (module docstring)."""
-        timers = self._timers
-        cancelled = self._cancelled
-        while timers:
-            top = timers[0]
-            timer_id = top[1]
-            if timer_id in cancelled:
-                heapq.heappop(timers)
-                cancelled.discard(timer_id)
-            elif (
-                timer_id in self._gossip_ids
-                and self._held_gossip is None
-                and not self.node.broadcast_queue_depth
-            ):
-                self._held_gossip = heapq.heappop(timers)
-            else:
-                break
-        held = self._held_gossip
-        if held is not None and self.node.broadcast_queue_depth:
-            self._held_gossip = None
-            deadline, timer_id, timer = held
-            now = now_ms()
-            if deadline < now:  # its next multiple of the interval from now on
-                interval = max(self._gossip_interval_ms, 1)
-                deadline += -(-(now - deadline) // interval) * interval
-            heapq.heappush(timers, (deadline, timer_id, timer))
-
-    def _catch_up(self) -> None:
+    def _catch_up(self, deadline_ms: int) -> None:
         """Before due timers: handle what is queued and what waits in the transport."""
-        late_ms = now_ms() - self._timers[0][0]
+        late_ms = now_ms() - deadline_ms
         self._drain_inbox()
         read = 0
         while read < MAX_CATCH_UP:
@@ -401,21 +367,9 @@ class Driver:
 
     def _fire_due_timers(self) -> None:
         now = now_ms()
-        timers = self._timers
-        cancelled = self._cancelled
-        gossip = self._gossip_ids
-        while timers and timers[0][0] <= now:
-            entry = heapq.heappop(timers)
-            timer_id = entry[1]
-            if timer_id in cancelled:
-                cancelled.discard(timer_id)
-                continue
-            if timer_id in gossip:
-                if self._held_gossip is None and not self.node.broadcast_queue_depth:
-                    self._held_gossip = entry
-                    continue
-                gossip.discard(timer_id)
-            self.apply(self.node.handle_timer(entry[2], now))
+        node = self.node
+        for timer in self._timers.due(now, lambda: node.broadcast_queue_depth):
+            self.apply(node.handle_timer(timer, now))
 
     def _handle(self, item: _Input) -> None:
         node = self.node
@@ -446,15 +400,7 @@ class Driver:
         """Execute an Output (in the node task): send, schedule, spawn streams, publish."""
         for packet in out.packets:
             self.transport.send_datagram(packet.dest, packet.data)
-        timers = self._timers
-        for timer in out.timers:
-            heapq.heappush(timers, (timer.deadline_ms, timer.timer_id, timer))
-        if out.gossip_timers:
-            self._gossip_ids.update(out.gossip_timers)
-        if out.cancelled_timers:
-            self._cancelled.update(out.cancelled_timers)
-            if len(self._cancelled) > len(timers) + 1:  # ids of timers never pushed: forget
-                self._cancelled.intersection_update(entry[1] for entry in timers)
+        self._timers.add(out)
         if self._nursery is not None:
             for request in out.streams:
                 self._nursery.start_soon(self._request_stream, request)
