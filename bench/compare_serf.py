@@ -139,9 +139,12 @@ def _kill_one(alive: list[Proc], killed_at: dict[str, float]) -> Kill:
     killed_at[victim.name] = killed
     stop(victim.popen, sig=signal.SIGKILL)
     with contextlib.suppress(TimeoutError):  # a survivor that never saw it counts as None
-        until(lambda: all(p.seen("dead", victim.name) for p in alive), 120, "dead everywhere")
-    suspects = [t for p in alive if (t := p.seen("suspect", victim.name))]
-    deads = [t for p in alive if (t := p.seen("dead", victim.name))]
+        until(
+            lambda: all(p.seen("dead", victim.name, killed) for p in alive), 120, "dead everywhere"
+        )
+    # since the kill: a suspicion of the victim during the start-up storm is not this one
+    suspects = [t for p in alive if (t := p.seen("suspect", victim.name, killed))]
+    deads = [t for p in alive if (t := p.seen("dead", victim.name, killed))]
     return Kill(
         min(suspects) - killed if suspects else None,
         min(deads) - killed if deads else None,

@@ -12,6 +12,7 @@ resolution, so both sides are timed the same way. ``cpu_ticks`` and ``rss_mib`` 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -55,9 +56,10 @@ class Proc:
     events: list[tuple[float, str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def seen(self, kind: str, target: str) -> float | None:
+    def seen(self, kind: str, target: str, since: float = -math.inf) -> float | None:
+        """When this agent first logged ``kind`` about ``target`` at or after ``since``."""
         with self.lock:
-            times = [t for t, k, n in self.events if k == kind and n == target]
+            times = [t for t, k, n in self.events if k == kind and n == target and t >= since]
         return min(times) if times else None
 
     def first(self, kind: str) -> float | None:
