@@ -51,6 +51,7 @@ from swim.node import LEAVE_FANOUT, Node
 from swim.security import Keyring, KeyringError
 from swim.suspicion import suspicion_window_ms
 from swim.table import MembershipSnapshot, SeedMember
+from swim.timers import GossipTick
 from swim.wire import (
     Crypto,
     DecodedPacket,
@@ -86,6 +87,7 @@ __all__ = [
     "DropReason",
     "ErrResp",
     "EventKind",
+    "GossipTick",
     "IndirectPing",
     "JoinResult",
     "Keyring",

@@ -46,6 +46,7 @@ from simulations.model.world_types import (
 from swim import (
     Address,
     Config,
+    GossipTick,
     MemberEvent,
     MembershipSnapshot,
     Node,
@@ -53,7 +54,6 @@ from swim import (
     SeedMember,
     UrgentProbeOutcome,
 )
-from swim.timers import GossipTick
 
 LEAVE_PROPAGATE_DELAY_MS = 1000
 
