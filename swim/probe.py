@@ -50,12 +50,11 @@ earlier. It is evidence, not a verdict:
   a time-ordered history of urgent starts that is trimmed from its old end.
 
 Faster detection (issue 17; ``Config`` switches, on in ``fast``): ``coordinated_probes``
-takes the round-robin target from ``swim.schedule`` for round (now + clock offset) //
-interval (the driver sets the offset from its wall clock); ``early_probe_conclusion``
-ends round-robin probes like urgent ones; with ``suspicion_cross_checks`` a member that
-first hears an accusation probes the suspect at once with probability checks / (n − 1)
-(``cross_check``: an urgent probe sharing ``MAX_URGENT_PROBES``, whose ping carries the
-buddy accusation); its failure is our own confirmation, gossiped as ours.
+takes the round-robin target from ``swim.schedule`` for round (now + wall-clock offset)
+// interval; ``early_probe_conclusion`` ends round-robin probes like urgent ones; with
+``suspicion_cross_checks`` a member that first hears an accusation probes the suspect at
+once with probability checks / (n − 1) (``cross_check``: an urgent probe sharing
+``MAX_URGENT_PROBES``, its ping carrying the buddy accusation); failing is our confirmation.
 """
 
 from __future__ import annotations
@@ -226,25 +225,22 @@ class Prober:
         self._urgent[probe.seq_no] = probe
         return outcome
 
-    def cross_check(self, name: str) -> bool:
-        """``name`` was just accused by another member: probe it now with probability
-        cross_checks / (n − 1) (``Config.suspicion_cross_checks``). True if started."""
+    def cross_check(self, name: str) -> None:
+        """``name`` was just accused: probe it now with probability checks / (n − 1)."""
         ctx = self._ctx
         wanted = ctx.config.suspicion_cross_checks
         target = self._members.get(name)
         others = len(self._members) - 1
         if not wanted or target is None or name == self._members.local_name or others < 1:
-            return False
-        if target.state != NodeStateType.SUSPECT or len(self._urgent) >= MAX_URGENT_PROBES:
-            return False
-        if self.probing == name or any(p.target == name for p in self._urgent.values()):
-            return False
+            return
+        busy = len(self._urgent) >= MAX_URGENT_PROBES or self._in_flight(name)
+        if target.state != NodeStateType.SUSPECT or busy:
+            return
         if wanted < others and ctx.rng.random() * others >= wanted:
-            return False
+            return
         probe = self._send_probe(target, urgent=True, cross_check=True)
         self._urgent[probe.seq_no] = probe
         ctx.stats.cross_check_probes += 1
-        return True
 
     def _check_urgent(self, name: str) -> UrgentProbeOutcome:
         if name == self._members.local_name:
@@ -254,7 +250,7 @@ class Prober:
             return UrgentProbeOutcome.UNKNOWN
         if target.state != NodeStateType.ALIVE:
             return UrgentProbeOutcome.NOT_ALIVE
-        if self.probing == name or any(p.target == name for p in self._urgent.values()):
+        if self._in_flight(name):
             return UrgentProbeOutcome.PROBING
         last_ms = self._urgent_started.get(name)
         if last_ms is not None and self._ctx.now_ms - last_ms < self._ctx.config.probe_interval_ms:
@@ -262,6 +258,10 @@ class Prober:
         if len(self._urgent) >= MAX_URGENT_PROBES:
             return UrgentProbeOutcome.TOO_MANY
         return UrgentProbeOutcome.STARTED
+
+    def _in_flight(self, name: str) -> bool:
+        """A probe of ``name`` is running: the round robin's or an urgent one."""
+        return self.probing == name or any(p.target == name for p in self._urgent.values())
 
     def _find(self, seq_no: int) -> _Probe | None:
         """The probe in flight, round-robin or urgent, with this sequence number."""

@@ -35,18 +35,10 @@ def suspicion_window_ms(config: Config, n: int, typical_rtt_ms: int) -> tuple[in
     """(min, max, k) of a suspicion opened among ``n`` members (state.go ``suspectNode``).
 
     min is memberlist's α·log10(n)·interval, or with ``derived_suspicion`` the window a
-    refutation needs (``formulas.derived_suspicion_timeout_ms``) with the RTT bounded by
-    ``probe_timeout_max_ms``, since a stalled member's RTTs include its own pauses. Without
-    dynamic suspicion, max = min and k = 0.
+    refutation needs (``_derived_ms``). Without dynamic suspicion, max = min and k = 0.
     """
     if config.derived_suspicion:
-        min_ms = formulas.derived_suspicion_timeout_ms(
-            n,
-            config.gossip_interval_ms,
-            config.gossip_nodes,
-            min(typical_rtt_ms, config.probe_timeout_max_ms),
-            config.suspicion_safety_mult,
-        )
+        min_ms = _derived_ms(config, n, typical_rtt_ms, config.suspicion_safety_mult)
     else:
         min_ms = formulas.suspicion_timeout_ms(config.suspicion_mult, n, config.probe_interval_ms)
     if not config.lifeguard_dynamic_suspicion:
@@ -59,17 +51,27 @@ def confirmed_window_ms(config: Config, n: int, typical_rtt_ms: int) -> int:
     """Where a suspicion with all k confirmations ends, counted from its start: the derived
     window at ``confirmed_suspicion_safety_mult``, or min when that is 0 (Lifeguard)."""
     min_ms = suspicion_window_ms(config, n, typical_rtt_ms)[0]
+    return _confirmed_ms(config, n, typical_rtt_ms, min_ms)
+
+
+def _derived_ms(config: Config, n: int, typical_rtt_ms: int, safety_mult: int) -> int:
+    """``formulas.derived_suspicion_timeout_ms`` with the RTT bounded by
+    ``probe_timeout_max_ms``, since a stalled member's RTTs include its own pauses."""
+    return formulas.derived_suspicion_timeout_ms(
+        n,
+        config.gossip_interval_ms,
+        config.gossip_nodes,
+        min(typical_rtt_ms, config.probe_timeout_max_ms),
+        safety_mult,
+    )
+
+
+def _confirmed_ms(config: Config, n: int, typical_rtt_ms: int, min_ms: int) -> int:
+    """``confirmed_window_ms`` given the unconfirmed ``min_ms`` already computed."""
     if not config.confirmed_suspicion_safety_mult:
         return min_ms
     return min(
-        min_ms,
-        formulas.derived_suspicion_timeout_ms(
-            n,
-            config.gossip_interval_ms,
-            config.gossip_nodes,
-            min(typical_rtt_ms, config.probe_timeout_max_ms),
-            config.confirmed_suspicion_safety_mult,
-        ),
+        min_ms, _derived_ms(config, n, typical_rtt_ms, config.confirmed_suspicion_safety_mult)
     )
 
 
@@ -106,10 +108,11 @@ class Suspicions:
     def start(self, name: str, state_change_ms: int, accuser: str, n: int) -> None:
         """Open the suspicion of ``name`` (now suspect since ``state_change_ms``)."""
         ctx = self._ctx
-        min_ms, max_ms, k = suspicion_window_ms(ctx.config, n, ctx.rtt.typical_ms)
+        rtt_ms = ctx.rtt.typical_ms
+        min_ms, max_ms, k = suspicion_window_ms(ctx.config, n, rtt_ms)
         timeout_ms = max_ms if k >= 1 else min_ms
         timer_id = ctx.set_timer(SuspicionTimeout, timeout_ms, name, state_change_ms)
-        confirmed_ms = confirmed_window_ms(ctx.config, n, ctx.rtt.typical_ms) if k else min_ms
+        confirmed_ms = _confirmed_ms(ctx.config, n, rtt_ms, min_ms) if k else min_ms
         suspicion = Suspicion(k, min_ms, max_ms, ctx.now_ms, timer_id, confirmed_ms)
         suspicion.confirmers.add(accuser)
         self._open[name] = suspicion
