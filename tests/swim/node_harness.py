@@ -7,22 +7,18 @@ from __future__ import annotations
 import random
 from typing import TypeVar
 
+from simulations.experiments.variants import BEFORE_17
 from swim import Address, Config, Member, Node, Output, Packet, Timer, wire
 from swim.messages import Ack, Alive, Message, Ping
 from swim.security import Keyring
 from swim.timers import GossipTick, ProbeTick
 
 PORT = 7946
-FAST_WITHOUT_ISSUE_17: dict[str, object] = {
-    "coordinated_probes": False,
-    "early_probe_conclusion": False,
-    "suspicion_cross_checks": 0,
-    "confirmed_suspicion_safety_mult": 0,
-    "verify_confirmed_suspicion": False,
-}
+FAST_WITHOUT_ISSUE_17: dict[str, object] = dict(BEFORE_17)
 """Overrides that turn ``Config.fast()`` back into the fast profile before issue 17's
-detection switches, for tests about what those switches would blur (RTT sampling order,
-the Lifeguard window, urgent probes against the plain round robin)."""
+detection switches (the frontier's ``fast/before-17``), for tests about what those
+switches would blur (RTT sampling order, the Lifeguard window, urgent probes against the
+plain round robin)."""
 T = TypeVar("T")
 TimerT = TypeVar("TimerT", bound=Timer)
 
