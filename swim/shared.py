@@ -2,12 +2,16 @@
 memos and the facts about a push-pull that let a node merge it in O(what differs).
 
 Rules:
-- Only pure functions are memoised: LZW compression of a stream message, parsing of a
-  plain (unencrypted) stream. A hit returns exactly what the call would have returned;
+- Only pure functions are memoised: LZW compression of a stream message and of a
+  packet's compound (before its CRC and encryption), parsing of a plain (unencrypted)
+  stream. A hit returns exactly what the call would have returned;
   results are immutable (bytes, frozen dataclasses) and safe to share. The memos are
   small LRUs and only take payloads of ``MEMO_MIN_BYTES`` or more: in a simulated cluster
   many nodes send byte-identical full-state push-pulls, and a pure-Python LZW pass over a
-  10,000-member state takes about a second.
+  10,000-member state takes about a second. Packets are memoised whatever their size (a
+  larger LRU, ``_PACKET_MEMO_ENTRIES``): nodes relay the same broadcasts, so the same
+  compound recurs (10,000 nodes × 12 s: 93% of 188,000 compressions were repeats within
+  the last 256), and a pure-Python LZW pass over one costs ~35 µs.
 - Base records never change, so their encoded push-pull node states are cached by name.
 - ``PushPullDiff``: which entries of a received push-pull are not a base record verbatim
   (and every entry of a name that appears twice), the position of every name, and the
@@ -16,7 +20,7 @@ Rules:
   remote state equals the base record equals ours, and memberlist's ``aliveNode`` ignores
   an alive message whose incarnation is not newer from the same address; the skipped
   calls are no-ops, so the result is the same as replaying every entry.
-- Nothing here is used with encryption (every stream has a fresh nonce) or for small
+- No stream memo is used with encryption (every stream has a fresh nonce) or for small
   clusters (below ``SHARED_MIN_NODES`` the plain path is as fast).
 """
 
@@ -37,6 +41,7 @@ MEMO_MIN_BYTES = 4096
 SHARED_MIN_NODES = 256
 """Push-pulls with fewer node states take the plain merge path."""
 _MEMO_ENTRIES = 8
+_PACKET_MEMO_ENTRIES = 512
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -90,6 +95,7 @@ class SharedCodec:
         self._parts: list[bytes] | None = None
         self._position: dict[str, int] = {name: i for i, name in enumerate(base)}
         self._compressed: _Lru[bytes, bytes] = _Lru(_MEMO_ENTRIES)
+        self._packets: _Lru[bytes, bytes] = _Lru(_PACKET_MEMO_ENTRIES)
         self._parsed: _Lru[tuple[bytes, wire.StreamLimits], tuple[wire.StreamMessage, int]]
         self._parsed = _Lru(_MEMO_ENTRIES)
         self._diffs: _Lru[int, tuple[PushPull, PushPullDiff]] = _Lru(_MEMO_ENTRIES)
@@ -111,6 +117,14 @@ class SharedCodec:
             data = wire.compress_message(message)
             self._compressed.put(message, data)
         return data
+
+    def compress_packet(self, data: bytes) -> bytes:
+        """``wire.compress_message(data)`` for a packet's compound, memoised."""
+        compressed = self._packets.get(data)
+        if compressed is None:
+            compressed = wire.compress_message(data)
+            self._packets.put(data, compressed)
+        return compressed
 
     def parse(
         self, data: bytes, limits: wire.StreamLimits

@@ -136,9 +136,13 @@ class Sender:
         ctx = self._ctx
         stats = ctx.stats
         compress = ctx.config.enable_compression
+        codec = self._members.push_pull.codec
+        compressor = None if codec is None else codec.compress_packet
         for start in range(0, len(parts), wire.MAX_COMPOUND_PARTS):
             chunk = parts[start : start + wire.MAX_COMPOUND_PARTS]
-            data = wire.encode_packet(chunk, compress=compress, crc=crc, crypto=crypto)
+            data = wire.encode_packet(
+                chunk, compress=compress, crc=crc, crypto=crypto, compressor=compressor
+            )
             ctx.out.packets.append(Packet(dest, data))
             stats.packets_out += 1
             stats.bytes_out += len(data)

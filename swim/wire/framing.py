@@ -183,11 +183,15 @@ def encode_packet(
     compress: bool,
     crc: bool,
     crypto: Crypto | None,
+    compressor: Callable[[bytes], bytes] | None = None,
 ) -> bytes:
-    """One datagram from encoded messages: the first is the message, the rest piggyback."""
+    """One datagram from encoded messages: the first is the message, the rest piggyback.
+
+    ``compressor`` stands in for ``compress_message`` (the same function of its input, e.g.
+    memoised: ``swim.shared.SharedCodec.compress_packet``)."""
     data = parts[0] if len(parts) == 1 else make_compound(parts)
     if compress and len(data) >= MIN_COMPRESS_BYTES:
-        compressed = compress_message(data)
+        compressed = (compress_message if compressor is None else compressor)(data)
         if len(compressed) < len(data):
             data = compressed
     if crc:
