@@ -146,6 +146,14 @@ class Config:
     against a refutation that gossip failed to bring (one 10%-loss soak run lost one in
     ~700) and against stale accusations held by a member that was paused. Ours; costs one
     probe timeout on the unconfirmed path only."""
+    suspicion_verify_copies: int = 2
+    """Copies of that last-chance accusation + ping, sent together. A copy is lost when
+    its ping or the ack is (1 − (1 − loss)²: 19 % at 10 % loss), so the last chance fails
+    for a live member with that to the power of the copies: 3.6 % with 2, 0.13 % with 4.
+    In the frontier's ``worst`` condition (10 % loss, heavy jitter) 2 copies let one
+    observer in about 16 runs declare a live member dead whose refutation it never got
+    (simulations/RESULTS.md §9). Copies cost only small packets, on a path that runs only
+    for a suspicion nobody confirmed."""
 
     # Faster detection (issue 17; ours, all off in lan/wan/local; measured in
     # simulations/RESULTS.md §9). Each shortens one phase of the detection budget.
@@ -268,6 +276,7 @@ class Config:
             "suspicion_max_timeout_mult": 4,
             "derived_suspicion": True,
             "verify_unconfirmed_suspicion": True,
+            "suspicion_verify_copies": 4,
             "coordinated_probes": True,
             "early_probe_conclusion": True,
             "suspicion_cross_checks": 4,
@@ -361,6 +370,10 @@ def _validate(c: Config) -> None:
         f"exceed suspicion_safety_mult ({c.suspicion_safety_mult})",
     )
     need(c.suspicion_cross_checks <= 16, "suspicion_cross_checks must be <= 16")
+    need(
+        1 <= c.suspicion_verify_copies <= 8,
+        f"suspicion_verify_copies must be 1..8 (is {c.suspicion_verify_copies})",
+    )
     need(
         not c.verify_confirmed_suspicion or c.verify_unconfirmed_suspicion,
         "verify_confirmed_suspicion needs verify_unconfirmed_suspicion",

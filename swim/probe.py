@@ -72,9 +72,6 @@ from swim.messages import Ack, Address, IndirectPing, Nack, NodeStateType, Ping,
 from swim.timers import ProbeDeadline, ProbeTcpGrace, ProbeTimeout, RelayTimeout, SuspicionVerify
 from swim.wire import DropReason
 
-VERIFY_COPIES = 2
-"""Copies of the last-chance accusation + ping (``verify_suspect``): at 10% loss one round
-trip fails 19% of the time, two independent ones 3.6%."""
 MAX_URGENT_PROBES = 4
 """Urgent probes in flight at once. A crash costs a survivor's collectives one peer (one
 member per host) or a few (a switch, a rack), so 4 covers a real report; the bound caps the
@@ -415,7 +412,7 @@ class Prober:
         seq_no = self.next_seq_no()
         accusation = wire.encode_message(Suspect(target.incarnation, name, me.name))
         ping = wire.encode_message(self._self_ping(seq_no, name))
-        for _ in range(VERIFY_COPIES):
+        for _ in range(ctx.config.suspicion_verify_copies):
             self._transport.send_parts(target.address, [accusation, ping], target)
         ctx.stats.suspicion_verifications += 1
         grace_ms = ctx.rtt.probe_timeout_ms(name, ctx.awareness.score)

@@ -20,6 +20,7 @@ BEFORE_17: dict[str, Any] = {
     "early_probe_conclusion": False,
     "suspicion_cross_checks": 0,
     "confirmed_suspicion_safety_mult": 0,
+    "suspicion_verify_copies": 2,
 }
 """``fast`` as it was before issue 17 (issue 7's profile)."""
 
@@ -42,5 +43,6 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "fast/all": ("fast", ALL_17),
     "fast/all+verify": ("fast", {**ALL_17, "verify_confirmed_suspicion": True}),
     "fast/before-17": ("fast", BEFORE_17),
+    "fast/verify-2": ("fast", {"suspicion_verify_copies": 2}),
 }
 """Name -> (preset, overrides): ``Config.profile(preset, **overrides)``."""

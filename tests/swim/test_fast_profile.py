@@ -17,7 +17,6 @@ from phi.formulas import phi_akka
 from swim import Config, ConfigError, EventKind, NodeStateType, formulas
 from swim.config import PROFILES
 from swim.messages import Ack, IndirectPing, Ping, Suspect
-from swim.probe import VERIFY_COPIES
 from swim.rtt import RttTable
 from swim.timers import ProbeTimeout, RelayTimeout, SuspicionTimeout, SuspicionVerify
 from tests.swim.node_harness import (
@@ -217,6 +216,8 @@ def test_fast_profile_values_and_lookup_by_name() -> None:
         ({"rtt_min_samples": 0}, "rtt_min_samples"),
         ({"suspicion_safety_mult": 0}, "suspicion_safety_mult"),
         ({"probe_timeout_phi": 0}, "probe_timeout_phi"),
+        ({"suspicion_verify_copies": 0}, "suspicion_verify_copies must be 1..8"),
+        ({"suspicion_verify_copies": 9}, "suspicion_verify_copies must be 1..8"),
     ],
 )
 def test_fast_profile_rejects_inconsistent_settings(
@@ -297,8 +298,8 @@ def test_derived_suspicion_window_replaces_memberlists() -> None:
 # --- last chance for an unconfirmed suspect (verify_unconfirmed_suspicion) ------------------
 
 
-def _suspecting_observer() -> tuple[Peer, int]:
-    o = make_peer("o", 1, config=Config.fast(disable_tcp_pings=True))
+def _suspecting_observer(**overrides: int) -> tuple[Peer, int]:
+    o = make_peer("o", 1, config=Config.fast(disable_tcp_pings=True, **overrides))
     o.learn(*(alive(name, i + 2) for i, name in enumerate("bcdefg")))
     o.receive(addr(3), Suspect(1, "b", "c"), now_ms=1000)  # one accuser, no confirmations
     return o, o.timer(SuspicionTimeout).deadline_ms
@@ -309,7 +310,7 @@ def test_unconfirmed_suspect_gets_the_accusation_and_a_ping_before_it_is_declare
     out = o.fire(SuspicionTimeout)
     assert out.events == []  # not dead yet
     sent = to(out, addr(2))
-    assert len(sent) == VERIFY_COPIES
+    assert len(sent) == Config.fast().suspicion_verify_copies == 4
     for packet in sent:
         accusation, ping = decode(packet.data)
         assert accusation == Suspect(1, "b", "o")
@@ -319,6 +320,14 @@ def test_unconfirmed_suspect_gets_the_accusation_and_a_ping_before_it_is_declare
     assert verify.deadline_ms == deadline + o.node.config.probe_timeout_ms  # no RTT samples
     out = o.fire(SuspicionVerify)  # silence: dead
     assert [(e.kind, e.member.name) for e in out.events] == [(EventKind.DEAD, "b")]
+
+
+@pytest.mark.parametrize("copies", [1, 2, 8])
+def test_the_last_chance_goes_out_in_as_many_copies_as_configured(copies: int) -> None:
+    o, _ = _suspecting_observer(suspicion_verify_copies=copies)
+    sent = to(o.fire(SuspicionTimeout), addr(2))
+    assert [decode(p.data)[0] for p in sent] == [Suspect(1, "b", "o")] * copies
+    assert o.node.stats.suspicion_verifications == 1  # one verification, however many copies
 
 
 def test_a_live_suspect_that_already_refuted_answers_the_verification_with_its_alive() -> None:
