@@ -4,14 +4,15 @@ memos and the facts about a push-pull that let a node merge it in O(what differs
 Rules:
 - Only pure functions are memoised: LZW compression of a stream message and of a
   packet's compound (before its CRC and encryption), parsing of a plain (unencrypted)
-  stream. A hit returns exactly what the call would have returned;
-  results are immutable (bytes, frozen dataclasses) and safe to share. The memos are
-  small LRUs and only take payloads of ``MEMO_MIN_BYTES`` or more: in a simulated cluster
-  many nodes send byte-identical full-state push-pulls, and a pure-Python LZW pass over a
-  10,000-member state takes about a second. Packets are memoised whatever their size (a
-  larger LRU, ``_PACKET_MEMO_ENTRIES``): nodes relay the same broadcasts, so the same
-  compound recurs (10,000 nodes × 12 s: 93% of 188,000 compressions were repeats within
-  the last 256), and a pure-Python LZW pass over one costs ~35 µs.
+  stream, and that parse's refusal (``WireError``). A hit returns exactly what the call
+  would have returned (a refusal: a new ``WireError`` with the same reason and detail);
+  results are immutable (bytes, frozen dataclasses) and safe to share. The stream memos
+  are small LRUs and only take payloads of ``MEMO_MIN_BYTES`` or more: in a simulated
+  cluster many nodes send byte-identical full-state push-pulls, and a pure-Python LZW
+  pass over a 10,000-member state takes about a second. Packets are memoised whatever
+  their size (a larger LRU, ``_PACKET_MEMO_ENTRIES``): nodes relay the same broadcasts, so
+  the same compound recurs (10,000 nodes × 12 s: 93% of 188,000 compressions were repeats
+  within the last 256), and a pure-Python LZW pass over one costs ~35 µs.
 - Base records never change, so their encoded push-pull node states are cached by name.
 - ``PushPullDiff``: which entries of a received push-pull are not a base record verbatim
   (and every entry of a name that appears twice), the position of every name, and the
@@ -66,6 +67,14 @@ class _Lru(Generic[K, V]):
 
 
 @dataclass(frozen=True, slots=True)
+class _Refused:
+    """A stream that ``wire.parse_stream`` refused (``SharedCodec.parse``)."""
+
+    reason: wire.DropReason
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class PushPullDiff:
     differs: tuple[int, ...]
     """Indexes of entries that must be replayed whatever our table holds."""
@@ -96,7 +105,9 @@ class SharedCodec:
         self._position: dict[str, int] = {name: i for i, name in enumerate(base)}
         self._compressed: _Lru[bytes, bytes] = _Lru(_MEMO_ENTRIES)
         self._packets: _Lru[bytes, bytes] = _Lru(_PACKET_MEMO_ENTRIES)
-        self._parsed: _Lru[tuple[bytes, wire.StreamLimits], tuple[wire.StreamMessage, int]]
+        self._parsed: _Lru[
+            tuple[bytes, wire.StreamLimits], tuple[wire.StreamMessage, int] | _Refused
+        ]
         self._parsed = _Lru(_MEMO_ENTRIES)
         self._diffs: _Lru[int, tuple[PushPull, PushPullDiff]] = _Lru(_MEMO_ENTRIES)
         self._base_versions: tuple[VersionSummary, bool] | None = None
@@ -129,13 +140,24 @@ class SharedCodec:
     def parse(
         self, data: bytes, limits: wire.StreamLimits
     ) -> tuple[wire.StreamMessage, int] | None:
-        """``wire.parse_stream(data, None, limits)``, memoised when complete."""
+        """``wire.parse_stream(data, None, limits)``, memoised when complete or refused.
+
+        A refusal is remembered as its reason and detail and raised again as a new
+        ``WireError`` with both: a push-pull over ``limits.max_nodes`` (every one in a
+        cluster of more than 65,536 members) is only found out after decompressing it
+        whole, ~0.2 s per 100,000 members."""
         key = (data, limits)
         parsed = self._parsed.get(key)
         if parsed is None:
-            parsed = wire.parse_stream(data, None, limits)
+            try:
+                parsed = wire.parse_stream(data, None, limits)
+            except wire.WireError as exc:
+                self._parsed.put(key, _Refused(exc.reason, exc.detail))
+                raise
             if parsed is not None:
                 self._parsed.put(key, parsed)
+        if isinstance(parsed, _Refused):
+            raise wire.WireError(parsed.reason, parsed.detail)
         return parsed
 
     def diff(self, pp: PushPull) -> PushPullDiff:

@@ -389,3 +389,20 @@ def test_shared_encoding_is_the_plain_encoding() -> None:
     parsed = wire.parse_stream(plain, None, wire.StreamLimits())
     assert parsed is not None and isinstance(parsed[0], PushPull)
     assert len(parsed[0].nodes) == BIG
+
+
+def test_shared_codec_memos_give_what_the_plain_calls_give() -> None:
+    snapshot = MembershipSnapshot.build(seeds(BIG))
+    codec = snapshot.codec
+    message = _booted("n000", 1, snapshot)._members.push_pull.encode(False, b"")
+    stream = codec.compress(message)
+    ok, refused = wire.StreamLimits(), wire.StreamLimits(max_nodes=BIG - 1)
+    for _ in range(2):  # a miss, then a hit
+        assert codec.parse(stream, ok) == wire.parse_stream(stream, None, ok)
+        with pytest.raises(wire.WireError) as plain:
+            wire.parse_stream(stream, None, refused)
+        with pytest.raises(wire.WireError) as memo:
+            codec.parse(stream, refused)
+        assert (memo.value.reason, memo.value.detail) == (plain.value.reason, plain.value.detail)
+        compound = wire.make_compound([message[:100], message[100:300]])
+        assert codec.compress_packet(compound) == wire.compress_message(compound)
