@@ -318,7 +318,8 @@ class World(WorldStreams):
             i = 0
             # The bucket grows while we work through it (zero-delay events land in it).
             while i < len(bucket):
-                kind, idx, a, b = bucket[i]
+                event = bucket[i]
+                kind, idx, a, b = event
                 i += 1
                 # The two common kinds first, with their checks inline; the rest below.
                 if kind == K_TIMER:
@@ -326,20 +327,22 @@ class World(WorldStreams):
                         continue  # a timer of a dead or replaced process
                     if slow and idx in slow and self._defer(t, kind, idx, a, b):
                         continue
+                    if gossip_ms >= 0 and b.__class__ is GossipTick and not a.broadcast_queue_depth:
+                        # An idle gossip round: the node would only re-arm its tick at
+                        # t + gossip_interval_ms. Hand the same tick back then instead.
+                        # (Before the cancelled check: a node never cancels its gossip
+                        # tick, and one it did would still be dropped once it is not idle.)
+                        at = t + gossip_ms
+                        later = buckets.get(at)
+                        if later is None:
+                            calendar.push(at, event)
+                        else:
+                            later.append(event)
+                        continue
                     gone = cancelled[idx]
                     if gone and b.timer_id in gone:
                         gone.discard(b.timer_id)
                         continue  # the node would ignore it
-                    if gossip_ms >= 0 and b.__class__ is GossipTick and not a.broadcast_queue_depth:
-                        # An idle gossip round: the node would only re-arm its tick at
-                        # t + gossip_interval_ms. Hand the same tick back then instead.
-                        at = t + gossip_ms
-                        later = buckets.get(at)
-                        if later is None:
-                            calendar.push(at, (K_TIMER, idx, a, b))
-                        else:
-                            later.append((K_TIMER, idx, a, b))
-                        continue
                     apply(idx, a, a.handle_timer(b, t))
                 elif kind == K_PACKET:
                     if not up[idx]:
