@@ -1,20 +1,18 @@
 """The driver: the one task that owns the sans-IO ``swim.Node`` and executes its Outputs.
 
 Rules:
-- Only the node task (``Driver._node_loop``) touches the Node. It reads datagrams from the
-  transport itself; the stream server, stream tasks, the control API and signal handling
-  only put inputs on its inbox channel (and wake it, ``_wake``) and get answers back on
-  one-shot channels; anything else that must change the Node runs as a function in the node
-  task through ``Driver.command``. No locks.
+- Only the node task (``Driver._node_loop``) touches the Node. The datagram reader, the
+  stream server, stream tasks, the control API and signal handling only put inputs on its
+  inbox channel and get answers back on one-shot channels; anything else that must change
+  the Node runs as a function in the node task through ``Driver.command``. No locks.
   Two exceptions, both without await in between (so never seen half-done): stream tasks
   take a decoder from ``Node.stream_decoder`` (pure; the decoder is the stream's own, fed in
   a worker thread on real sockets, see agent/transport.py), and drops are counted with
   ``Node.record_drop`` where they happen (a full inbox, a bad stream).
-- The node task also runs the timers: it waits for a datagram (``Transport.wait_datagram``)
-  until the earliest timer deadline or until another task wakes it, then handles the inbox
-  and every datagram already waiting, then hands every due timer back to the Node. So due
-  timers fire only after what has already arrived is handled, and an ack or a refutation
-  that beat its deadline counts even when the loop runs late.
+- The node task also runs the timers: it waits on the inbox until the earliest timer
+  deadline, then hands every due timer back to the Node. Before due timers fire it handles
+  what has already arrived, queued or still in the transport (``_catch_up``), so an ack or
+  a refutation that beat its deadline counts even when the loop runs late.
 - The node task wakes up only for timers that can do something: a timer the Node has
   forgotten (``Output.cancelled_timers``, e.g. an acked probe's timeout) is dropped from the
   heap unhanded, and a gossip tick (``Output.gossip_timers``) that comes due while nothing
@@ -22,15 +20,11 @@ Rules:
   held back and handed over at its next multiple of ``gossip_interval_ms`` once something
   is queued. The Node sees the same inputs as if each idle tick had fired (they do nothing).
   The heap and these two rules are ``agent.timer_heap.TimerHeap``.
-- Datagrams are read in batches in the node task: one wait for the socket, then whatever is
-  already there without waiting (``receive_datagram_nowait``, at most ``MAX_CATCH_UP`` per
-  wake-up), each handed to the Node at once. No second task and no queue per datagram: a
-  datagram costs one read and the Node's work (a separate reader task and channel cost two
-  task switches per datagram, ~10 % of a ``fast`` agent's CPU). Datagrams the node task
-  cannot keep up with wait in the kernel's socket buffer and are dropped there when it is
-  full, as memberlist's are beyond its HandoffQueueDepth.
-- Other inputs beyond the inbox bound (``INBOX_DEPTH``) wait for room (their senders are
-  bounded: streams by agent.transport, commands by the control API).
+- Datagrams are read in batches: the reader task waits for the socket once, then takes
+  whatever else is already there without waiting (``receive_datagram_nowait``); the node
+  task handles everything queued in its inbox per wake-up.
+- Datagrams beyond the inbox bound (``INBOX_DEPTH``) are dropped and counted as
+  ``QUEUE_FULL`` (memberlist's HandoffQueueDepth); streams are bounded by agent.transport.
 - Executing an Output (``apply``), in order: packets to the transport; timers onto the
   heap; stream requests into tasks; every direct sign of life (``heard_from``, probe
   results) into the Phi registry; member events to the log, the events fan-out and the
@@ -58,6 +52,7 @@ from agent.transport import MAX_BUFFERED_STREAM_BYTES, Streams, Transport
 from phi import PhiRegistry, RegistryFullError
 from swim import (
     Address,
+    DropReason,
     EventKind,
     JoinResult,
     MemberEvent,
@@ -71,15 +66,14 @@ from swim import (
 log = logging.getLogger("swim.agent")
 
 INBOX_DEPTH = 4096
-"""Stream messages, stream results and commands waiting for the node task."""
+"""Inputs waiting for the node task; datagrams beyond it are dropped (memberlist: 1024)."""
 STALL_MS = 100
 """Timers overdue by more than this count as a stall (SIGSTOP, swapping, CPU starvation)
 in ``Driver.stalls``. Stalled or not, due timers fire only after what has already arrived
 is handled (``_catch_up``); Cassandra's failure detector skips convictions after a local
 pause for the same reason (CASSANDRA-9183)."""
 MAX_CATCH_UP = 4096
-"""Datagrams read from the transport per wake-up of the node task, before due timers fire
-(the kernel buffer holds ~2 MiB)."""
+"""Datagrams read from the transport in one catch-up (the kernel buffer holds ~2 MiB)."""
 JOIN_GRACE_MS = 1000
 """How long ``join_one`` waits past ``tcp_timeout_ms`` for the push-pull's result."""
 
@@ -114,6 +108,12 @@ class Delegate(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class _Datagram:
+    source: Address
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class _StreamIn:
     source: Address
     message: StreamMessage
@@ -133,7 +133,7 @@ class _Command:
     reply: trio.MemorySendChannel[tuple[bool, Any]]
 
 
-_Input = _StreamIn | _StreamResult | _Command
+_Input = _Datagram | _StreamIn | _StreamResult | _Command
 
 
 class Driver:
@@ -161,8 +161,6 @@ class Driver:
         """Datagrams read by the catch-up after a stall, before the overdue timers fired."""
         self._tcp_timeout_ms = tcp_timeout_ms
         self._send_in, self._inbox = trio.open_memory_channel[_Input](INBOX_DEPTH)
-        self._waiting: trio.CancelScope | None = None
-        """The node task's wait, while it waits: cancelling it wakes the task (``_wake``)."""
         self._timers = TimerHeap(node.config.gossip_interval_ms)
         self._join_waiters: dict[Address, trio.MemorySendChannel[JoinResult]] = {}
         self._nursery: trio.Nursery | None = None
@@ -175,10 +173,11 @@ class Driver:
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The node task (which reads datagrams too) and the stream server, until cancelled."""
+        """The node task, the datagram reader and the stream server, until cancelled."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._node_loop)
+            nursery.start_soon(self._read_datagrams)
             nursery.start_soon(self._streams.serve, self._deliver_stream)
             task_status.started()
 
@@ -216,7 +215,7 @@ class Driver:
     async def command(self, run: Callable[[int], Any]) -> Any:
         """Run ``run(now_ms)`` in the node task and return its result (or raise its error)."""
         send, receive = trio.open_memory_channel[tuple[bool, Any]](1)
-        await self._put(_Command(run, send))
+        await self._send_in.send(_Command(run, send))
         ok, value = await receive.receive()
         if not ok:
             raise value
@@ -287,58 +286,53 @@ class Driver:
             log.debug("not probing at once: %s", result["refused"])
         return result
 
-    async def _put(self, item: _Input) -> None:
-        await self._send_in.send(item)
-        self._wake()
+    async def _read_datagrams(self) -> None:
+        """Wait for a datagram, then take what else already waits without waiting again."""
+        transport = self.transport
+        while True:
+            self._queue_datagram(*await transport.receive_datagram())
+            for _ in range(MAX_CATCH_UP - 1):
+                try:
+                    got = transport.receive_datagram_nowait()
+                except OSError:  # one unreadable datagram (ICMP); the next may be fine
+                    continue
+                if got is None:
+                    break
+                self._queue_datagram(*got)
 
-    def _wake(self) -> None:
-        """Wake the node task if it waits (a no-op while it runs: it drains the inbox
-        before it waits again)."""
-        if self._waiting is not None:
-            self._waiting.cancel()
+    def _queue_datagram(self, source: Address, data: bytes) -> None:
+        try:
+            self._send_in.send_nowait(_Datagram(source, data))
+        except trio.WouldBlock:
+            self.node.record_drop(DropReason.QUEUE_FULL)
 
     async def _deliver_stream(self, source: Address, message: StreamMessage) -> bytes | None:
         send, receive = trio.open_memory_channel[bytes | None](1)
-        await self._put(_StreamIn(source, message, send))
+        await self._send_in.send(_StreamIn(source, message, send))
         return await receive.receive()
 
     async def _request_stream(self, request: StreamRequest) -> None:
         message, error = await self._streams.request(request)
         if request.expect_reply:
-            await self._put(_StreamResult(request.stream_id, message, error))
+            await self._send_in.send(_StreamResult(request.stream_id, message, error))
 
     # --- the node task --------------------------------------------------------------------
 
     async def _node_loop(self) -> None:
         timers = self._timers
+        inbox = self._inbox
         node = self.node
-        wait_datagram = self.transport.wait_datagram
-        statistics = self._inbox.statistics
         while True:
             timers.settle(node.broadcast_queue_depth, now_ms)
             next_ms = timers.next_deadline_ms()
-            if statistics().current_buffer_used:
-                await trio.lowlevel.checkpoint()
-            else:
-                deadline = math.inf if next_ms is None else next_ms / 1000
-                with trio.CancelScope(deadline=deadline) as self._waiting:
-                    await wait_datagram()
-                self._waiting = None
-            self._drain_inbox()
+            with trio.move_on_at(math.inf if next_ms is None else next_ms / 1000):
+                item = await inbox.receive()
+                self._handle(item)
+                self._drain_inbox()
             timers.settle(node.broadcast_queue_depth, now_ms)
             next_ms = timers.next_deadline_ms()
-            late_ms = 0 if next_ms is None else now_ms() - next_ms
-            read = self._read_datagrams()
-            if late_ms > STALL_MS:
-                self.stalls += 1
-                self.stall_datagrams += read
-                log.debug(
-                    "stalled: timers %d ms late; read %d datagrams before them", late_ms, read
-                )
-            if read and late_ms >= 0:
-                # handling took time: what arrived meanwhile still goes before due timers
-                self._drain_inbox()
-                self._read_datagrams()
+            if next_ms is not None and next_ms <= now_ms():
+                self._catch_up(next_ms)
             self._fire_due_timers()
 
     def _drain_inbox(self) -> None:
@@ -351,24 +345,25 @@ class Driver:
                 break
             self._handle(item)
 
-    def _read_datagrams(self) -> int:
-        """Handle every datagram already waiting (at most ``MAX_CATCH_UP``); returns how
-        many were read."""
-        receive = self.transport.receive_datagram_nowait
-        handle = self.node.handle_datagram
-        apply = self.apply
+    def _catch_up(self, deadline_ms: int) -> None:
+        """Before due timers: handle what is queued and what waits in the transport."""
+        late_ms = now_ms() - deadline_ms
+        self._drain_inbox()
         read = 0
         while read < MAX_CATCH_UP:
             try:
-                got = receive()
-            except OSError:  # one unreadable datagram (ICMP); the next may be fine
+                got = self.transport.receive_datagram_nowait()
+            except OSError:  # e.g. ICMP port unreachable surfacing on Linux
                 read += 1
                 continue
             if got is None:
                 break
             read += 1
-            apply(handle(got[0], got[1], now_ms()))
-        return read
+            self._handle(_Datagram(*got))
+        if late_ms > STALL_MS:
+            self.stalls += 1
+            self.stall_datagrams += read
+            log.debug("stalled: timers %d ms late; read %d datagrams before them", late_ms, read)
 
     def _fire_due_timers(self) -> None:
         now = now_ms()
@@ -379,7 +374,9 @@ class Driver:
     def _handle(self, item: _Input) -> None:
         node = self.node
         now = now_ms()
-        if isinstance(item, _StreamIn):
+        if isinstance(item, _Datagram):
+            self.apply(node.handle_datagram(item.source, item.data, now))
+        elif isinstance(item, _StreamIn):
             out = node.handle_stream(item.source, item.message, now)
             reply, out.reply = out.reply, None
             self.apply(out)

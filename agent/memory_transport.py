@@ -125,8 +125,6 @@ class MemoryTransport:
         self._streams_in, self._streams = trio.open_memory_channel[tuple[trio.abc.Stream, Address]](
             DATAGRAM_QUEUE
         )
-        self._next: tuple[Address, bytes] | None = None
-        """A datagram ``wait_datagram`` took off the queue, the next one read."""
         self.closed = False
 
     @property
@@ -137,14 +135,10 @@ class MemoryTransport:
         if not self.closed:
             self._network._deliver(self._address, dest, data)
 
-    async def wait_datagram(self) -> None:
-        if self._next is None:  # trio's receive is cancel-safe: a cancelled wait takes none
-            self._next = await self._datagrams.receive()
+    async def receive_datagram(self) -> tuple[Address, bytes]:
+        return await self._datagrams.receive()
 
     def receive_datagram_nowait(self) -> tuple[Address, bytes] | None:
-        got, self._next = self._next, None
-        if got is not None:
-            return got
         try:
             return self._datagrams.receive_nowait()
         except trio.WouldBlock:

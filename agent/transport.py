@@ -7,9 +7,9 @@ trio run, on a MockClock, for tests).
 
 Rules:
 - Datagrams: ``send_datagram`` never blocks and never raises: a full buffer or an
-  unreachable destination drops the packet, as UDP may. ``wait_datagram`` waits until one
-  may be there; ``receive_datagram_nowait`` is the non-blocking read the driver takes them
-  with (None: nothing waits; ``OSError``: one unreadable datagram, counted as read).
+  unreachable destination drops the packet, as UDP may. ``receive_datagram`` waits for one;
+  ``receive_datagram_nowait`` is the non-blocking read the driver's catch-up after a stall
+  uses (None: nothing waits; ``OSError``: one unreadable datagram, counted as read).
 - Streams are bounded in number (``MAX_INBOUND_STREAMS``, ``MAX_OUTBOUND_STREAMS``; an
   inbound stream beyond the bound is closed at once and counted as a ``QUEUE_FULL`` drop),
   in bytes (the Node's stream decoder enforces ``max_stream_bytes`` per stream; all inbound
@@ -107,9 +107,8 @@ class Transport(Protocol):
         """Send without blocking; a packet that cannot go now is dropped."""
         ...
 
-    async def wait_datagram(self) -> None:
-        """Return when a datagram may be waiting (a wake-up with nothing there is allowed);
-        cancelling the wait loses nothing."""
+    async def receive_datagram(self) -> tuple[Address, bytes]:
+        """The next datagram and its source."""
         ...
 
     def receive_datagram_nowait(self) -> tuple[Address, bytes] | None:
@@ -313,10 +312,20 @@ class SocketTransport:
         except OSError as exc:
             log.debug("send to %s failed: %s", dest, exc)
 
-    async def wait_datagram(self) -> None:
-        # One wait for readability, then plain non-blocking reads by the caller: trio's own
-        # recvfrom adds two schedule points per datagram, which cost more than the read.
-        await trio.lowlevel.wait_readable(self._raw)
+    async def receive_datagram(self) -> tuple[Address, bytes]:
+        # One wait for readability, then the plain non-blocking read: trio's own recvfrom
+        # adds two schedule points per datagram, which cost more than the read itself.
+        raw = self._raw
+        while True:
+            await trio.lowlevel.wait_readable(raw)
+            try:
+                data, addr = raw.recvfrom(RECV_BYTES)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError as exc:  # e.g. ICMP port unreachable surfacing on Linux
+                log.debug("udp receive error: %s", exc)
+                continue
+            return Address(addr[0], addr[1]), data
 
     def receive_datagram_nowait(self) -> tuple[Address, bytes] | None:
         try:
