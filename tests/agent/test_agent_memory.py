@@ -329,6 +329,29 @@ async def test_a_stall_handles_what_arrived_before_firing_overdue_timers(
         assert (await a.op("info"))["stats"]["stalls"] == driver.stalls
 
 
+async def test_the_node_task_wakes_at_once_for_a_command_and_a_datagram(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The node task waits on its inbox until its next timer; an input must wake it at
+    # once, not sit until the timer (the autojump clock would jump to it).
+    async with cluster(1) as c:
+        (a,) = c.members
+        sender = c.network.attach(address_of(50))
+        driver = a.agent.driver
+        assert driver is not None
+        for _ in range(3):
+            await trio.sleep(0.0123)  # somewhere between timers
+            before = trio.current_time()
+            assert await driver.command(lambda now_ms: now_ms) == int(before * 1000)
+            assert trio.current_time() == before
+            dropped = sum(a.node.stats.dropped.values())
+            sender.send_datagram(a.address, b"\xff not a packet")
+            for _ in range(10):  # a few turns of the scheduler, no time
+                await trio.lowlevel.checkpoint()
+            assert sum(a.node.stats.dropped.values()) == dropped + 1
+            assert trio.current_time() == before
+
+
 async def test_a_partitioned_member_is_declared_dead_and_rejoins_after_healing(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
