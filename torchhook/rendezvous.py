@@ -44,6 +44,11 @@ Round protocol, on the leader's store (keys ``current``, ``r<N>/arrived``, ``r<N
    ``num_nodes_waiting()`` reports the joiner.
 4. Every wait is bounded by ``join_timeout`` (default 600 s) and wakes on each new view
    (or 50 ms); a leader change abandons the round and starts over on the new leader.
+5. Before the round is handed to torchrun, this node waits (at most ``VIEW_LAG_S``) until
+   its own view shows every member of the sealed round: a member can arrive before gossip
+   brings its registration here, and until then ``num_nodes_waiting()`` would count it as
+   departed and torchrun would restart the round it just formed. A member still missing
+   after the wait has left: reporting it is then right.
 
 ``num_nodes_waiting()`` (called by torchrun every ``--monitor-interval``) returns view
 members not in the current round (up to the room left below ``max_nodes``) plus round
@@ -115,6 +120,9 @@ PROTOCOL_TIMEOUT_S = 5.0
 leader costs at most this much before the view is consulted again."""
 POLL_S = 0.05
 RETRY_S = 0.5
+VIEW_LAG_S = 5.0
+"""How long a finished round waits for this node's view to show all of its members (rule 5);
+gossip brings a registration in well under a second."""
 DEFAULT_SEED_PORT = 7946
 
 # Under torch's logger tree (as c10d's dynamic_rendezvous), so torchrun prints these with
@@ -268,7 +276,9 @@ class SwimRendezvousHandler(RendezvousHandler):
             self._check_closed()
             try:
                 sealed = self._run_rounds(leader, deadline)
-                return self._complete(sealed, leader)
+                info = self._complete(sealed, leader)
+                self._catch_up_view(sealed, deadline)
+                return info
             except _Restart as why:
                 log.info("rendezvous %s: starting over (%s)", self._run_id, why)
                 self._wait_change(view, min(RETRY_S, self._left(deadline)))
@@ -347,6 +357,20 @@ class SwimRendezvousHandler(RendezvousHandler):
             rank,
         )
         return RendezvousInfo(round_store, rank, len(sealed.members), bootstrap)
+
+    def _catch_up_view(self, sealed: Round, deadline: float) -> None:
+        """Rule 5: wait, briefly, until the view shows every member of ``sealed``."""
+        members = set(sealed.members)
+        try:
+            self._membership.wait(
+                lambda v: members <= set(v.names) or self._closed,
+                min(VIEW_LAG_S, self._left(deadline)),
+            )
+        except TimeoutError:
+            missing = sorted(members - set(self._membership.view.names))
+            log.info("rendezvous %s: round members not in the view: %s", self._run_id, missing)
+        except MembershipClosed as exc:
+            raise RendezvousConnectionError(str(exc)) from None
 
     def _stores(self, leader: JobMember) -> tuple[Store, Store]:
         """(protocol client, client handed to torchrun) for ``leader``'s store; cached.
