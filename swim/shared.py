@@ -28,7 +28,7 @@ Rules:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -64,6 +64,14 @@ class _Lru(Generic[K, V]):
         self._items.move_to_end(key)
         while len(self._items) > self._size:
             self._items.popitem(last=False)
+
+    def get_or_compute(self, key: K, compute: Callable[[K], V]) -> V:
+        """The remembered value of ``key``, else ``compute(key)``, remembered."""
+        value = self.get(key)
+        if value is None:
+            value = compute(key)
+            self.put(key, value)
+        return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,19 +131,11 @@ class SharedCodec:
 
     def compress(self, message: bytes) -> bytes:
         """``wire.compress_message(message)``, memoised."""
-        data = self._compressed.get(message)
-        if data is None:
-            data = wire.compress_message(message)
-            self._compressed.put(message, data)
-        return data
+        return self._compressed.get_or_compute(message, wire.compress_message)
 
     def compress_packet(self, data: bytes) -> bytes:
         """``wire.compress_message(data)`` for a packet's compound, memoised."""
-        compressed = self._packets.get(data)
-        if compressed is None:
-            compressed = wire.compress_message(data)
-            self._packets.put(data, compressed)
-        return compressed
+        return self._packets.get_or_compute(data, wire.compress_message)
 
     def parse(
         self, data: bytes, limits: wire.StreamLimits
