@@ -27,7 +27,7 @@ from agent.config import load
 from agent.control import FrameDecoder, encode_frame, make_request
 from agent.control_server import answer
 from agent.driver import Driver
-from agent.memory_transport import MemoryNetwork, address_of
+from agent.memory_transport import MemoryNetwork, MemoryTransport, address_of
 from agent.procs import until_async as until
 from agent.runtime import Agent
 from agent.watch import job_view, serve_watch
@@ -115,6 +115,20 @@ async def cluster(n: int, **extra: object) -> AsyncIterator[Cluster]:
             yield c
         finally:
             nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def one_agent_and_a_stranger() -> AsyncIterator[tuple[Member, MemoryTransport, Driver]]:
+    """One agent, its driver, and a transport outside the cluster to send it datagrams."""
+    async with cluster(1) as c:
+        (a,) = c.members
+        assert a.agent.driver is not None
+        yield a, c.network.attach(address_of(50)), a.agent.driver
+
+
+def dropped(member: Member) -> int:
+    """Inputs the member's node dropped, for any reason."""
+    return sum(member.node.stats.dropped.values())
 
 
 def alive(members: list[Member]) -> Callable[[], bool]:
@@ -308,11 +322,7 @@ async def test_events_fan_out_and_a_slow_subscriber_is_cut_off(
 async def test_a_stall_handles_what_arrived_before_firing_overdue_timers(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with cluster(1) as c:
-        (a,) = c.members
-        sender = c.network.attach(address_of(50))
-        driver = a.agent.driver
-        assert driver is not None
+    async with one_agent_and_a_stranger() as (a, sender, driver):
 
         def stall(now_ms: int) -> None:
             # in the node task: datagrams arrive, then the process stalls past its timers
@@ -325,7 +335,7 @@ async def test_a_stall_handles_what_arrived_before_firing_overdue_timers(
         # read from the transport by the catch-up, before the timers (the reader task,
         # waiting on the queue, is handed the first one at once, as it may be by a socket)
         assert driver.stall_datagrams >= 4
-        await until(lambda: sum(a.node.stats.dropped.values()) == 5, 1)
+        await until(lambda: dropped(a) == 5, 1)
         assert (await a.op("info"))["stats"]["stalls"] == driver.stalls
 
 
@@ -334,21 +344,17 @@ async def test_the_node_task_wakes_at_once_for_a_command_and_a_datagram(
 ) -> None:
     # The node task waits on its inbox until its next timer; an input must wake it at
     # once, not sit until the timer (the autojump clock would jump to it).
-    async with cluster(1) as c:
-        (a,) = c.members
-        sender = c.network.attach(address_of(50))
-        driver = a.agent.driver
-        assert driver is not None
+    async with one_agent_and_a_stranger() as (a, sender, driver):
         for _ in range(3):
             await trio.sleep(0.0123)  # somewhere between timers
             before = trio.current_time()
             assert await driver.command(lambda now_ms: now_ms) == int(before * 1000)
             assert trio.current_time() == before
-            dropped = sum(a.node.stats.dropped.values())
+            before_drops = dropped(a)
             sender.send_datagram(a.address, b"\xff not a packet")
             for _ in range(10):  # a few turns of the scheduler, no time
                 await trio.lowlevel.checkpoint()
-            assert sum(a.node.stats.dropped.values()) == dropped + 1
+            assert dropped(a) == before_drops + 1
             assert trio.current_time() == before
 
 
