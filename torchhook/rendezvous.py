@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -361,16 +362,10 @@ class SwimRendezvousHandler(RendezvousHandler):
     def _catch_up_view(self, sealed: Round, deadline: float) -> None:
         """Rule 5: wait, briefly, until the view shows every member of ``sealed``."""
         members = set(sealed.members)
-        try:
-            self._membership.wait(
-                lambda v: members <= set(v.names) or self._closed,
-                min(VIEW_LAG_S, self._left(deadline)),
-            )
-        except TimeoutError:
+        timeout_s = min(VIEW_LAG_S, self._left(deadline))
+        if self._wait_for(lambda v: members <= set(v.names) or self._closed, timeout_s) is None:
             missing = sorted(members - set(self._membership.view.names))
             log.info("rendezvous %s: round members not in the view: %s", self._run_id, missing)
-        except MembershipClosed as exc:
-            raise RendezvousConnectionError(str(exc)) from None
 
     def _stores(self, leader: JobMember) -> tuple[Store, Store]:
         """(protocol client, client handed to torchrun) for ``leader``'s store; cached.
@@ -399,19 +394,25 @@ class SwimRendezvousHandler(RendezvousHandler):
     def _enough(self, view: View) -> bool:
         return self.node in view and len(view.members) >= self._min
 
-    def _wait_view(self, predicate: Any, deadline: float) -> View:
+    def _wait_for(self, predicate: Callable[[View], bool], timeout_s: float) -> View | None:
+        """The first view that satisfies ``predicate`` within ``timeout_s``, or None; a
+        watch that ended is a ``RendezvousConnectionError``."""
         try:
-            return self._membership.wait(
-                lambda v: predicate(v) or self._closed, self._left(deadline)
-            )
+            return self._membership.wait(predicate, timeout_s)
         except TimeoutError:
+            return None
+        except MembershipClosed as exc:
+            raise RendezvousConnectionError(str(exc)) from None
+
+    def _wait_view(self, predicate: Any, deadline: float) -> View:
+        view = self._wait_for(lambda v: predicate(v) or self._closed, self._left(deadline))
+        if view is None:
             raise RendezvousTimeoutError(
                 f"rendezvous {self._run_id}: fewer than {self._min} nodes registered within "
                 f"join_timeout={self._settings.join_timeout_s} s "
                 f"(view: {', '.join(self._membership.view.names) or 'empty'})"
-            ) from None
-        except MembershipClosed as exc:
-            raise RendezvousConnectionError(str(exc)) from None
+            )
+        return view
 
     def _wait_change(self, seen: View, timeout_s: float) -> None:
         """Sleep until a new view arrives or ``timeout_s`` passes."""
@@ -420,12 +421,7 @@ class SwimRendezvousHandler(RendezvousHandler):
                 f"rendezvous {self._run_id}: no round sealed within "
                 f"join_timeout={self._settings.join_timeout_s} s"
             )
-        try:
-            self._membership.wait(lambda v: v is not seen, timeout_s)
-        except TimeoutError:
-            pass
-        except MembershipClosed as exc:
-            raise RendezvousConnectionError(str(exc)) from None
+        self._wait_for(lambda v: v is not seen, timeout_s)
 
     def _left(self, deadline: float) -> float:
         return max(0.0, deadline - time.monotonic())
