@@ -245,6 +245,10 @@ def test_restart_after_dead_rejoins_with_higher_incarnation(testbed: Testbeds) -
     bed.start_agent(victim).wait_ready()
     rejoin_s = until(bed.converged, 30, "the restarted node alive everywhere", poll_s=0.1)
     time.sleep(3)
+    # a suspicion raised right after the restart may still be in flight now (CI caught n1
+    # holding it suspect at this instant, its refutation on the way): alive everywhere
+    # again within a suspicion window or two, and never dead (below)
+    until(bed.converged, 15, f"n{victim} alive everywhere again after the rejoin", poll_s=0.1)
     incarnations = {o: bed.agent(o).members()[f"n{victim}"]["incarnation"] for o in survivors}
     own = bed.agent(victim).info()["incarnation"]
     # a suspicion that the member refutes is SWIM working (CI saw one on a loaded 2-core
@@ -264,6 +268,5 @@ def test_restart_after_dead_rejoins_with_higher_incarnation(testbed: Testbeds) -
         suspicions_after_rejoin=len(suspicions),
     )
     assert killed_at < restarted_at
-    assert bed.converged(), f"not alive everywhere 3 s after rejoining: {bed.statuses()}"
     assert all(i > dead_inc[o] for o, i in incarnations.items()), (dead_inc, incarnations)
     assert not flaps, f"dead again after the rejoin: {flaps}"
