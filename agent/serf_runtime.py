@@ -78,6 +78,7 @@ class SerfRuntime:
                 self.delegate.forget([m.name])
         elif event.kind == EventKind.JOINED:
             self.departed.forget(m.name)
+        self._execute(self.delegate.on_member_event(event.kind, m.name))
 
     def on_user_message(self, payload: bytes) -> None:
         self._execute(self.delegate.on_user_message(payload, self._view()))

@@ -28,9 +28,15 @@ Rules (hashicorp/serf v0.9.4: serf/serf.go ``handleNodeJoinIntent``,
 - A leave intent that is news (``handleNodeLeaveIntent``): about us while we are not leaving,
   it is stale (e.g. from before a restart) and refuted by a join intent; about a member the
   core holds in a state of ``FORCE_LEAVE_STATES`` (dead, suspect), the member left (Serf's
-  "EventMemberLeave (forced)"); about an alive or left member, nothing (memberlist's own
-  dead/left message ends it); about a member the core does not hold (already reaped as
-  failed), its departed record turns "left".
+  "EventMemberLeave (forced)"); about an alive member, it is *leaving* (serf's
+  ``StatusLeaving``); about a left member, nothing (memberlist's own dead/left message
+  ended it); about a member the core does not hold (already reaped as failed), its departed
+  record turns "left".
+- A leaving member the core then declares dead left (serf.go ``handleNodeLeave``: a leaving
+  member's failure is its leave). The leave's own memberlist message can miss a member that
+  had its intent: the leaver gossips it only a few times, some of them to dead members,
+  and then stops answering probes. A join intent that is news, or the member joining
+  again (dead or reaped before), ends the leaving (``handleNodeJoinIntent``, ``handleNodeJoin``).
 - A push-pull state's ``LeftMembers`` (at most ``MAX_LEFT_MEMBERS``) are leave intents with
   LTime ``StatusLTimes[name] + 1``, so a leave missed in gossip still arrives.
 - User events are published to subscribers (not re-gossiped).
@@ -60,7 +66,7 @@ from agent.serf.messages import (
     encode_leave_intent,
 )
 from agent.serf.state import LamportClock, decode_push_pull_state
-from swim import LEAVE_FANOUT, Address, Keyring, KeyringError, Member, NodeStateType
+from swim import LEAVE_FANOUT, Address, EventKind, Keyring, KeyringError, Member, NodeStateType
 
 MAX_INTENT_NAMES = 65_536
 """Serf intent clocks remembered (one per member name); an intent about one more member is
@@ -217,6 +223,9 @@ class SerfDelegate:
         """serf.go ``queryClock``."""
         self._queries_seen = queries.QuerySeen()
         self._status_ltimes: dict[str, int] = {}
+        self._leaving: set[str] = set()
+        """Members whose leave intent came while they were alive (serf's StatusLeaving);
+        always names in ``_status_ltimes``, so bounded by ``MAX_INTENT_NAMES``."""
 
     # --- inputs ---------------------------------------------------------------------------
 
@@ -254,6 +263,15 @@ class SerfDelegate:
                 actions += self._on_leave_news(name, view)
         return actions
 
+    def on_member_event(self, kind: EventKind, name: str) -> list[SerfAction]:
+        """The core's event about ``name`` (serf.go ``handleNodeLeave``,
+        ``handleNodeJoin``): a leaving member declared dead left; one that joins again is
+        no longer leaving. A refuted suspicion or an update changes nothing."""
+        if name not in self._leaving or kind not in (EventKind.DEAD, EventKind.JOINED):
+            return []
+        self._leaving.discard(name)
+        return [ForceLeave(name)] if kind == EventKind.DEAD else []
+
     def join_intent(self) -> list[SerfAction]:
         """Our join intent (serf.go ``broadcastJoin``): after joining, and to refute a stale
         leave about us."""
@@ -285,12 +303,18 @@ class SerfDelegate:
         expired or evicted)."""
         for name in names:
             self._status_ltimes.pop(name, None)
+            self._leaving.discard(name)
 
     # --- what it holds --------------------------------------------------------------------
 
     def status_ltime(self, name: str) -> int | None:
         """The LTime of the last intent seen for ``name`` (serf.go ``statusLTime``)."""
         return self._status_ltimes.get(name)
+
+    def is_leaving(self, name: str) -> bool:
+        """Whether ``name`` sent a leave intent while alive and has not died or
+        rejoined since (serf's ``StatusLeaving``)."""
+        return name in self._leaving
 
     @property
     def intent_names(self) -> int:
@@ -302,6 +326,7 @@ class SerfDelegate:
     def _on_join(self, message: JoinIntent, payload: bytes, view: SerfView) -> list[SerfAction]:
         if not self._intent_is_news(message.node, message.ltime):
             return []
+        self._leaving.discard(message.node)
         return [Broadcast(payload)]
 
     def _on_leave(self, message: LeaveIntent, payload: bytes, view: SerfView) -> list[SerfAction]:
@@ -361,6 +386,8 @@ class SerfDelegate:
             return [MarkDepartedLeft(name)]
         if member.state in FORCE_LEAVE_STATES:
             return [ForceLeave(name)]
+        if member.state == NodeStateType.ALIVE:
+            self._leaving.add(name)
         return []
 
     def _key_query(self, name: str, payload: bytes, view: SerfView) -> tuple[bytes, list[Log]]:

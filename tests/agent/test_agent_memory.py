@@ -160,6 +160,26 @@ async def test_join_detect_crash_and_leave(autojump_clock: trio.testing.MockCloc
         assert agents[0].agent.serf.delegate.status_ltime("n2") is not None
 
 
+async def test_a_member_whose_leave_intent_came_but_not_its_dead_message_left(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Serf's StatusLeaving: a leaver's memberlist dead-from-self can miss a member that had
+    its leave intent (a few gossip transmissions, some to dead members). That member then
+    declares it dead by probing, and the earlier intent makes that death a leave."""
+    async with cluster(3) as c:
+        agents = c.members
+        await until(alive(agents), 20)
+        leaver = agents[2]
+        runtime, driver = leaver.agent.serf, leaver.agent.driver
+        assert runtime is not None and driver is not None
+        await driver.command(lambda t: runtime.send_leave_intent("n2", direct=True))
+        await until(lambda: all(a.agent.serf.delegate.is_leaving("n2") for a in agents[:2]), 5)  # type: ignore[union-attr]
+        c.crash(leaver)  # gone before its memberlist leave
+        await until(lambda: all(a.state_of("n2") == NodeStateType.LEFT for a in agents[:2]), 30)
+        rows = await agents[0].op("members")
+        assert {r["name"]: r["status"] for r in rows}["n2"] == "left"
+
+
 async def test_control_ops_members_info_tags_and_bad_requests(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -36,7 +36,7 @@ from agent.serf.delegate import (
     Witness,
 )
 from agent.serf.queries import FILTER_NODE, FILTER_TAG, KEY_QUERIES
-from swim import Address, Keyring, KeyringError, Member, NodeStateType
+from swim import Address, EventKind, Keyring, KeyringError, Member, NodeStateType
 
 ME = "me"
 QUERIER = Address("127.0.0.1", 7946)
@@ -248,6 +248,51 @@ def test_a_leave_intent_by_the_state_the_core_holds(
 
 def test_force_leave_states_are_the_failed_ones() -> None:
     assert {s.name for s in FORCE_LEAVE_STATES} == {"DEAD", "SUSPECT"}
+
+
+def _leaving_other() -> SerfDelegate:
+    """A delegate that had other's leave intent while other was alive."""
+    d = SerfDelegate(ME)
+    d.on_user_message(_leave(7, "other"), _view(_member("other")))
+    assert d.is_leaving("other")
+    return d
+
+
+def test_a_leaving_member_declared_dead_left() -> None:
+    d = _leaving_other()
+    for kind in (EventKind.SUSPECT, EventKind.ALIVE, EventKind.UPDATED):
+        assert d.on_member_event(kind, "other") == [], kind
+    assert d.on_member_event(EventKind.DEAD, "other") == [ForceLeave("other")]
+    assert not d.is_leaving("other")
+    assert d.on_member_event(EventKind.DEAD, "other") == [], "once"
+
+
+def test_a_member_that_is_not_leaving_stays_dead() -> None:
+    d = SerfDelegate(ME)
+    assert d.on_member_event(EventKind.DEAD, "other") == []
+    d.on_user_message(_join(3, "other"), _view(_member("other")))
+    assert d.on_member_event(EventKind.DEAD, "other") == []
+
+
+ENDS_LEAVING: list[tuple[str, Any]] = [
+    ("join intent", lambda d: d.on_user_message(_join(8, "other"), _view(_member("other")))),
+    ("joins again", lambda d: d.on_member_event(EventKind.JOINED, "other")),
+    ("forgotten", lambda d: d.forget(["other"])),
+]
+
+
+@pytest.mark.parametrize("end", [c[1] for c in ENDS_LEAVING], ids=[c[0] for c in ENDS_LEAVING])
+def test_what_ends_a_leaving(end: Any) -> None:
+    d = _leaving_other()
+    end(d)
+    assert not d.is_leaving("other")
+    assert d.on_member_event(EventKind.DEAD, "other") == []
+
+
+def test_an_old_join_intent_does_not_end_a_leaving() -> None:
+    d = _leaving_other()
+    assert d.on_user_message(_join(6, "other"), _view(_member("other"))) == []
+    assert d.is_leaving("other")
 
 
 def test_a_stale_leave_about_us_is_refuted_by_a_join_intent() -> None:
