@@ -18,6 +18,7 @@ import functools
 import ipaddress
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 
 class MsgType(IntEnum):
@@ -49,9 +50,12 @@ class NodeStateType(IntEnum):
     LEFT = 3
 
 
-@dataclass(frozen=True, slots=True)
-class Address:
-    """A UDP/TCP endpoint: an IP address in text form and a port."""
+class Address(NamedTuple):
+    """A UDP/TCP endpoint: an IP address in text form and a port.
+
+    A named tuple, not a dataclass: it is the key of the per-datagram lookups (the member
+    table's address index, a simulator's routing table), and a tuple's hash and equality
+    run in C, about 4x faster than a dataclass's generated Python methods."""
 
     host: str
     port: int

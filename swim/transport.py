@@ -138,8 +138,16 @@ class Sender:
         compress = ctx.config.enable_compression
         codec = self._members.push_pull.codec
         compressor = None if codec is None else codec.compress_packet
-        for start in range(0, len(parts), wire.MAX_COMPOUND_PARTS):
-            chunk = parts[start : start + wire.MAX_COMPOUND_PARTS]
+        counts = stats.messages_out
+        names = wire.TYPE_NAMES
+        step = wire.MAX_COMPOUND_PARTS
+        # almost always one packet: no slicing then
+        chunks = (
+            [parts]
+            if len(parts) <= step
+            else [parts[i : i + step] for i in range(0, len(parts), step)]
+        )
+        for chunk in chunks:
             data = wire.encode_packet(
                 chunk, compress=compress, crc=crc, crypto=crypto, compressor=compressor
             )
@@ -147,13 +155,9 @@ class Sender:
             stats.packets_out += 1
             stats.bytes_out += len(data)
             for part in chunk:
-                stats.messages_out[_type_name(part)] += 1
+                counts[names[part[0]] if part else "empty"] += 1
 
 
 def _crc_overhead(member: MemberState | None) -> int:
     """Receivers that speak protocol ≥ 5 get a CRC32 header (net.go rawSendMsgPacket)."""
     return wire.CRC_OVERHEAD if member is not None and member.protocol_max >= 5 else 0
-
-
-def _type_name(part: bytes) -> str:
-    return wire.type_name(part[0]) if part else "empty"

@@ -109,6 +109,11 @@ class World(WorldStreams):
         acked probe's timeouts) instead of handing it back to be ignored."""
         self._cancelled: list[set[int]] = []
         """Per node: ids of its cancelled timers still in the calendar."""
+        self._idle: list[bool] = []
+        """Per node: its broadcast queues were empty after its last input (read right
+        after ``_apply``, while the node is in the CPU's caches; every input and API call
+        goes through ``_apply``, so it is still true when its next gossip tick is due, and
+        the idle check does not touch the node then)."""
         self.events_processed = 0
         self.member_events = 0
         self.packets_lost = 0
@@ -151,6 +156,7 @@ class World(WorldStreams):
         self.up.append(False)
         self.leaving.append(False)
         self._cancelled.append(set())
+        self._idle.append(False)
         self.traffic.grow()
         # One Address object per member, shared by its nodes, the snapshot and the routing
         # table: dict lookups by address then match on identity, without calling __eq__.
@@ -310,6 +316,7 @@ class World(WorldStreams):
         pkts_in, bytes_in = traffic.pkts_in, traffic.bytes_in
         gossip_ms = self.config.gossip_interval_ms if self.skip_idle_gossip else -1
         cancelled = self._cancelled
+        idle = self._idle
         processed = 0
         while times and times[0] <= t_end:
             t = times[0]
@@ -327,7 +334,7 @@ class World(WorldStreams):
                         continue  # a timer of a dead or replaced process
                     if slow and idx in slow and self._defer(t, kind, idx, a, b):
                         continue
-                    if gossip_ms >= 0 and b.__class__ is GossipTick and not a.broadcast_queue_depth:
+                    if gossip_ms >= 0 and idle[idx] and b.__class__ is GossipTick:
                         # An idle gossip round: the node would only re-arm its tick at
                         # t + gossip_interval_ms. Hand the same tick back then instead.
                         # (Before the cancelled check: a node never cancels its gossip
@@ -410,6 +417,8 @@ class World(WorldStreams):
         return True
 
     def _apply(self, idx: int, node: Node, out: Output) -> None:
+        # (a node model without broadcast queues, e.g. the heartbeat baseline, is never idle)
+        self._idle[idx] = not getattr(node, "broadcast_queue_depth", 1)
         if out.events:
             self._on_events(idx, out.events)
         if out.cancelled_timers and self.skip_stale_timers:

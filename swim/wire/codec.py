@@ -43,6 +43,7 @@ from swim.wire.fields import (
 __all__ = [
     "GOSSIP_CACHE_ENTRIES",
     "MAX_DECOMPRESSED_BYTES",
+    "TYPE_NAMES",
     "UNPACK_ERRORS",
     "StreamLimits",
     "StreamMessage",
@@ -124,7 +125,9 @@ def _type_label(kind: int) -> str:
     return member.name.lower() if isinstance(member, MsgType) else f"type_{kind}"
 
 
-_TYPE_NAMES = tuple(_type_label(kind) for kind in range(256))
+TYPE_NAMES: tuple[str, ...] = tuple(_type_label(kind) for kind in range(256))
+"""``type_name`` of each type byte, as a tuple to index (hot paths count per message)."""
+_TYPE_NAMES = TYPE_NAMES
 _MESSAGE_TYPE_NAMES: dict[type, str] = {
     **{cls: _TYPE_NAMES[kind] for cls, kind in TYPE_OF.items()},
     UserMsg: "user",
