@@ -61,12 +61,14 @@ class Sender:
         ctx = self._ctx
         if not len(ctx.broadcasts) and not len(ctx.user_broadcasts):
             return  # nothing to send: skip drawing targets (memberlist draws, then sends none)
-        limit = ctx.config.udp_buffer_size - wire.packet_overhead(self.crypto())
+        crypto = self.crypto()
+        limit = ctx.config.udp_buffer_size - wire.packet_overhead(crypto)
         for peer in self.gossip_targets():
-            parts = self._take_broadcasts(limit - _crc_overhead(peer))
+            crc_bytes = _crc_overhead(peer)
+            parts = self._take_broadcasts(limit - crc_bytes)
             if not parts:
                 return
-            self.emit(peer.address, parts, peer)
+            self._emit(peer.address, parts, crc_bytes > 0, crypto)
 
     def gossip_targets(self) -> list[MemberState]:
         """Who gets this round's gossip.
@@ -106,13 +108,16 @@ class Sender:
     def _take_broadcasts(self, limit: int) -> list[bytes]:
         """Member broadcasts first, then user broadcasts in what room is left (net.go)."""
         ctx = self._ctx
+        broadcasts, user_broadcasts = ctx.broadcasts, ctx.user_broadcasts
+        if not broadcasts and not user_broadcasts:
+            return []  # the common case at steady state: nothing to piggyback
         n = len(self._members)
         overhead = wire.COMPOUND_OVERHEAD
-        parts = ctx.broadcasts.take(overhead, limit, n)
+        parts = broadcasts.take(overhead, limit, n)
         used = sum(len(p) + overhead for p in parts)
         avail = limit - used
-        if avail > overhead + wire.USER_MSG_OVERHEAD and len(ctx.user_broadcasts):
-            user = ctx.user_broadcasts.take(overhead + wire.USER_MSG_OVERHEAD, avail, n)
+        if avail > overhead + wire.USER_MSG_OVERHEAD and user_broadcasts:
+            user = user_broadcasts.take(overhead + wire.USER_MSG_OVERHEAD, avail, n)
             parts.extend(wire.encode_message(UserMsg(p)) for p in user)
         return parts
 
@@ -120,19 +125,24 @@ class Sender:
         """One message, with as many broadcasts piggybacked as fit (net.go ``sendMsg``)."""
         # Unlike memberlist (net.go sendMsg), also count the message's own compound entry
         # and the CRC header, so a packet never exceeds udp_buffer_size.
+        crypto = self.crypto()
+        crc_bytes = _crc_overhead(member)
         limit = (
             self._ctx.config.udp_buffer_size
             - len(message)
             - wire.COMPOUND_OVERHEAD
-            - wire.packet_overhead(self.crypto())
-            - _crc_overhead(member)
+            - wire.packet_overhead(crypto)
+            - crc_bytes
         )
-        self.emit(dest, [message, *self._take_broadcasts(limit)], member)
+        self._emit(dest, [message, *self._take_broadcasts(limit)], crc_bytes > 0, crypto)
 
     def emit(self, dest: Address, parts: list[bytes], member: MemberState | None) -> None:
         """``parts`` as they are, in as many packets as ``MAX_COMPOUND_PARTS`` needs."""
-        crc = _crc_overhead(member) > 0
-        crypto = self.crypto()
+        self._emit(dest, parts, _crc_overhead(member) > 0, self.crypto())
+
+    def _emit(
+        self, dest: Address, parts: list[bytes], crc: bool, crypto: wire.Crypto | None
+    ) -> None:
         ctx = self._ctx
         stats = ctx.stats
         compress = ctx.config.enable_compression

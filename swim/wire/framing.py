@@ -158,6 +158,13 @@ def decode_packet(data: bytes, crypto: Crypto | None) -> DecodedPacket:
             if crypto.verify_incoming:
                 raise WireError(DropReason.DECRYPT_FAILED, str(exc)) from exc
             # net.go ingestPacket: without GossipVerifyIncoming, treat it as plaintext
+    elif len(data) <= DECODE_MEMO_MAX_BYTES + CRC_OVERHEAD and type(data) is bytes:
+        # unencrypted datagrams repeat whole, CRC header included: skip its check too
+        return _decode_unencrypted_memo(data)
+    return _decode_unencrypted(data)
+
+
+def _decode_unencrypted(data: bytes) -> DecodedPacket:
     if len(data) >= 5 and data[0] == MsgType.HAS_CRC:
         (expected,) = struct.unpack_from(">I", data, 1)
         data = data[5:]
@@ -177,6 +184,9 @@ def _decode_plain(data: bytes) -> DecodedPacket:
 
 _decode_plain_memo = functools.lru_cache(maxsize=DECODE_MEMO_ENTRIES)(_decode_plain)
 """``_decode_plain`` of datagrams up to ``DECODE_MEMO_MAX_BYTES`` (see that constant)."""
+_decode_unencrypted_memo = functools.lru_cache(maxsize=DECODE_MEMO_ENTRIES)(_decode_unencrypted)
+"""``_decode_unencrypted`` of unencrypted datagrams up to ``DECODE_MEMO_MAX_BYTES`` plus a
+CRC header (one with a bad CRC raises, and an exception is never cached)."""
 
 
 def _unwrap(data: bytes, depth: int, messages: list[Message], drops: list[DropReason]) -> None:
