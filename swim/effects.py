@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
+from swim.frozen import fast_init
 from swim.messages import Address, NodeStateType
 
 
@@ -248,3 +249,18 @@ class NodeStats:
     """``Node.probe_now`` requests by ``UrgentProbeOutcome`` value: started or refused why."""
     urgent_probes_failed: int = 0
     """Urgent probes that got no answer by their deadline (also in ``probes_failed``)."""
+
+
+# made on every input: the faster, same-signature __init__ (swim.frozen)
+for _cls in (
+    Packet,
+    StreamRequest,
+    Timer,
+    Member,
+    MemberEvent,
+    ProbeResult,
+    Notice,
+    UserMessage,
+    JoinResult,
+):
+    fast_init(_cls)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
 
+from swim.frozen import fast_init
+
 
 class MsgType(IntEnum):
     """net.go ``messageType``: the first byte of every packet and stream."""
@@ -198,3 +200,20 @@ class PushPull:
 
 Message = Ping | IndirectPing | Ack | Nack | ErrResp | Suspect | Alive | Dead | UserMsg
 """Messages that travel in UDP packets (push-pull only travels on streams)."""
+
+
+# made on every input: the faster, same-signature __init__ (swim.frozen)
+for _cls in (
+    Ping,
+    IndirectPing,
+    Ack,
+    Nack,
+    ErrResp,
+    Suspect,
+    Alive,
+    Dead,
+    UserMsg,
+    PushNodeState,
+    PushPull,
+):
+    fast_init(_cls)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import get_args
 
 from swim.effects import Timer
+from swim.frozen import fast_init
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +119,23 @@ NodeTimer = (
 
 NODE_TIMERS: tuple[type[NodeTimer], ...] = get_args(NodeTimer)
 """The kinds of ``NodeTimer``, for ``isinstance`` and for tests that iterate them."""
+
+
+# made on every input: the faster, same-signature __init__ (swim.frozen)
+for _cls in (
+    ProbeTick,
+    GossipTick,
+    PushPullTick,
+    ReconnectTick,
+    SuspicionTimeout,
+    SuspicionVerify,
+    ProbeTimeout,
+    ProbeDeadline,
+    ProbeTcpGrace,
+    RelayTimeout,
+    StreamExpire,
+):
+    fast_init(_cls)
 
 __all__ = [
     "NODE_TIMERS",
