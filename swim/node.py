@@ -156,7 +156,8 @@ class Node:
 
     @property
     def broadcast_queue_depth(self) -> int:
-        return len(self._ctx.broadcasts) + len(self._ctx.user_broadcasts)
+        ctx = self._ctx
+        return len(ctx.broadcasts.pending) + len(ctx.user_broadcasts.pending)
 
     @property
     def live_timers(self) -> int:

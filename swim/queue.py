@@ -15,6 +15,7 @@ The queue is pure data: the caller supplies n (the group size estimate) on every
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from swim.formulas import retransmit_limit
@@ -41,6 +42,9 @@ class BroadcastQueue:
         self._retransmit_mult = retransmit_mult
         self._max_items = max_items
         self._keys: list[tuple[int, int, int]] = []
+        self.pending: Sequence[tuple[int, int, int]] = self._keys
+        """The queued items' sort keys, one per broadcast: read-only (``len`` of it is what
+        ``len(queue)`` is, without a Python-level call: asked several times per input)."""
         self._items: dict[tuple[int, int, int], _Item] = {}
         self._by_name: dict[str, _Item] = {}
         self._next_id = 0

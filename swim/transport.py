@@ -59,7 +59,7 @@ class Sender:
     def gossip_round(self) -> None:
         """state.go ``gossip``: pending broadcasts to a few random members."""
         ctx = self._ctx
-        if not len(ctx.broadcasts) and not len(ctx.user_broadcasts):
+        if not ctx.broadcasts.pending and not ctx.user_broadcasts.pending:
             return  # nothing to send: skip drawing targets (memberlist draws, then sends none)
         crypto = self.crypto()
         limit = ctx.config.udp_buffer_size - wire.packet_overhead(crypto)
@@ -109,14 +109,14 @@ class Sender:
         """Member broadcasts first, then user broadcasts in what room is left (net.go)."""
         ctx = self._ctx
         broadcasts, user_broadcasts = ctx.broadcasts, ctx.user_broadcasts
-        if not broadcasts and not user_broadcasts:
+        if not broadcasts.pending and not user_broadcasts.pending:
             return []  # the common case at steady state: nothing to piggyback
         n = len(self._members)
         overhead = wire.COMPOUND_OVERHEAD
         parts = broadcasts.take(overhead, limit, n)
         used = sum(len(p) + overhead for p in parts)
         avail = limit - used
-        if avail > overhead + wire.USER_MSG_OVERHEAD and user_broadcasts:
+        if avail > overhead + wire.USER_MSG_OVERHEAD and user_broadcasts.pending:
             user = user_broadcasts.take(overhead + wire.USER_MSG_OVERHEAD, avail, n)
             parts.extend(wire.encode_message(UserMsg(p)) for p in user)
         return parts
