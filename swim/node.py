@@ -363,8 +363,9 @@ class Node:
             self._ctx.drop(reason)
         if not decoded.messages and not decoded.drops:
             self._ctx.drop(DropReason.EMPTY)  # e.g. a compound with no parts
+        counts, names = stats.messages_in, wire.MESSAGE_TYPE_NAMES
         for message in decoded.messages:
-            stats.messages_in[wire.message_type_name(message)] += 1
+            counts[names[type(message)]] += 1
             self._dispatch(message, source)
         sender = self._members.by_address(source)
         if decoded.messages and sender is not None and sender.name != self.name:

@@ -6,8 +6,9 @@ encryption, stream frames) are ``swim.wire.framing``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import msgpack
@@ -43,6 +44,7 @@ from swim.wire.fields import (
 __all__ = [
     "GOSSIP_CACHE_ENTRIES",
     "MAX_DECOMPRESSED_BYTES",
+    "MESSAGE_TYPE_NAMES",
     "TYPE_NAMES",
     "UNPACK_ERRORS",
     "StreamLimits",
@@ -128,6 +130,8 @@ def _type_label(kind: int) -> str:
 TYPE_NAMES: tuple[str, ...] = tuple(_type_label(kind) for kind in range(256))
 """``type_name`` of each type byte, as a tuple to index (hot paths count per message)."""
 _TYPE_NAMES = TYPE_NAMES
+MESSAGE_TYPE_NAMES: Mapping[type, str]
+"""``message_type_name`` as a mapping from the message's class (counted per message)."""
 _MESSAGE_TYPE_NAMES: dict[type, str] = {
     **{cls: _TYPE_NAMES[kind] for cls, kind in TYPE_OF.items()},
     UserMsg: "user",
@@ -137,6 +141,9 @@ _MESSAGE_TYPE_NAMES: dict[type, str] = {
 def type_name(kind: int) -> str:
     """Lower-case name of a message type byte, for counters."""
     return _TYPE_NAMES[kind] if 0 <= kind < 256 else _type_label(kind)
+
+
+MESSAGE_TYPE_NAMES = MappingProxyType(_MESSAGE_TYPE_NAMES)
 
 
 def message_type_name(msg: Message) -> str:
