@@ -26,7 +26,7 @@ from agent.control import ControlClient, ControlError
 from agent.demo import agent_command
 from agent.procs import free_port, stop, until
 
-__all__ = ["ROOT", "TrainingNode", "reference_losses", "start_nodes"]
+__all__ = ["ROOT", "TrainingNode", "reference_curves", "reference_losses", "start_nodes"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -157,16 +157,29 @@ class TrainingNode:
 def reference_losses(script: str | Path, steps: int, seed: int) -> list[float]:
     """The failure-free loss curve of an example trainer (its ``--reference``: the same
     training in one process on the whole batch), for comparing a run's losses against."""
+    losses: list[float] = json.loads(_reference_run(script, steps, "--seed", str(seed)))
+    return losses
+
+
+def reference_curves(script: str | Path, steps: int, seeds: list[int]) -> list[list[float]]:
+    """``reference_losses`` for several seeds in one process (one torch import)."""
+    joined = ",".join(str(s) for s in seeds)
+    curves: list[list[float]] = json.loads(
+        _reference_run(script, steps, "--reference-seeds", joined)
+    )
+    return curves
+
+
+def _reference_run(script: str | Path, steps: int, *extra: str) -> str:
     out = subprocess.run(
-        [sys.executable, str(script), "--reference", "--steps", str(steps), "--seed", str(seed)],
+        [sys.executable, str(script), "--reference", "--steps", str(steps), *extra],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=ROOT,
         check=True,
     )
-    losses: list[float] = json.loads(out.stdout)
-    return losses
+    return out.stdout
 
 
 def start_nodes(

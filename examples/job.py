@@ -100,6 +100,11 @@ def parser(description: str | None, *, job: str, pg_timeout_s: float) -> argpars
     ap.add_argument("--heartbeat-pause-ms", type=int, default=30_000)
     ap.add_argument("--reference", action="store_true", help="print the failure-free curve")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--reference-seeds",
+        default="",
+        help="with --reference: comma-separated seeds, one curve each (a JSON list of lists)",
+    )
     return ap
 
 
@@ -148,7 +153,11 @@ def start(args: argparse.Namespace) -> bool:
     if os.environ.get("SWIM_DEBUG"):
         logging.getLogger("torchhook").setLevel(logging.DEBUG)
     if args.reference:
-        print(json.dumps(reference(args.steps, args.global_batch, args.seed)))
+        if args.reference_seeds:
+            seeds = [int(x) for x in args.reference_seeds.split(",")]
+            print(json.dumps([reference(args.steps, args.global_batch, s) for s in seeds]))
+        else:
+            print(json.dumps(reference(args.steps, args.global_batch, args.seed)))
         return False
     torch.set_num_threads(1)  # several trainers share a few cores in the tests
     return True

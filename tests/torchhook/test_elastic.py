@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from agent.procs import until
-from agent.training_nodes import TrainingNode, reference_losses, start_nodes
+from agent.training_nodes import TrainingNode, reference_curves, start_nodes
 
 pytest.importorskip("torch", reason="the torch hook needs torch (pip install '.[torch]')")
 pytestmark = pytest.mark.slow
@@ -58,9 +58,10 @@ def _reference(steps: int, first_loss: float, names: list[str]) -> list[float]:
     def seed(node: str) -> int:
         return zlib.crc32(f"{node}/0".encode())  # examples/elastic_ddp.py rank_seed
 
-    starts = [n for n in names if _close(reference_losses(SCRIPT, 1, seed(n))[0], first_loss)]
+    curves = reference_curves(SCRIPT, steps, [seed(n) for n in names])
+    starts = [n for n, curve in zip(names, curves, strict=True) if _close(curve[0], first_loss)]
     assert len(starts) == 1, f"step 0's loss {first_loss} is not one node's init: {starts}"
-    return reference_losses(SCRIPT, steps, seed(starts[0]))
+    return curves[names.index(starts[0])]
 
 
 def _close(a: float, b: float) -> bool:
