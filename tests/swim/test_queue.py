@@ -69,3 +69,28 @@ def test_reset_finishes_everything() -> None:
     q.queue(b"b", notify=2)
     q.reset()
     assert len(q) == 0 and sorted(q.finished) == [1, 2]
+
+
+def test_pending_follows_every_change() -> None:
+    """``pending`` is read instead of ``len(queue)`` on hot paths: it must track queue,
+    take (sent, reinserted and dropped items), replacement, discard, pruning and reset."""
+    q = BroadcastQueue(retransmit_mult=1, max_items=3)
+    seen = []
+
+    def check() -> None:
+        seen.append(len(q))
+        assert len(q.pending) == len(q)
+
+    for i in range(5):
+        q.queue(bytes([i]) * (i + 1), name=f"m{i % 4}")  # m0 replaced once, then pruned
+        check()
+    q.take(overhead=1, limit=4, n=1)
+    check()
+    q.discard("m3")
+    check()
+    q.take(overhead=1, limit=1000, n=1)  # everything sent its last time
+    check()
+    q.queue(b"x")
+    q.reset()
+    check()
+    assert seen == [1, 2, 3, 3, 3, 2, 1, 0, 0]
