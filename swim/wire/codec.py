@@ -80,7 +80,7 @@ def encode_message(msg: Message) -> bytes:
     if isinstance(msg, UserMsg):
         return bytes([MsgType.USER]) + msg.payload
     fields = FIELDS[type(msg)]
-    return bytes([TYPE_OF[type(msg)]]) + encode_fields(fields, lambda a: getattr(msg, a))
+    return bytes([TYPE_OF[type(msg)]]) + encode_fields(fields, msg.__getattribute__)
 
 
 def decode_message(data: bytes) -> Message:

@@ -233,21 +233,26 @@ def unpack_one(body: bytes) -> Any:
 
 
 _Plan = tuple[tuple[str, str, bool, bool, bool], ...]
-_PLANS: dict[tuple[Field, ...], _Plan] = {}
+_PLANS: dict[int, tuple[Sequence[Field], _Plan]] = {}
+_MAX_PLANS = 1024
+"""Plans remembered; the field tables are module constants, a handful in all."""
 
 
 def _plan(fields: Sequence[Field]) -> _Plan:
     """(go name, attr, is str, omitempty, nil_if_empty) per field, sorted by go name, as
     go-msgpack writes struct fields (seen in every serf capture), not in declaration order;
-    the tables are in declaration order for readability. Computed once per table."""
-    key = tuple(fields)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = tuple(
-            (f.go, f.attr, f.kind == "str", f.omitempty, f.nil_if_empty)
-            for f in sorted(fields, key=lambda f: f.go)
-        )
-        _PLANS[key] = plan
+    the tables are in declaration order for readability. Computed once per table, found
+    again by the table's identity (hashing its fields took five Python-level hash calls per
+    encoded message; the entry keeps the table alive, so its id cannot be reused)."""
+    entry = _PLANS.get(id(fields))
+    if entry is not None and entry[0] is fields:
+        return entry[1]
+    plan = tuple(
+        (f.go, f.attr, f.kind == "str", f.omitempty, f.nil_if_empty)
+        for f in sorted(fields, key=lambda f: f.go)
+    )
+    if len(_PLANS) < _MAX_PLANS:
+        _PLANS[id(fields)] = (fields, plan)
     return plan
 
 
