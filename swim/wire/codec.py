@@ -129,21 +129,19 @@ def _type_label(kind: int) -> str:
 
 TYPE_NAMES: tuple[str, ...] = tuple(_type_label(kind) for kind in range(256))
 """``type_name`` of each type byte, as a tuple to index (hot paths count per message)."""
-_TYPE_NAMES = TYPE_NAMES
-MESSAGE_TYPE_NAMES: Mapping[type, str]
-"""``message_type_name`` as a mapping from the message's class (counted per message)."""
 _MESSAGE_TYPE_NAMES: dict[type, str] = {
-    **{cls: _TYPE_NAMES[kind] for cls, kind in TYPE_OF.items()},
+    **{cls: TYPE_NAMES[kind] for cls, kind in TYPE_OF.items()},
     UserMsg: "user",
 }
 
 
 def type_name(kind: int) -> str:
     """Lower-case name of a message type byte, for counters."""
-    return _TYPE_NAMES[kind] if 0 <= kind < 256 else _type_label(kind)
+    return TYPE_NAMES[kind] if 0 <= kind < 256 else _type_label(kind)
 
 
-MESSAGE_TYPE_NAMES = MappingProxyType(_MESSAGE_TYPE_NAMES)
+MESSAGE_TYPE_NAMES: Mapping[type, str] = MappingProxyType(_MESSAGE_TYPE_NAMES)
+"""``message_type_name`` as a mapping from the message's class (counted per message)."""
 
 
 def message_type_name(msg: Message) -> str:

@@ -158,21 +158,24 @@ def decode_packet(data: bytes, crypto: Crypto | None) -> DecodedPacket:
             if crypto.verify_incoming:
                 raise WireError(DropReason.DECRYPT_FAILED, str(exc)) from exc
             # net.go ingestPacket: without GossipVerifyIncoming, treat it as plaintext
-    elif len(data) <= DECODE_MEMO_MAX_BYTES + CRC_OVERHEAD and type(data) is bytes:
+        plain = _strip_crc(data)
+        if len(plain) <= DECODE_MEMO_MAX_BYTES and type(plain) is bytes:
+            return _decode_plain_memo(plain)
+        return _decode_plain(plain)
+    if len(data) <= DECODE_MEMO_MAX_BYTES + CRC_OVERHEAD and type(data) is bytes:
         # unencrypted datagrams repeat whole, CRC header included: skip its check too
-        return _decode_unencrypted_memo(data)
-    return _decode_unencrypted(data)
+        return _decode_datagram_memo(data)
+    return _decode_datagram(data)
 
 
-def _decode_unencrypted(data: bytes) -> DecodedPacket:
-    if len(data) >= 5 and data[0] == MsgType.HAS_CRC:
+def _strip_crc(data: bytes) -> bytes:
+    """``data`` without its CRC header, if it has one; ``WireError`` if the CRC is wrong."""
+    if len(data) >= CRC_OVERHEAD and data[0] == MsgType.HAS_CRC:
         (expected,) = struct.unpack_from(">I", data, 1)
-        data = data[5:]
+        data = data[CRC_OVERHEAD:]
         if zlib.crc32(data) != expected:
             raise WireError(DropReason.BAD_CRC, "invalid checksum")
-    if len(data) <= DECODE_MEMO_MAX_BYTES and type(data) is bytes:
-        return _decode_plain_memo(data)
-    return _decode_plain(data)
+    return data
 
 
 def _decode_plain(data: bytes) -> DecodedPacket:
@@ -182,11 +185,17 @@ def _decode_plain(data: bytes) -> DecodedPacket:
     return DecodedPacket(tuple(messages), tuple(drops))
 
 
+def _decode_datagram(data: bytes) -> DecodedPacket:
+    """An unencrypted datagram: its CRC header checked and removed, then decoded."""
+    return _decode_plain(_strip_crc(data))
+
+
 _decode_plain_memo = functools.lru_cache(maxsize=DECODE_MEMO_ENTRIES)(_decode_plain)
-"""``_decode_plain`` of datagrams up to ``DECODE_MEMO_MAX_BYTES`` (see that constant)."""
-_decode_unencrypted_memo = functools.lru_cache(maxsize=DECODE_MEMO_ENTRIES)(_decode_unencrypted)
-"""``_decode_unencrypted`` of unencrypted datagrams up to ``DECODE_MEMO_MAX_BYTES`` plus a
-CRC header (one with a bad CRC raises, and an exception is never cached)."""
+"""``_decode_plain`` of decrypted datagrams up to ``DECODE_MEMO_MAX_BYTES`` (see that
+constant)."""
+_decode_datagram_memo = functools.lru_cache(maxsize=DECODE_MEMO_ENTRIES)(_decode_datagram)
+"""``_decode_datagram`` of unencrypted datagrams up to ``DECODE_MEMO_MAX_BYTES`` plus a CRC
+header, memoised whole (one with a bad CRC raises, and an exception is never cached)."""
 
 
 def _unwrap(data: bytes, depth: int, messages: list[Message], drops: list[DropReason]) -> None:
