@@ -77,7 +77,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 
 def create_handler() -> RendezvousHandlerCreator:
@@ -404,7 +403,7 @@ class SwimRendezvousHandler(RendezvousHandler):
         except MembershipClosed as exc:
             raise RendezvousConnectionError(str(exc)) from None
 
-    def _wait_view(self, predicate: Any, deadline: float) -> View:
+    def _wait_view(self, predicate: Callable[[View], bool], deadline: float) -> View:
         view = self._wait_for(lambda v: predicate(v) or self._closed, self._left(deadline))
         if view is None:
             raise RendezvousTimeoutError(
