@@ -155,19 +155,18 @@ class Membership:
         self.failed = FailedMembers(ctx)
         """Members declared dead, for serf's reconnect (``swim.failed``)."""
         self._ring = ProbeRing(local.name) if ctx.config.coordinated_probes else None
+        # The table's own lookups, bound once: several per datagram, and a wrapper
+        # method around each cost a Python call apiece.
+        self.get: Callable[[str], MemberState | None] = self._members.get
+        """A member's record, for reading only (it may be shared with other nodes)."""
+        self.by_address: Callable[[Address], MemberState | None] = self._members.by_address
+        """The member at ``address`` (the newest name there), for reading only."""
 
     # --- queries ------------------------------------------------------------------------
 
     @property
     def local(self) -> MemberState:
         return self._members.mutable(self.local_name)
-
-    def get(self, name: str) -> MemberState | None:
-        """A member's record, for reading only (it may be shared with other nodes)."""
-        return self._members.get(name)
-
-    def by_address(self, address: Address) -> MemberState | None:
-        return self._members.by_address(address)
 
     def __len__(self) -> int:
         return len(self._members)

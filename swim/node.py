@@ -364,11 +364,20 @@ class Node:
         if not decoded.messages and not decoded.drops:
             self._ctx.drop(DropReason.EMPTY)  # e.g. a compound with no parts
         counts, names = stats.messages_in, wire.MESSAGE_TYPE_NAMES
-        for message in decoded.messages:
-            counts[names[type(message)]] += 1
-            self._dispatch(message, source)
-        sender = self._members.by_address(source)
-        if decoded.messages and sender is not None and sender.name != self.name:
+        messages = decoded.messages
+        if len(messages) == 1 and type(messages[0]) is Ping:
+            # The commonest datagram. Answering a ping changes no member, so the sender
+            # looked up now is the one after it too, and the ack's addressee is usually
+            # the sender: one lookup serves both.
+            counts["ping"] += 1
+            sender = self._members.by_address(source)
+            self._prober.on_ping(messages[0], source, sender)
+        else:
+            for message in messages:
+                counts[names[type(message)]] += 1
+                self._dispatch(message, source)
+            sender = self._members.by_address(source)
+        if messages and sender is not None and sender.name != self.name:
             self._ctx.out.heard_from.append(sender.name)
         return self._finish()
 

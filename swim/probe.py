@@ -61,6 +61,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
 
 from swim import formulas, wire
@@ -71,6 +72,15 @@ from swim.membership import Membership
 from swim.messages import Ack, Address, IndirectPing, Nack, NodeStateType, Ping, Suspect
 from swim.timers import ProbeDeadline, ProbeTcpGrace, ProbeTimeout, RelayTimeout, SuspicionVerify
 from swim.wire import DropReason
+
+
+class Unknown(Enum):
+    """ "Not looked up yet" where None already means "no such member"."""
+
+    UNKNOWN = 0
+
+
+UNKNOWN = Unknown.UNKNOWN
 
 MAX_URGENT_PROBES = 4
 """Urgent probes in flight at once. A crash costs a survivor's collectives one peer (one
@@ -420,8 +430,11 @@ class Prober:
 
     # --- answering ----------------------------------------------------------------------
 
-    def on_ping(self, ping: Ping, source: Address) -> None:
-        """net.go ``handlePing``: ack to the advertised source, else to the sender."""
+    def on_ping(
+        self, ping: Ping, source: Address, sender: MemberState | Unknown | None = UNKNOWN
+    ) -> None:
+        """net.go ``handlePing``: ack to the advertised source, else to the sender.
+        ``sender``: the member at ``source`` if the caller has looked it up already."""
         if ping.node and ping.node != self._members.local_name:
             self._ctx.drop(DropReason.WRONG_NODE)
             return
@@ -433,7 +446,9 @@ class Prober:
                 self._ctx.drop(DropReason.MALFORMED)
                 return
         ack = wire.encode_message(Ack(ping.seq_no, self.ack_payload))
-        self._transport.send(reply_to, ack, self._members.by_address(reply_to))
+        if sender is Unknown.UNKNOWN or reply_to != source:
+            sender = self._members.by_address(reply_to)
+        self._transport.send(reply_to, ack, sender)
 
     def on_indirect_ping(self, req: IndirectPing, source: Address) -> None:
         """net.go ``handleIndirectPing``: ping the target for the requester."""

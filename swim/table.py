@@ -74,11 +74,12 @@ class MembershipSnapshot:
         self,
         names: tuple[str, ...],
         states: dict[str, MemberState],
-        by_addr: dict[Address, str],
+        by_addr: dict[Address, MemberState],
     ) -> None:
         self._names = names
         self._states = states
         self._by_addr = by_addr
+        """Each record by its address: one lookup per datagram finds the record itself."""
         self.codec = SharedCodec(states)
         """Push-pull work shared by the nodes bootstrapped from this snapshot."""
 
@@ -86,14 +87,15 @@ class MembershipSnapshot:
     def build(cls, members: Sequence[SeedMember], now_ms: int = 0) -> MembershipSnapshot:
         """Validate and freeze ``members`` (all alive, state changed at ``now_ms``)."""
         states: dict[str, MemberState] = {}
-        by_addr: dict[Address, str] = {}
+        by_addr: dict[Address, MemberState] = {}
         for seed in members:
             _check_seed(seed)
             if seed.name in states:
                 raise ValueError(f"duplicate member name {seed.name!r}")
             if seed.address in by_addr:
-                raise ValueError(f"{seed.name} and {by_addr[seed.address]} share {seed.address}")
-            states[seed.name] = MemberState(
+                held = by_addr[seed.address].name
+                raise ValueError(f"{seed.name} and {held} share {seed.address}")
+            states[seed.name] = state = MemberState(
                 seed.name,
                 seed.address,
                 seed.meta,
@@ -102,7 +104,7 @@ class MembershipSnapshot:
                 now_ms,
                 tuple(seed.vsn),
             )
-            by_addr[seed.address] = seed.name
+            by_addr[seed.address] = state
         return cls(tuple(states), states, by_addr)
 
     def __len__(self) -> int:
@@ -140,7 +142,7 @@ class MemberTable:
         self.local_name = local.name
         self._base_names: tuple[str, ...] = ()
         self._base: dict[str, MemberState] = {}
-        self._base_addr: dict[Address, str] = {}
+        self._base_addr: dict[Address, MemberState] = {}
         self._own: dict[str, MemberState] = {local.name: local}
         self._gone: dict[str, None] = {}
         """Base members removed from this table (a dict: ordered, unlike a set)."""
@@ -162,8 +164,8 @@ class MemberTable:
         local = self._own[self.local_name]
         base = snapshot._states
         holder = snapshot._by_addr.get(local.address)
-        if holder is not None and holder != local.name:
-            raise ValueError(f"{holder} in the snapshot has our address {local.address}")
+        if holder is not None and holder.name != local.name:
+            raise ValueError(f"{holder.name} in the snapshot has our address {local.address}")
         self._base_names, self._base, self._base_addr = snapshot._names, base, snapshot._by_addr
         self._counts = [0, 0, 0, 0]
         self._counts[NodeStateType.ALIVE] = len(base)
@@ -208,7 +210,17 @@ class MemberTable:
         # One hash of ``address`` per index and ``get`` inlined: a lookup per datagram.
         name = self._addr.get(address, _UNSET)
         if name is _UNSET:
-            name = self._base_addr.get(address)
+            # Not in our own address index: the base record there, unless we changed or
+            # removed that member (the base index holds the record, not its name, which
+            # saves a lookup in the 10,000-entry base by name).
+            base = self._base_addr.get(address)
+            if base is None:
+                return None
+            name = base.name
+            state = self._own.get(name)
+            if state is not None:
+                return state
+            return None if name in self._gone else base
         if name is None:
             return None
         assert isinstance(name, str)

@@ -44,6 +44,13 @@ class Sender:
         self._members = members
         self.keyring = keyring
         self._nonce_source = nonce_source
+        config = ctx.config
+        self._compress = config.enable_compression
+        self._plain_limit = (
+            config.udp_buffer_size - wire.COMPOUND_OVERHEAD - wire.packet_overhead(None)
+        )
+        """What a packet without encryption leaves for a message and its piggybacked
+        broadcasts (``send``'s common case, computed once: the config is frozen)."""
 
     def crypto(self) -> wire.Crypto | None:
         if self.keyring is None:
@@ -125,29 +132,42 @@ class Sender:
         """One message, with as many broadcasts piggybacked as fit (net.go ``sendMsg``)."""
         # Unlike memberlist (net.go sendMsg), also count the message's own compound entry
         # and the CRC header, so a packet never exceeds udp_buffer_size.
-        crypto = self.crypto()
-        crc_bytes = _crc_overhead(member)
-        limit = (
-            self._ctx.config.udp_buffer_size
-            - len(message)
-            - wire.COMPOUND_OVERHEAD
-            - wire.packet_overhead(crypto)
-            - crc_bytes
-        )
-        self._emit(dest, [message, *self._take_broadcasts(limit)], crc_bytes > 0, crypto)
+        crc = member is not None and member.protocol_max >= 5  # ``_crc_overhead`` inlined
+        if self.keyring is None:
+            crypto = None
+            limit = self._plain_limit - len(message)
+        else:
+            crypto = self.crypto()
+            limit = (
+                self._ctx.config.udp_buffer_size
+                - len(message)
+                - wire.COMPOUND_OVERHEAD
+                - wire.packet_overhead(crypto)
+            )
+        ctx = self._ctx
+        if ctx.broadcasts.pending or ctx.user_broadcasts.pending:
+            parts = [message, *self._take_broadcasts(limit - wire.CRC_OVERHEAD * crc)]
+        else:
+            parts = [message]  # the common case at steady state: nothing to piggyback
+        self._emit(dest, parts, crc, crypto)
 
     def emit(self, dest: Address, parts: list[bytes], member: MemberState | None) -> None:
         """``parts`` as they are, in as many packets as ``MAX_COMPOUND_PARTS`` needs."""
         self._emit(dest, parts, _crc_overhead(member) > 0, self.crypto())
+
+    def _compress_packet(self, data: bytes) -> bytes:
+        """``wire.compress_message``, memoised by the snapshot's codec when there is one
+        (looked up only for a packet big enough to compress)."""
+        codec = self._members.push_pull.codec
+        return wire.compress_message(data) if codec is None else codec.compress_packet(data)
 
     def _emit(
         self, dest: Address, parts: list[bytes], crc: bool, crypto: wire.Crypto | None
     ) -> None:
         ctx = self._ctx
         stats = ctx.stats
-        compress = ctx.config.enable_compression
-        codec = self._members.push_pull.codec
-        compressor = None if codec is None else codec.compress_packet
+        compress = self._compress
+        compressor = self._compress_packet
         counts = stats.messages_out
         names = wire.TYPE_NAMES
         step = wire.MAX_COMPOUND_PARTS

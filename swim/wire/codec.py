@@ -25,6 +25,7 @@ from swim.messages import (
     PushPull,
     UserMsg,
 )
+from swim.wire.compiled import compile_decoder, compile_encoder
 from swim.wire.errors import DropReason, WireError
 from swim.wire.fields import (
     CLASS_OF,
@@ -79,8 +80,14 @@ def encode_message(msg: Message) -> bytes:
     """``[type byte][msgpack body]`` for one packet message."""
     if isinstance(msg, UserMsg):
         return bytes([MsgType.USER]) + msg.payload
-    fields = FIELDS[type(msg)]
-    return bytes([TYPE_OF[type(msg)]]) + encode_fields(fields, msg.__getattribute__)
+    return _TYPE_BYTE[type(msg)] + _ENCODE[type(msg)](msg)
+
+
+_TYPE_BYTE = {cls: bytes([kind]) for cls, kind in TYPE_OF.items()}
+_ENCODE = {cls: compile_encoder(FIELDS[cls]) for cls in TYPE_OF}
+"""``encode_fields`` of each message type's table (``swim.wire.compiled``)."""
+_DECODE = {cls: compile_decoder(FIELDS[cls], cls) for cls in TYPE_OF}
+"""``cls(**decode_fields(FIELDS[cls], obj))`` of each message type (``swim.wire.compiled``)."""
 
 
 def decode_message(data: bytes) -> Message:
@@ -100,8 +107,7 @@ def decode_message(data: bytes) -> Message:
         cached = _GOSSIP_CACHE.get(data)
         if cached is not None:
             return cached
-    values = decode_fields(FIELDS[cls], unpack_one(body))
-    msg: Message = cls(**values)
+    msg: Message = _DECODE[cls](unpack_one(body))
     if gossip:
         # A broadcast arrives up to retransmit-limit times per member, as the same bytes;
         # messages are frozen, so decoding them once is safe. Bounded: cleared when full.
@@ -188,7 +194,10 @@ def encode_push_pull(pp: PushPull) -> bytes:
 
 def encode_push_state(state: PushNodeState) -> bytes:
     """One node state of a push-pull (a msgpack map)."""
-    return encode_fields(FIELDS[PushNodeState], state.__getattribute__)
+    return _encode_push_state(state)
+
+
+_encode_push_state = compile_encoder(FIELDS[PushNodeState])
 
 
 def encode_push_pull_parts(
@@ -255,8 +264,7 @@ _STREAM_KINDS = frozenset(
 
 def decode_small_stream(kind: MsgType, obj: Any) -> StreamMessage:
     """A ping, ack or error response from its msgpack body."""
-    cls = CLASS_OF[kind]
-    msg: StreamMessage = cls(**decode_fields(FIELDS[cls], obj))
+    msg: StreamMessage = _DECODE[CLASS_OF[kind]](obj)
     return msg
 
 

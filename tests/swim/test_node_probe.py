@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from swim import Address, Config, EventKind, NodeStateType, Packet, ProbeResult, StreamKind
-from swim.messages import Ack, Dead, IndirectPing, Nack, Ping, Suspect
+from swim.messages import Ack, Dead, IndirectPing, MsgType, Nack, Ping, Suspect
 from swim.timers import ProbeDeadline, ProbeTcpGrace, ProbeTick, ProbeTimeout, RelayTimeout
 from tests.swim.node_harness import (
     PORT,
@@ -36,6 +36,29 @@ def test_ping_is_acked_with_the_payload_at_the_advertised_source() -> None:
     out = a.receive(addr(2), Ping(7, "a", reply_to.ip_bytes, reply_to.port, "x"), now_ms=10)
     assert [p.dest for p in out.packets] == [reply_to]
     assert decode(out.packets[0].data)[0] == Ack(7, b"coords")
+
+
+def test_the_ack_is_framed_for_the_member_it_goes_to() -> None:
+    """The CRC header (protocol ≥ 5 only) follows the member at the address the ack goes
+    to, not the sender's; the sender is heard from either way."""
+    a = make_peer("a", 1)
+    a.learn(alive("b", 2, pmax=5), alive("c", 3, pmax=4))
+    a.drain(now_ms=5)  # acks without piggybacked news: the first byte is the framing
+    crc = bytes([MsgType.HAS_CRC])
+    out = a.receive(addr(2), Ping(5, "a"), now_ms=10)
+    assert [p.dest for p in out.packets] == [addr(2)]
+    assert out.packets[0].data[:1] == crc
+    assert out.heard_from == ["b"]
+    out = a.receive(addr(2), Ping(6, "a", addr(3).ip_bytes, PORT, "b"), now_ms=11)
+    assert [p.dest for p in out.packets] == [addr(3)]
+    assert out.packets[0].data[:1] == bytes([MsgType.ACK])
+    assert out.heard_from == ["b"]
+    out = a.receive(addr(3), Ping(7, "a", addr(2).ip_bytes, PORT, "c"), now_ms=12)
+    assert [p.dest for p in out.packets] == [addr(2)]
+    assert out.packets[0].data[:1] == crc
+    assert out.heard_from == ["c"]
+    for data in (out.packets[0].data, a.receive(addr(9), Ping(8, "a"), now_ms=13).packets[0].data):
+        assert decode(data)[0] in (Ack(7), Ack(8))
 
 
 def test_ping_without_source_fields_is_acked_to_the_datagram_source() -> None:
