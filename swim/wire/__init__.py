@@ -18,9 +18,11 @@ Rules:
   accepts more than its byte bound.
 - Every failure raises ``WireError`` carrying a ``DropReason``; nothing else escapes.
 
-One package, five modules, each direction of each layer in one of them: ``fields`` (the
-field table of every message body and the msgpack map codec), ``codec`` (one message to
-bytes and back, stream message bodies, LZW compression), ``framing`` (compound packets, CRC,
+One package, six modules, each direction of each layer in one of them: ``fields`` (the
+field table of every message body and the msgpack map codec), ``compiled`` (each table's
+encoder and decoder as one generated function, the table walk done at import), ``codec``
+(one message to bytes and back, stream message bodies, LZW compression), ``framing``
+(compound packets, CRC,
 encryption, stream frames: ``encode_packet``/``decode_packet``, ``encode_stream``/
 ``parse_stream``), ``decoder`` (``StreamDecoder``: ``parse_stream``'s answers for bytes fed
 as they arrive, in work proportional to them), ``errors`` (``DropReason``, ``WireError``).
