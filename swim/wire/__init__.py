@@ -22,10 +22,10 @@ One package, six modules, each direction of each layer in one of them: ``fields`
 field table of every message body and the msgpack map codec), ``compiled`` (each table's
 encoder and decoder as one generated function, the table walk done at import), ``codec``
 (one message to bytes and back, stream message bodies, LZW compression), ``framing``
-(compound packets, CRC,
-encryption, stream frames: ``encode_packet``/``decode_packet``, ``encode_stream``/
-``parse_stream``), ``decoder`` (``StreamDecoder``: ``parse_stream``'s answers for bytes fed
-as they arrive, in work proportional to them), ``errors`` (``DropReason``, ``WireError``).
+(compound packets, CRC, encryption, stream frames: ``encode_packet``/``decode_packet``,
+``encode_stream``/``parse_stream``), ``decoder`` (``StreamDecoder``: ``parse_stream``'s
+answers for bytes fed as they arrive, in work proportional to them), ``errors``
+(``DropReason``, ``WireError``).
 Everything else in swim, and every other package, uses the names re-exported here
 (docs/design.md §3).
 
