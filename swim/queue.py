@@ -48,6 +48,8 @@ class BroadcastQueue:
         self._items: dict[tuple[int, int, int], _Item] = {}
         self._by_name: dict[str, _Item] = {}
         self._next_id = 0
+        self._limit_for: tuple[int, int] = (-1, 0)
+        """(n, ``retransmit_limit(mult, n)``) of the last ``take``: n rarely changes."""
         self.finished: list[int] = []
         """Notify tokens of broadcasts that left the queue (sent out or replaced); the
         owner drains this to learn that e.g. its leave message has been fully gossiped."""
@@ -87,7 +89,12 @@ class BroadcastQueue:
         if not keys:
             return []
         items = self._items
-        transmit_limit = retransmit_limit(self._retransmit_mult, n)
+        limit_n, transmit_limit = self._limit_for
+        if limit_n != n:
+            transmit_limit = retransmit_limit(self._retransmit_mult, n)
+            self._limit_for = (n, transmit_limit)
+        if len(keys) == 1:
+            return self._take_only(overhead, limit, transmit_limit)
         used = 0
         out: list[bytes] = []
         reinsert: list[_Item] = []
@@ -121,6 +128,26 @@ class BroadcastQueue:
             if item.name is not None:
                 by_name[item.name] = item
         return out
+
+    def _take_only(self, overhead: int, limit: int, transmit_limit: int) -> list[bytes]:
+        """``take`` when one broadcast is queued (most of the time a broadcast is being
+        gossiped): the walk above reduced to "send it if it fits"."""
+        key = self._keys[0]
+        if limit - overhead <= 0 or -key[1] > limit - overhead:
+            return []
+        item = self._items[key]
+        if item.transmits + 1 >= transmit_limit:
+            self._keys.clear()
+            self._items.clear()
+            self._drop_name(item)
+            self._finish(item)
+        else:
+            item.transmits += 1
+            new_key = (item.transmits, key[1], key[2])
+            self._keys[0] = new_key
+            del self._items[key]
+            self._items[new_key] = item
+        return [item.msg]
 
     def reset(self) -> None:
         for item in list(self._items.values()):

@@ -44,6 +44,12 @@ class Sender:
         self._members = members
         self.keyring = keyring
         self._nonce_source = nonce_source
+        local_name = members.local_name
+        # (one function per node, not one per gossip round: it is called per draw)
+        self._not_live: Callable[[MemberState], bool] = lambda m: (
+            m.name == local_name or m.state not in _LIVE
+        )
+        """Not a gossip target: ourselves, or dead or left."""
         config = ctx.config
         self._compress = config.enable_compression
         self._plain_limit = (
@@ -92,22 +98,19 @@ class Sender:
         now = self._ctx.now_ms
         window = config.gossip_to_the_dead_time_ms
         members = self._members
-        local_name = members.local_name
+        not_live = self._not_live
 
         def recently_dead(m: MemberState) -> bool:
             return m.state == NodeStateType.DEAD and now - m.state_change_ms <= window
 
-        def live(m: MemberState) -> bool:
-            return m.name != local_name and m.state in (NodeStateType.ALIVE, NodeStateType.SUSPECT)
-
         if not config.gossip_to_dead_separately:
             return members.random_members(
-                config.gossip_nodes, lambda m: not (live(m) or recently_dead(m))
+                config.gossip_nodes, lambda m: not_live(m) and not recently_dead(m)
             )
-        targets = members.random_members(config.gossip_nodes, lambda m: not live(m))
+        targets = members.random_members(config.gossip_nodes, not_live)
         if not members.count(NodeStateType.DEAD):
             return targets  # nobody to gossip to the dead: skip the draw
-        extra = members.random_members(1, lambda m: False)
+        extra = members.random_members(1, _nobody)
         if extra and recently_dead(extra[0]):
             targets.append(extra[0])
         return targets
@@ -186,6 +189,13 @@ class Sender:
             stats.bytes_out += len(data)
             for part in chunk:
                 counts[names[part[0]] if part else "empty"] += 1
+
+
+_LIVE = (NodeStateType.ALIVE, NodeStateType.SUSPECT)
+
+
+def _nobody(m: MemberState) -> bool:
+    return False
 
 
 def _crc_overhead(member: MemberState | None) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from swim.queue import BroadcastQueue
 
 
@@ -94,3 +96,24 @@ def test_pending_follows_every_change() -> None:
     q.reset()
     check()
     assert seen == [1, 2, 3, 3, 3, 2, 1, 0, 0]
+
+
+def test_one_queued_broadcast_is_taken_as_the_general_walk_takes_it() -> None:
+    """A lone broadcast takes a shortcut; the same sequence of takes with a second,
+    never-fitting broadcast queued goes the general way and must give the same answers."""
+    rng = random.Random(3)
+    taken = 0
+    for _ in range(300):
+        size, overhead, n = rng.randrange(1, 40), rng.randrange(0, 5), rng.choice([1, 9, 10, 99])
+        lone, pair = BroadcastQueue(2, 100), BroadcastQueue(2, 100)
+        lone.queue(b"x" * size, name="m", notify=1)
+        pair.queue(b"x" * size, name="m", notify=1)
+        pair.queue(b"y" * 10_000, name="big")  # never fits, never taken
+        for _ in range(12):
+            limit = rng.randrange(0, 50)
+            got = lone.take(overhead, limit, n)
+            assert got == pair.take(overhead, limit, n)
+            taken += len(got)
+            assert lone.finished == pair.finished
+            assert len(lone) == len(pair) - 1
+    assert taken > 300  # the limits let it through often, and not always
