@@ -74,7 +74,7 @@ class Address(NamedTuple):
 
     @classmethod
     def from_ip_bytes(cls, ip: bytes, port: int) -> Address:
-        return cls(ip_from_bytes(ip), port)
+        return address_from_ip(ip, port)
 
 
 _IP_CACHE = 1 << 16
@@ -86,6 +86,13 @@ cluster has few distinct addresses (these are pure functions; the cache only sav
 def ip_to_bytes(host: str) -> bytes:
     ip = ipaddress.ip_address(host)
     return ip.packed
+
+
+@functools.lru_cache(maxsize=_IP_CACHE)
+def address_from_ip(ip: bytes, port: int) -> Address:
+    """``Address(ip_from_bytes(ip), port)``: one per ping's advertised source, and a named
+    tuple's ``__new__`` is a Python function."""
+    return Address(ip_from_bytes(ip), port)
 
 
 @functools.lru_cache(maxsize=_IP_CACHE)

@@ -46,16 +46,17 @@ class OurSide:
         table, codec = self._table, self._table.codec
         if codec is None:
             return wire.encode_push_pull(PushPull(join, push_states(table), user_state))
-        parts = codec.base_parts()
+        changes: dict[int, bytes] = {}
         for m in table.base_overrides():
-            parts[codec.base_position(m.name)] = wire.encode_push_state(push_state(m))
+            changes[codec.base_position(m.name)] = wire.encode_push_state(push_state(m))
         for name in table.gone_names():
-            parts[codec.base_position(name)] = b""
+            changes[codec.base_position(name)] = b""
+        added = []
         for name in table.added_names():
             state = table.get(name)
             assert state is not None
-            parts.append(wire.encode_push_state(push_state(state)))
-        return wire.encode_push_pull_parts(join, len(table), parts, user_state)
+            added.append(wire.encode_push_state(push_state(state)))
+        return codec.push_pull_message(join, len(table), changes, added, user_state)
 
     def version_summary(self, codec: SharedCodec) -> VersionSummary:
         """Our side of ``verifyProtocol`` for a bootstrapped table."""

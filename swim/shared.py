@@ -14,6 +14,9 @@ Rules:
   the same compound recurs (10,000 nodes × 12 s: 93% of 188,000 compressions were repeats
   within the last 256), and a pure-Python LZW pass over one costs ~35 µs.
 - Base records never change, so their encoded push-pull node states are cached by name.
+- A node's own push-pull message is the base's encoding with its changes spliced in;
+  it is memoised by those changes (``push_pull_message``), so nodes that changed the same
+  members alike share one bytes object, whose hash the stream memos then compute once.
 - ``PushPullDiff``: which entries of a received push-pull are not a base record verbatim
   (and every entry of a name that appears twice), the position of every name, and the
   sender's version summary. A node whose table is that base plus its own changes merges
@@ -28,7 +31,7 @@ Rules:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -118,16 +121,46 @@ class SharedCodec:
         ]
         self._parsed = _Lru(_MEMO_ENTRIES)
         self._diffs: _Lru[int, tuple[PushPull, PushPullDiff]] = _Lru(_MEMO_ENTRIES)
+        self._messages: _Lru[
+            tuple[bool, int, tuple[tuple[int, bytes], ...], tuple[bytes, ...], bytes], bytes
+        ] = _Lru(_MEMO_ENTRIES)
         self._base_versions: tuple[VersionSummary, bool] | None = None
 
-    def base_parts(self) -> list[bytes]:
-        """The encoded push-pull state of every base record, in base order (a new list)."""
+    def _base_parts(self) -> list[bytes]:
+        """The encoded push-pull state of every base record, in base order (read only)."""
         if self._parts is None:
             self._parts = [wire.encode_push_state(push_state(m)) for m in self._base.values()]
-        return list(self._parts)
+        return self._parts
 
     def base_position(self, name: str) -> int:
         return self._position[name]
+
+    def push_pull_message(
+        self,
+        join: bool,
+        count: int,
+        changes: Mapping[int, bytes],
+        added: Sequence[bytes],
+        user_state: bytes,
+    ) -> bytes:
+        """``wire.encode_push_pull_parts(join, count, parts, user_state)`` where ``parts``
+        is the base's encoding with ``changes`` (position → part, b"" for a removed member)
+        applied and ``added`` appended, memoised by what differs from the base. Nodes
+        that changed the same members the same way send the same message, and hand the
+        same bytes object on: its hash (for ``compress``) is then computed once, not once
+        per push-pull (0.12 ms at 10,000 members)."""
+        parts = self._base_parts()
+        differs = tuple(sorted((i, p) for i, p in changes.items() if p != parts[i]))
+        key = (join, count, differs, tuple(added), user_state)
+        message = self._messages.get(key)
+        if message is None:
+            full = list(parts)
+            for i, part in differs:
+                full[i] = part
+            full.extend(added)
+            message = wire.encode_push_pull_parts(join, count, full, user_state)
+            self._messages.put(key, message)
+        return message
 
     def compress(self, message: bytes) -> bytes:
         """``wire.compress_message(message)``, memoised."""

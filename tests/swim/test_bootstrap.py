@@ -406,3 +406,19 @@ def test_shared_codec_memos_give_what_the_plain_calls_give() -> None:
         assert (memo.value.reason, memo.value.detail) == (plain.value.reason, plain.value.detail)
         compound = wire.make_compound([message[:100], message[100:300]])
         assert codec.compress_packet(compound) == wire.compress_message(compound)
+
+
+def test_nodes_that_changed_the_same_members_alike_share_one_message() -> None:
+    snapshot = MembershipSnapshot.build(seeds(BIG))
+    nodes = [_booted(f"n{i:03d}", i + 1, snapshot) for i in range(3)]
+    for node, accused in zip(nodes, ("n030", "n030", "n031"), strict=True):
+        node.handle_datagram(address(30), packet(Suspect(1, accused, "n099")), 10)
+    messages = [node._members.push_pull.encode(False, b"") for node in nodes]
+    for node, message in zip(nodes, messages, strict=True):
+        states = push_pull.push_states(node._members._members)
+        assert message == wire.encode_push_pull(PushPull(False, states, b""))
+    assert messages[0] is messages[1]  # one object: its hash is computed once
+    assert messages[2] != messages[0]
+    # the join flag and the user state are part of what is remembered
+    assert nodes[0]._members.push_pull.encode(True, b"") != messages[0]
+    assert nodes[1]._members.push_pull.encode(False, b"u") != messages[0]
