@@ -40,8 +40,11 @@ from swim.compat import Versions, VersionSummary, summarize
 from swim.member_state import MemberState
 from swim.messages import NodeStateType, PushNodeState, PushPull
 
-MEMO_MIN_BYTES = 4096
-"""Smallest stream payload worth memoising (hashing it must be cheaper than the work)."""
+MEMO_MIN_BYTES = 1024
+"""Smallest stream payload worth memoising (hashing it must be cheaper than the work).
+A 300-member push-pull compresses to ≈ 2.5 KB, and decompressing that in pure Python
+costs ~1 ms against ~2 µs to hash it: with 4 KiB here, a 300-node world took 77.6 µs of
+CPU per node-second, with 1 KiB 41.9 (same run otherwise)."""
 SHARED_MIN_NODES = 256
 """Push-pulls with fewer node states take the plain merge path."""
 _MEMO_ENTRIES = 8
