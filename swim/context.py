@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import Concatenate, ParamSpec
+from typing import TypeVarTuple
 
 from swim.awareness import Awareness
 from swim.config import Config
@@ -31,7 +31,7 @@ from swim.rtt import RttTable
 from swim.timers import GossipTick, NodeTimer
 from swim.wire import DropReason
 
-P = ParamSpec("P")
+Ts = TypeVarTuple("Ts")
 
 
 class Context:
@@ -70,17 +70,12 @@ class Context:
         return out
 
     def set_timer(
-        self,
-        kind: Callable[Concatenate[int, int, P], NodeTimer],
-        delay_ms: int,
-        /,
-        *payload: P.args,
-        **named: P.kwargs,
+        self, kind: Callable[[int, int, *Ts], NodeTimer], delay_ms: int, /, *payload: *Ts
     ) -> int:
         """Ask for a timer of ``kind`` due ``delay_ms`` from now; its number (to cancel it)."""
         self._next_timer_id += 1
         timer_id = self._next_timer_id
-        timer = kind(self.now_ms + max(delay_ms, 0), timer_id, *payload, **named)
+        timer = kind(self.now_ms + (delay_ms if delay_ms > 0 else 0), timer_id, *payload)
         self._timers[timer_id] = timer
         self.out.timers.append(timer)
         if kind is GossipTick:

@@ -52,6 +52,7 @@ class Sender:
         """Not a gossip target: ourselves, or dead or left."""
         config = ctx.config
         self._compress = config.enable_compression
+        self._compressor = self._compress_packet  # bound once, not once per packet
         self._plain_limit = (
             config.udp_buffer_size - wire.COMPOUND_OVERHEAD - wire.packet_overhead(None)
         )
@@ -167,28 +168,22 @@ class Sender:
     def _emit(
         self, dest: Address, parts: list[bytes], crc: bool, crypto: wire.Crypto | None
     ) -> None:
+        step = wire.MAX_COMPOUND_PARTS
+        if len(parts) > step:  # rare: split, one packet per slice
+            for i in range(0, len(parts), step):
+                self._emit(dest, parts[i : i + step], crc, crypto)
+            return
         ctx = self._ctx
         stats = ctx.stats
-        compress = self._compress
-        compressor = self._compress_packet
-        counts = stats.messages_out
-        names = wire.TYPE_NAMES
-        step = wire.MAX_COMPOUND_PARTS
-        # almost always one packet: no slicing then
-        chunks = (
-            [parts]
-            if len(parts) <= step
-            else [parts[i : i + step] for i in range(0, len(parts), step)]
+        data = wire.encode_packet(
+            parts, compress=self._compress, crc=crc, crypto=crypto, compressor=self._compressor
         )
-        for chunk in chunks:
-            data = wire.encode_packet(
-                chunk, compress=compress, crc=crc, crypto=crypto, compressor=compressor
-            )
-            ctx.out.packets.append(Packet(dest, data))
-            stats.packets_out += 1
-            stats.bytes_out += len(data)
-            for part in chunk:
-                counts[names[part[0]] if part else "empty"] += 1
+        ctx.out.packets.append(Packet(dest, data))
+        stats.packets_out += 1
+        stats.bytes_out += len(data)
+        counts, names = stats.messages_out, wire.TYPE_NAMES
+        for part in parts:
+            counts[names[part[0]] if part else "empty"] += 1
 
 
 _LIVE = (NodeStateType.ALIVE, NodeStateType.SUSPECT)

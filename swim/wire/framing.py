@@ -117,7 +117,11 @@ def split_compound(body: bytes) -> tuple[list[bytes], int]:
 
 def add_crc(data: bytes) -> bytes:
     """net.go: ``[12][crc32 IEEE BE][data]`` for receivers that speak protocol ≥ 5."""
-    return struct.pack(">BI", MsgType.HAS_CRC, zlib.crc32(data)) + data
+    return _crc_header(_HAS_CRC, zlib.crc32(data)) + data
+
+
+_crc_header = struct.Struct(">BI").pack
+_HAS_CRC = int(MsgType.HAS_CRC)
 
 
 # --- packets ------------------------------------------------------------------------------
