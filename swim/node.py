@@ -382,21 +382,22 @@ class Node:
         return self._finish()
 
     def _dispatch(self, message: Message, source: Address) -> None:
-        if isinstance(message, Ping):
-            self._prober.on_ping(message, source)
-        elif isinstance(message, IndirectPing):
-            self._prober.on_indirect_ping(message, source)
-        elif isinstance(message, Ack):
+        # the commonest first: acks (a lone ping does not come here), then broadcasts
+        if isinstance(message, Ack):
             self._prober.on_ack(message, source)
-        elif isinstance(message, Nack):
-            self._prober.on_nack(message)
-        elif isinstance(message, Alive):
-            self._members.apply_alive(message)
         elif isinstance(message, Suspect):
             if self._members.apply_suspect(message) and message.sender != self.name:
                 self._prober.cross_check(message.node)
+        elif isinstance(message, Alive):
+            self._members.apply_alive(message)
         elif isinstance(message, Dead):
             self._members.apply_dead(message)
+        elif isinstance(message, Ping):
+            self._prober.on_ping(message, source)
+        elif isinstance(message, IndirectPing):
+            self._prober.on_indirect_ping(message, source)
+        elif isinstance(message, Nack):
+            self._prober.on_nack(message)
         elif isinstance(message, UserMsg):
             self._ctx.out.user_messages.append(UserMessage(source, message.payload))
         else:

@@ -352,10 +352,12 @@ class MemberTable:
             gone, own, base = self._gone, self._own, self._base
             base_names, added = self._base_names, self._added
             nb = len(base_names)
-            randrange = rng.randrange
+            getrandbits, bits = rng.getrandbits, space.bit_length()
             for _ in range(_SAMPLE_TRIES * k):
-                i = randrange(space)  # ``_name_at`` and ``get`` inlined
-                name = base_names[i] if i < nb else added[i - nb]
+                i = getrandbits(bits)  # ``randrange(space)`` (see ``below``), inlined
+                while i >= space:
+                    i = getrandbits(bits)
+                name = base_names[i] if i < nb else added[i - nb]  # ``_name_at``, ``get``
                 if name in seen or name in gone:
                     continue
                 seen.add(name)
@@ -390,7 +392,7 @@ class MemberTable:
             return self._tail.pop()
         space, drawn, gone = self._space(), self._drawn, self._gone
         for _ in range(_SAMPLE_TRIES):
-            name = self._name_at(rng.randrange(space))
+            name = self._name_at(below(rng, space))
             if name not in drawn and name not in gone:
                 return name
         tail = [m.name for m in self if m.name not in drawn]
@@ -423,6 +425,21 @@ class MemberTable:
             m = self.draw(rng)
             if not skip(m):
                 return m
+
+
+def below(rng: random.Random, n: int) -> int:
+    """``rng.randrange(n)`` for n ≥ 1: the same number from the same draws, as CPython
+    computes it (``Random._randbelow_with_getrandbits``: the fewest bits that cover n,
+    redrawn while out of range), without the two Python-level calls ``randrange`` makes
+    per draw; the simulator draws millions. tests/swim/test_bootstrap.py checks the
+    equality, so a Python that draws otherwise fails there, not silently."""
+    if n < 1:
+        raise ValueError(f"below needs n >= 1, got {n}")
+    bits = n.bit_length()
+    r = rng.getrandbits(bits)
+    while r >= n:
+        r = rng.getrandbits(bits)
+    return r
 
 
 def _sample_indexes(rng: random.Random, n: int, k: int) -> list[int]:

@@ -125,9 +125,10 @@ class Sender:
         n = len(self._members)
         overhead = wire.COMPOUND_OVERHEAD
         parts = broadcasts.take(overhead, limit, n)
-        used = sum(len(p) + overhead for p in parts)
-        avail = limit - used
-        if avail > overhead + wire.USER_MSG_OVERHEAD and user_broadcasts.pending:
+        if not user_broadcasts.pending:
+            return parts
+        avail = limit - sum(len(p) + overhead for p in parts)
+        if avail > overhead + wire.USER_MSG_OVERHEAD:
             user = user_broadcasts.take(overhead + wire.USER_MSG_OVERHEAD, avail, n)
             parts.extend(wire.encode_message(UserMsg(p)) for p in user)
         return parts

@@ -25,7 +25,7 @@ from swim import (
 from swim import streams as streams_module
 from swim.member_state import MemberState
 from swim.messages import PushNodeState, PushPull, Suspect
-from swim.table import MemberTable
+from swim.table import MemberTable, below
 from tests.swim.node_harness import packet
 
 ALIVE, SUSPECT, DEAD = NodeStateType.ALIVE, NodeStateType.SUSPECT, NodeStateType.DEAD
@@ -422,3 +422,16 @@ def test_nodes_that_changed_the_same_members_alike_share_one_message() -> None:
     # the join flag and the user state are part of what is remembered
     assert nodes[0]._members.push_pull.encode(True, b"") != messages[0]
     assert nodes[1]._members.push_pull.encode(False, b"u") != messages[0]
+
+
+def test_below_draws_what_randrange_draws() -> None:
+    """The member table's draws skip ``randrange``'s Python layers; the numbers and the
+    generator's state afterwards must be the same (the simulator's pinned traces rely on
+    it)."""
+    for seed in range(40):
+        ours, theirs = random.Random(seed), random.Random(seed)
+        for n in (1, 2, 3, 7, 8, 9, 255, 256, 257, 10_000, 10_001, 2**31 + 5, 2**40):
+            assert below(ours, n) == theirs.randrange(n)
+        assert ours.random() == theirs.random()
+    with pytest.raises(ValueError):
+        below(random.Random(1), 0)
