@@ -355,7 +355,8 @@ class Node:
         stats.packets_in += 1
         stats.bytes_in += len(data)
         try:
-            decoded = wire.decode_packet(data, self._sender.crypto())
+            crypto = None if self._keyring is None else self._sender.crypto()
+            decoded = wire.decode_packet(data, crypto)
         except WireError as exc:
             self._ctx.drop(exc.reason)
             return self._finish()

@@ -75,14 +75,14 @@ class Sender:
         ctx = self._ctx
         if not ctx.broadcasts.pending and not ctx.user_broadcasts.pending:
             return  # nothing to send: skip drawing targets (memberlist draws, then sends none)
-        crypto = self.crypto()
+        crypto = None if self.keyring is None else self.crypto()
         limit = ctx.config.udp_buffer_size - wire.packet_overhead(crypto)
         for peer in self.gossip_targets():
-            crc_bytes = _crc_overhead(peer)
-            parts = self._take_broadcasts(limit - crc_bytes)
+            crc = peer.protocol_max >= 5  # ``_crc_overhead`` inlined
+            parts = self._take_broadcasts(limit - wire.CRC_OVERHEAD * crc)
             if not parts:
                 return
-            self._emit(peer.address, parts, crc_bytes > 0, crypto)
+            self._emit(peer.address, parts, crc, crypto)
 
     def gossip_targets(self) -> list[MemberState]:
         """Who gets this round's gossip.
