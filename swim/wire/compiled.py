@@ -2,7 +2,7 @@
 
 Rules: a generated function computes exactly what the generic ``encode_fields`` /
 ``decode_fields`` loop computes for its table, in the same order, with the same checks
-and the same fallback (``_decode_value``) for anything but a well-formed value; only the
+and the same fallback (``decode_value``) for anything but a well-formed value; only the
 interpretation of the table moves from run time to import time. The table stays the one
 source of truth: the functions are built from it, and tests/swim/test_wire_compiled.py
 compares them with the generic loop on valid, odd and hostile input.
@@ -20,7 +20,7 @@ from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from swim.wire.errors import DropReason, WireError
-from swim.wire.fields import _PACK, _UNSIGNED_MAX, Field, _decode_value, _plan
+from swim.wire.fields import UNSIGNED_MAX, Field, decode_value, encoding_plan, pack
 
 _STR_ERRORS = '"utf-8", "surrogateescape"'
 
@@ -28,7 +28,7 @@ _STR_ERRORS = '"utf-8", "surrogateescape"'
 def compile_encoder(table: Sequence[Field]) -> Callable[[Any], bytes]:
     """``lambda msg: encode_fields(table, msg.__getattribute__)``, without the walk."""
     lines = ["def encode(msg):", "    out = {}"]
-    for go, attr, is_str, omitempty, nil_if_empty in _plan(table):
+    for go, attr, is_str, omitempty, nil_if_empty in encoding_plan(table):
         lines.append(f"    v = msg.{attr}")
         if is_str:
             lines.append(f"    v = v.encode({_STR_ERRORS})")
@@ -39,7 +39,7 @@ def compile_encoder(table: Sequence[Field]) -> Callable[[Any], bytes]:
             lines.append("    if not v: v = None")
         lines.append(f"    out[{go!r}] = v")
     lines.append("    return pack(out)")
-    return _build(lines, "encode", {"pack": _PACK})
+    return _build(lines, "encode", {"pack": pack})
 
 
 def compile_decoder(table: Sequence[Field], cls: Callable[..., Any]) -> Callable[[Any], Any]:
@@ -50,7 +50,7 @@ def compile_decoder(table: Sequence[Field], cls: Callable[..., Any]) -> Callable
         "cls": cls,
         "WireError": WireError,
         "MALFORMED": DropReason.MALFORMED,
-        "_decode_value": _decode_value,
+        "decode_value": decode_value,
     }
     lines = [
         "def decode(obj):",
@@ -61,19 +61,19 @@ def compile_decoder(table: Sequence[Field], cls: Callable[..., Any]) -> Callable
     for i, field in enumerate(table):
         env[f"F{i}"] = field
         lines.append(f"    v = get({field.key!r})")
-        # the generic loop's fast paths, then its careful way (``_decode_value``)
+        # the generic loop's fast paths, then its careful way (``decode_value``)
         if field.kind == "str":
             lines.append(f"    a{i} = v.decode({_STR_ERRORS}) if type(v) is bytes else None")
-            lines.append(f"    if a{i} is None: a{i} = _decode_value(F{i}, v)")
+            lines.append(f"    if a{i} is None: a{i} = decode_value(F{i}, v)")
         elif field.kind == "bytes":
-            lines.append(f"    a{i} = v if type(v) is bytes else _decode_value(F{i}, v)")
-        elif field.kind in _UNSIGNED_MAX:
-            high = _UNSIGNED_MAX[field.kind]
+            lines.append(f"    a{i} = v if type(v) is bytes else decode_value(F{i}, v)")
+        elif field.kind in UNSIGNED_MAX:
+            high = UNSIGNED_MAX[field.kind]
             lines.append(
-                f"    a{i} = v if type(v) is int and 0 <= v <= {high} else _decode_value(F{i}, v)"
+                f"    a{i} = v if type(v) is int and 0 <= v <= {high} else decode_value(F{i}, v)"
             )
         else:
-            lines.append(f"    a{i} = _decode_value(F{i}, v)")
+            lines.append(f"    a{i} = decode_value(F{i}, v)")
     lines.append(f"    return cls({_arguments(table, cls)})")
     return _build(lines, "decode", env)
 

@@ -36,10 +36,13 @@ __all__ = [
     "MAX_ARRAY_LEN",
     "MAX_MAP_LEN",
     "TYPE_OF",
+    "UNSIGNED_MAX",
     "USER_HEADER_FIELDS",
     "Field",
     "decode_fields",
+    "decode_value",
     "encode_fields",
+    "encoding_plan",
     "new_unpacker",
     "pack",
     "unpack_one",
@@ -135,23 +138,21 @@ _ZERO: dict[str, Any] = {
     "bytes": b"",
     "bool": False,
 }
-_UNSIGNED_MAX = {"u8": 0xFF, "u16": 0xFFFF, "u32": 0xFFFF_FFFF, "int": 2**63 - 1}
+UNSIGNED_MAX = {"u8": 0xFF, "u16": 0xFFFF, "u32": 0xFFFF_FFFF, "int": 2**63 - 1}
 
 
 # --- msgpack helpers ----------------------------------------------------------------------
 
 
-def pack(obj: Any) -> bytes:
-    # use_bin_type=False: []byte and string both go out as raw str types without str8,
-    # which is what hashicorp/go-msgpack writes (WriteExt off).
-    return _PACK(obj)
+pack: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=False).pack
+"""msgpack bytes of ``obj``. use_bin_type=False: ``[]byte`` and string both go out as raw
+str types without str8, which is what hashicorp/go-msgpack writes (WriteExt off).
 
-
-_PACK: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=False).pack
-"""One packer for every call: ``msgpack.packb`` builds a new ``Packer`` per call, a third
-of the cost of packing a ping. Sharing it is safe: ``pack`` (autoreset) hands back the
-bytes and empties its buffer, empties it on an error too, and runs no Python code for
-the plain types we pack, so under the GIL one call cannot interleave with another."""
+One packer for every call: ``msgpack.packb`` builds a new ``Packer`` per call, a third
+of the cost of packing a ping. Sharing it is safe: ``Packer.pack`` (autoreset) hands
+back the bytes and empties its buffer, empties it on an error too, and runs no Python
+code for the plain types we pack, so under the GIL one call cannot interleave with
+another."""
 
 
 MAX_ARRAY_LEN = 1024
@@ -245,7 +246,7 @@ _MAX_PLANS = 1024
 """Plans remembered; the field tables are module constants, a handful in all."""
 
 
-def _plan(fields: Sequence[Field]) -> _Plan:
+def encoding_plan(fields: Sequence[Field]) -> _Plan:
     """(go name, attr, is str, omitempty, nil_if_empty) per field, sorted by go name, as
     go-msgpack writes struct fields (seen in every serf capture), not in declaration order;
     the tables are in declaration order for readability. Computed once per table, found
@@ -265,7 +266,7 @@ def _plan(fields: Sequence[Field]) -> _Plan:
 
 def encode_fields(fields: Sequence[Field], values: Callable[[str], Any]) -> bytes:
     out: dict[str, Any] = {}
-    for go, attr, is_str, omitempty, nil_if_empty in _plan(fields):
+    for go, attr, is_str, omitempty, nil_if_empty in encoding_plan(fields):
         value = values(attr)
         if is_str:
             value = value.encode("utf-8", "surrogateescape")
@@ -278,14 +279,14 @@ def encode_fields(fields: Sequence[Field], values: Callable[[str], Any]) -> byte
     return pack(out)
 
 
-def _decode_value(field: Field, value: Any) -> Any:
+def decode_value(field: Field, value: Any) -> Any:
     kind = field.kind
     if value is None:
         return _ZERO[kind]
-    if kind in _UNSIGNED_MAX:
+    if kind in UNSIGNED_MAX:
         if isinstance(value, bool) or not isinstance(value, int):
             raise WireError(DropReason.MALFORMED, f"{field.go} must be an integer")
-        if not 0 <= value <= _UNSIGNED_MAX[kind]:
+        if not 0 <= value <= UNSIGNED_MAX[kind]:
             raise WireError(DropReason.MALFORMED, f"{field.go}={value} is out of range")
         return value
     if kind == "bool":
@@ -311,9 +312,9 @@ def decode_fields(fields: Sequence[Field], obj: Any) -> dict[str, Any]:
         if kind == "str" and type(value) is bytes:
             result[field.attr] = value.decode("utf-8", "surrogateescape")
         elif (kind == "bytes" and type(value) is bytes) or (
-            type(value) is int and 0 <= value <= _UNSIGNED_MAX.get(kind, -1)
+            type(value) is int and 0 <= value <= UNSIGNED_MAX.get(kind, -1)
         ):
             result[field.attr] = value
         else:
-            result[field.attr] = _decode_value(field, value)
+            result[field.attr] = decode_value(field, value)
     return result
