@@ -370,7 +370,7 @@ class Node:
             # The commonest datagram. Answering a ping changes no member, so the sender
             # looked up now is the one after it too, and the ack's addressee is usually
             # the sender: one lookup serves both.
-            counts["ping"] += 1
+            counts[names[Ping]] += 1
             sender = self._members.by_address(source)
             self._prober.on_ping(messages[0], source, sender)
         else:

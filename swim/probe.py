@@ -75,7 +75,7 @@ from swim.wire import DropReason
 
 
 class Unknown(Enum):
-    """ "Not looked up yet" where None already means "no such member"."""
+    """Stands for "not looked up yet" where None already means "no such member"."""
 
     UNKNOWN = 0
 
