@@ -25,7 +25,8 @@ Modules: ``membership`` (SWIM §4.2: the ``PRECEDENCE`` table), ``suspicion`` (L
 timers), ``awareness`` (local health), ``member_state``, ``table`` (copy-on-write storage,
 sampling, probe rounds), ``schedule`` (coordinated probe rounds), ``shared`` (push-pull
 work shared by bootstrapped nodes), ``push_pull``, ``failed`` (serf's failed members),
-``probe`` (the probe cycle), ``transport`` (packets out, gossip), ``streams``, ``timers``,
+``probe`` (the probe cycle), ``inbound`` (a datagram's messages to their owners),
+``transport`` (packets out, gossip), ``streams``, ``timers``,
 ``wire`` (bytes), ``queue`` (piggyback), ``formulas``, ``context`` (shared per-node state).
 """
 
@@ -46,23 +47,11 @@ from swim.effects import (
     StreamKind,
     Timer,
     UrgentProbeOutcome,
-    UserMessage,
 )
+from swim.inbound import Inbound
 from swim.member_state import MemberState
 from swim.membership import LEAVE_NOTIFY, Membership
-from swim.messages import (
-    Ack,
-    Address,
-    Alive,
-    Dead,
-    IndirectPing,
-    Message,
-    Nack,
-    NodeStateType,
-    Ping,
-    Suspect,
-    UserMsg,
-)
+from swim.messages import Address, Dead, NodeStateType, UserMsg
 from swim.probe import Prober
 from swim.security import Keyring
 from swim.streams import Streams
@@ -118,6 +107,7 @@ class Node:
         self._members = Membership(self._ctx, local)
         self._sender = Sender(self._ctx, self._members, keyring, nonce_source)
         self._prober = Prober(self._ctx, self._members, self)
+        self._inbound = Inbound(self._ctx, self._members, self._prober)
         self._streams = Streams(self._ctx, self._members, self._sender, self._prober)
         self._leave_done = False
         self._members.bump_local()
@@ -364,45 +354,10 @@ class Node:
             self._ctx.drop(reason)
         if not decoded.messages and not decoded.drops:
             self._ctx.drop(DropReason.EMPTY)  # e.g. a compound with no parts
-        counts, names = stats.messages_in, wire.MESSAGE_TYPE_NAMES
-        messages = decoded.messages
-        if len(messages) == 1 and type(messages[0]) is Ping:
-            # The commonest datagram. Answering a ping changes no member, so the sender
-            # looked up now is the one after it too, and the ack's addressee is usually
-            # the sender: one lookup serves both.
-            counts[names[Ping]] += 1
-            sender = self._members.by_address(source)
-            self._prober.on_ping(messages[0], source, sender)
-        else:
-            for message in messages:
-                counts[names[type(message)]] += 1
-                self._dispatch(message, source)
-            sender = self._members.by_address(source)
-        if messages and sender is not None and sender.name != self.name:
+        sender = self._inbound.dispatch(decoded.messages, source)
+        if decoded.messages and sender is not None and sender.name != self.name:
             self._ctx.out.heard_from.append(sender.name)
         return self._finish()
-
-    def _dispatch(self, message: Message, source: Address) -> None:
-        # the commonest first: acks (a lone ping does not come here), then broadcasts
-        if isinstance(message, Ack):
-            self._prober.on_ack(message, source)
-        elif isinstance(message, Suspect):
-            if self._members.apply_suspect(message) and message.sender != self.name:
-                self._prober.cross_check(message.node)
-        elif isinstance(message, Alive):
-            self._members.apply_alive(message)
-        elif isinstance(message, Dead):
-            self._members.apply_dead(message)
-        elif isinstance(message, Ping):
-            self._prober.on_ping(message, source)
-        elif isinstance(message, IndirectPing):
-            self._prober.on_indirect_ping(message, source)
-        elif isinstance(message, Nack):
-            self._prober.on_nack(message)
-        elif isinstance(message, UserMsg):
-            self._ctx.out.user_messages.append(UserMessage(source, message.payload))
-        else:
-            self._ctx.drop(DropReason.UNEXPECTED_TYPE)
 
     def handle_timer(self, timer: Timer, now_ms: int) -> Output:
         """A timer we asked for is due. One no longer live is ignored; a ``Timer`` that is

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from enum import Enum
 from typing import Protocol
 
 from swim import formulas, wire
@@ -72,15 +71,6 @@ from swim.membership import Membership
 from swim.messages import Ack, Address, IndirectPing, Nack, NodeStateType, Ping, Suspect
 from swim.timers import ProbeDeadline, ProbeTcpGrace, ProbeTimeout, RelayTimeout, SuspicionVerify
 from swim.wire import DropReason
-
-
-class Unknown(Enum):
-    """Stands for "not looked up yet" where None already means "no such member"."""
-
-    UNKNOWN = 0
-
-
-UNKNOWN = Unknown.UNKNOWN
 
 MAX_URGENT_PROBES = 4
 """Urgent probes in flight at once. A crash costs a survivor's collectives one peer (one
@@ -430,11 +420,9 @@ class Prober:
 
     # --- answering ----------------------------------------------------------------------
 
-    def on_ping(
-        self, ping: Ping, source: Address, sender: MemberState | Unknown | None = UNKNOWN
-    ) -> None:
-        """net.go ``handlePing``: ack to the advertised source, else to the sender.
-        ``sender``: the member at ``source`` if the caller has looked it up already."""
+    def on_ping(self, ping: Ping, source: Address, sender: MemberState | None) -> None:
+        """net.go ``handlePing``: ack to the advertised source, else to the sender (the
+        member at ``source``, looked up by the caller)."""
         if ping.node and ping.node != self._members.local_name:
             self._ctx.drop(DropReason.WRONG_NODE)
             return
@@ -446,7 +434,7 @@ class Prober:
                 self._ctx.drop(DropReason.MALFORMED)
                 return
         ack = wire.encode_message(Ack(ping.seq_no, self.ack_payload))
-        if sender is Unknown.UNKNOWN or reply_to != source:
+        if reply_to != source:
             sender = self._members.by_address(reply_to)
         self._transport.send(reply_to, ack, sender)
 
