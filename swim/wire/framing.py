@@ -171,26 +171,19 @@ def decode_packet(data: bytes, crypto: Crypto | None) -> DecodedPacket:
             return _decode_plain_memo(plain)
         return _decode_plain(plain)
     crc_then_ping = data[0] == MsgType.HAS_CRC and data[CRC_OVERHEAD : CRC_OVERHEAD + 1] == _PING
-    if crc_then_ping:
-        # A lone ping never repeats (its target, source and sequence number differ
-        # every time): the memo would only hash it and evict what does repeat.
-        return _decode_one(_strip_crc(data))
-    if len(data) <= DECODE_MEMO_MAX_BYTES + CRC_OVERHEAD and type(data) is bytes:
-        # unencrypted datagrams repeat whole, CRC header included: skip its check too
+    if (
+        not crc_then_ping
+        and len(data) <= DECODE_MEMO_MAX_BYTES + CRC_OVERHEAD
+        and type(data) is bytes
+    ):
+        # A lone ping never repeats (its target, source and sequence number differ every
+        # time), so the memo would only hash it and evict what does repeat. Other
+        # unencrypted datagrams repeat whole, CRC header included: skip its check too.
         return _decode_datagram_memo(data)
     return _decode_datagram(data)
 
 
 _PING = bytes([MsgType.PING])
-
-
-def _decode_one(data: bytes) -> DecodedPacket:
-    """``_decode_plain`` of a datagram that is one message (neither compound nor
-    compressed), without the unwrapping."""
-    try:
-        return DecodedPacket((decode_message(data),), ())
-    except WireError as exc:
-        return DecodedPacket((), (exc.reason,))
 
 
 def _strip_crc(data: bytes) -> bytes:
