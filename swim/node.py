@@ -312,7 +312,7 @@ class Node:
 
     def broadcast_user(self, payload: bytes, now_ms: int) -> Output:
         """Queue a user message to piggyback on gossip to everyone."""
-        limit = self.config.udp_buffer_size - wire.packet_overhead(self._sender.crypto())
+        limit = self._sender.packet_room
         if len(payload) + wire.USER_MSG_OVERHEAD + wire.COMPOUND_OVERHEAD > limit:
             raise ValueError(f"a broadcast user message must fit one packet ({limit} bytes)")
         self._ctx.begin(now_ms)
@@ -345,8 +345,7 @@ class Node:
         stats.packets_in += 1
         stats.bytes_in += len(data)
         try:
-            crypto = None if self._keyring is None else self._sender.crypto()
-            decoded = wire.decode_packet(data, crypto)
+            decoded = wire.decode_packet(data, self._sender.crypto)
         except WireError as exc:
             self._ctx.drop(exc.reason)
             return self._finish()
@@ -385,7 +384,7 @@ class Node:
         limits = wire.StreamLimits(
             config.max_stream_bytes, config.max_push_pull_nodes, config.max_user_msg_bytes
         )
-        return wire.StreamDecoder(self._sender.crypto(), limits)
+        return wire.StreamDecoder(self._sender.crypto, limits)
 
     def handle_stream(self, source: Address, message: StreamMessage, now_ms: int) -> Output:
         """A message someone sent us on a stream; ``Output.reply`` is the answer, if any."""

@@ -88,7 +88,7 @@ class Streams:
             and len(data) >= MEMO_MIN_BYTES
         ):
             return codec.parse(data, limits)
-        return wire.parse_stream(data, self._sender.crypto(), limits)
+        return wire.parse_stream(data, self._sender.crypto, limits)
 
     def handle(self, source: Address, message: StreamMessage) -> None:
         """A message someone sent us on a stream; the answer goes to ``Output.reply``."""
@@ -271,5 +271,5 @@ class Streams:
         ):
             return codec.compress(message)
         return wire.encode_stream(
-            message, compress=config.enable_compression, crypto=self._sender.crypto()
+            message, compress=config.enable_compression, crypto=self._sender.crypto
         )

@@ -43,46 +43,41 @@ class Sender:
         self._ctx = ctx
         self._members = members
         self.keyring = keyring
-        self._nonce_source = nonce_source
+        config = ctx.config
+        self.crypto: wire.Crypto | None = (
+            None
+            if keyring is None
+            else wire.Crypto(
+                keyring,
+                nonce_source,
+                verify_incoming=config.gossip_verify_incoming,
+                verify_outgoing=config.gossip_verify_outgoing,
+            )
+        )
+        """Encryption settings of every packet and stream, or None. Built once: the config
+        is frozen and the keyring changes in place (``Crypto`` refers to it)."""
+        self.packet_room = config.udp_buffer_size - wire.packet_overhead(self.crypto)
+        """What a packet leaves for its compound entries after encryption's overhead."""
         local_name = members.local_name
         # (one function per node, not one per gossip round: it is called per draw)
         self._not_live: Callable[[MemberState], bool] = lambda m: (
             m.name == local_name or m.state not in _LIVE
         )
         """Not a gossip target: ourselves, or dead or left."""
-        config = ctx.config
         self._compress = config.enable_compression
         self._compressor = self._compress_packet  # bound once, not once per packet
-        self._plain_limit = (
-            config.udp_buffer_size - wire.COMPOUND_OVERHEAD - wire.packet_overhead(None)
-        )
-        """What a packet without encryption leaves for a message and its piggybacked
-        broadcasts (``send``'s common case, computed once: the config is frozen)."""
-
-    def crypto(self) -> wire.Crypto | None:
-        if self.keyring is None:
-            return None
-        config = self._ctx.config
-        return wire.Crypto(
-            self.keyring,
-            self._nonce_source,
-            verify_incoming=config.gossip_verify_incoming,
-            verify_outgoing=config.gossip_verify_outgoing,
-        )
 
     def gossip_round(self) -> None:
         """state.go ``gossip``: pending broadcasts to a few random members."""
         ctx = self._ctx
         if not ctx.broadcasts.pending and not ctx.user_broadcasts.pending:
             return  # nothing to send: skip drawing targets (memberlist draws, then sends none)
-        crypto = None if self.keyring is None else self.crypto()
-        limit = ctx.config.udp_buffer_size - wire.packet_overhead(crypto)
         for peer in self.gossip_targets():
-            crc = peer.protocol_max >= 5  # ``_crc_overhead`` inlined
-            parts = self._take_broadcasts(limit - wire.CRC_OVERHEAD * crc)
+            crc = _wants_crc(peer)
+            parts = self._take_broadcasts(self.packet_room - wire.CRC_OVERHEAD * crc)
             if not parts:
                 return
-            self._emit(peer.address, parts, crc, crypto)
+            self._emit(peer.address, parts, crc)
 
     def gossip_targets(self) -> list[MemberState]:
         """Who gets this round's gossip.
@@ -137,28 +132,20 @@ class Sender:
         """One message, with as many broadcasts piggybacked as fit (net.go ``sendMsg``)."""
         # Unlike memberlist (net.go sendMsg), also count the message's own compound entry
         # and the CRC header, so a packet never exceeds udp_buffer_size.
-        crc = member is not None and member.protocol_max >= 5  # ``_crc_overhead`` inlined
-        if self.keyring is None:
-            crypto = None
-            limit = self._plain_limit - len(message)
-        else:
-            crypto = self.crypto()
-            limit = (
-                self._ctx.config.udp_buffer_size
-                - len(message)
-                - wire.COMPOUND_OVERHEAD
-                - wire.packet_overhead(crypto)
-            )
+        crc = _wants_crc(member)
         ctx = self._ctx
         if ctx.broadcasts.pending or ctx.user_broadcasts.pending:
-            parts = [message, *self._take_broadcasts(limit - wire.CRC_OVERHEAD * crc)]
+            room = (
+                self.packet_room - wire.COMPOUND_OVERHEAD - len(message) - wire.CRC_OVERHEAD * crc
+            )
+            parts = [message, *self._take_broadcasts(room)]
         else:
             parts = [message]  # the common case at steady state: nothing to piggyback
-        self._emit(dest, parts, crc, crypto)
+        self._emit(dest, parts, crc)
 
     def emit(self, dest: Address, parts: list[bytes], member: MemberState | None) -> None:
         """``parts`` as they are, in as many packets as ``MAX_COMPOUND_PARTS`` needs."""
-        self._emit(dest, parts, _crc_overhead(member) > 0, self.crypto())
+        self._emit(dest, parts, _wants_crc(member))
 
     def _compress_packet(self, data: bytes) -> bytes:
         """``wire.compress_message``, memoised by the snapshot's codec when there is one
@@ -166,18 +153,16 @@ class Sender:
         codec = self._members.push_pull.codec
         return wire.compress_message(data) if codec is None else codec.compress_packet(data)
 
-    def _emit(
-        self, dest: Address, parts: list[bytes], crc: bool, crypto: wire.Crypto | None
-    ) -> None:
+    def _emit(self, dest: Address, parts: list[bytes], crc: bool) -> None:
         step = wire.MAX_COMPOUND_PARTS
         if len(parts) > step:  # rare: split, one packet per slice
             for i in range(0, len(parts), step):
-                self._emit(dest, parts[i : i + step], crc, crypto)
+                self._emit(dest, parts[i : i + step], crc)
             return
         ctx = self._ctx
         stats = ctx.stats
         data = wire.encode_packet(
-            parts, compress=self._compress, crc=crc, crypto=crypto, compressor=self._compressor
+            parts, compress=self._compress, crc=crc, crypto=self.crypto, compressor=self._compressor
         )
         ctx.out.packets.append(Packet(dest, data))
         stats.packets_out += 1
@@ -194,6 +179,6 @@ def _nobody(m: MemberState) -> bool:
     return False
 
 
-def _crc_overhead(member: MemberState | None) -> int:
+def _wants_crc(member: MemberState | None) -> bool:
     """Receivers that speak protocol ≥ 5 get a CRC32 header (net.go rawSendMsgPacket)."""
-    return wire.CRC_OVERHEAD if member is not None and member.protocol_max >= 5 else 0
+    return member is not None and member.protocol_max >= 5
