@@ -133,7 +133,8 @@ class BroadcastQueue:
         """``take`` when one broadcast is queued (most of the time a broadcast is being
         gossiped): the walk above reduced to "send it if it fits"."""
         key = self._keys[0]
-        if limit - overhead <= 0 or -key[1] > limit - overhead:
+        free = limit - overhead
+        if free <= 0 or -key[1] > free:  # key[1] is minus the message's length
             return []
         item = self._items[key]
         if item.transmits + 1 >= transmit_limit:
