@@ -286,7 +286,9 @@ def view_text(view: Mapping[str, Any], now_ms: int) -> str:
         f"Job {view['job']}: generation {view['generation']}, fingerprint "
         f"{view['fingerprint']}, {len(members)} node(s), {world} rank(s)"
     )
-    rows = [("Node", "Address", "Status", "Ranks", "Global ranks", "Store port", "Registered", "Group")]
+    rows = [
+        ("Node", "Address", "Status", "Ranks", "Global ranks", "Store port", "Registered", "Group")
+    ]
     first = 0
     for m in members:
         n = int(m.get("ranks", 1))
