@@ -127,6 +127,14 @@ def _run_agent(control: Path | None, flags: dict[str, Any]) -> None:
 @click.command(context_settings=CONTEXT)
 @_agent_options
 @click.option("--control", type=click.Path(path_type=Path), envvar="SWIM_CONTROL")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=print_version,
+    help="Show the version and the protocol versions spoken, then exit.",
+)
 def agent_main(control: Path | None, **flags: Any) -> None:
     """swim-agent: the daemon (same as ``swimctl agent``)."""
     _run_agent(control, flags)

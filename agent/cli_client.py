@@ -103,9 +103,10 @@ def version_info() -> dict[str, Any]:
 
 
 def print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    """``swimctl --version``: an eager flag, answered before any subcommand runs."""
+    """``swimctl --version`` (and ``swim-agent --version``): an eager flag, answered before
+    any subcommand runs."""
     if value and not ctx.resilient_parsing:
-        click.echo(version_text(version_info()))
+        click.echo(version_text(version_info(), ctx.find_root().info_name or "swimctl"))
         ctx.exit(0)
 
 
@@ -154,7 +155,7 @@ def members(
     tags: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """List the members this agent knows (filters as in serf members, applied here)."""
+    """List the members this agent knows, optionally filtered as serf members filters."""
     keep = _filter(ctx, name, status, tags)
     # a plain status name is filtered by the agent (less to send from a large cluster);
     # any regular expression is only ever run here, in the client

@@ -332,11 +332,11 @@ def jobs_text(result: Mapping[str, Any]) -> str:
 # --- version ----------------------------------------------------------------------------
 
 
-def version_text(v: Mapping[str, Any]) -> str:
+def version_text(v: Mapping[str, Any], program: str = "swimctl") -> str:
     gossip, serf = v["gossip_protocol"], v["serf_protocol"]
     return "\n".join(
         [
-            f"swimctl {v['version']}",
+            f"{program} {v['version']}",
             f"Gossip protocol (memberlist): {gossip['max']} (understands back to: {gossip['min']})",
             f"Serf protocol: {serf['max']} (understands back to: {serf['min']})",
             f"Control API: {v['control_protocol']}",

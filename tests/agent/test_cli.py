@@ -216,19 +216,20 @@ def as_json(agent: LocalAgent, *argv: str) -> Any:
     return json.loads(result.stdout)
 
 
-def test_version_flag_runs_the_installed_command() -> None:
-    script = Path(sys.executable).with_name("swimctl")
-    out = subprocess.run(
-        [str(script), "--version"], capture_output=True, text=True, timeout=30, check=False
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == [
-        f"swimctl {version(DISTRIBUTION)}",
-        f"Gossip protocol (memberlist): {PROTOCOL_VERSION_MAX} (understands back to: "
-        f"{PROTOCOL_VERSION_MIN})",
-        f"Serf protocol: {SERF_MAX} (understands back to: {SERF_MIN})",
-        f"Control API: {PROTOCOL_VERSION}",
-    ]
+def test_version_flag_runs_the_installed_commands() -> None:
+    for program in ("swimctl", "swim-agent"):
+        script = Path(sys.executable).with_name(program)
+        out = subprocess.run(
+            [str(script), "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines() == [
+            f"{program} {version(DISTRIBUTION)}",
+            f"Gossip protocol (memberlist): {PROTOCOL_VERSION_MAX} (understands back to: "
+            f"{PROTOCOL_VERSION_MIN})",
+            f"Serf protocol: {SERF_MAX} (understands back to: {SERF_MIN})",
+            f"Control API: {PROTOCOL_VERSION}",
+        ]
     result = CliRunner().invoke(main, ["version", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {
