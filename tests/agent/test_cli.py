@@ -33,7 +33,7 @@ from click.testing import CliRunner, Result
 
 from agent import DISTRIBUTION
 from agent.cli import main
-from agent.cli_format import duration_ms, size_bytes
+from agent.cli_format import duration_ms, info_text, size_bytes
 from agent.control import PROTOCOL_VERSION, FrameDecoder, encode_frame, ok, parse_request
 from agent.demo import LocalAgent, wait_converged
 from agent.procs import until
@@ -321,6 +321,29 @@ def test_info_text_in_sections_and_the_agents_version(agents: list[LocalAgent]) 
     assert len({rows[k].index(rows[k].split()[1]) for k in text_rows}) == 1
     section = text.split("\nTraffic\n")[1].split("\n\n")[0].splitlines()
     assert len(section) >= 5 and len({len(line) for line in section}) == 1, section
+
+
+def test_info_text_shows_counter_maps_and_fields_it_does_not_know() -> None:
+    info = {
+        **RESULTS["info"],
+        "uptime_ms": 3_725_000,
+        "stats": {"packets_in": 1_234_567, "dropped": {"queue_full": 3, "bad_crc": 2}},
+        "admin_group": "swim-admin",  # a field from a newer agent
+    }
+    info["stats"]["future_bytes"] = 2048
+    lines = info_text(info).splitlines()
+    assert "  uptime        1h 02m" in lines
+    traffic = lines[lines.index("Traffic") + 1 : lines.index("Other") - 1]
+    assert traffic == [  # a counter map: its total, then each key (the metric's label value)
+        "  packets in    1,234,567",
+        "  dropped               5",
+        "    bad_crc             2",
+        "    queue_full          3",
+    ]
+    assert lines[lines.index("Other") + 1 :] == [
+        "  future bytes  2.0 KiB",
+        "  admin group   swim-admin",
+    ]
 
 
 @pytest.mark.parametrize(
