@@ -21,7 +21,8 @@ its handler in agent/control_server.py ``HANDLERS``, and its line here:
   "phi": float|null, "tags": {str: str}, "protocol": [pmin, pmax, pcur, dmin, dmax, dcur],
   "since_ms": int}`` (``since_ms``: milliseconds since the member last changed state).
 - ``info`` → ``{"node", "addr", "port", "incarnation", "health_score", "members":
-  {status: count}, "profile", "encrypted": bool, "stats": {...}, "version"}``.
+  {status: count}, "profile", "encrypted": bool, "tags": {str: str}, "uptime_ms": int,
+  "stats": {...}, "version"}``; ``version`` is the agent's own installed version.
 - ``join`` args ``{addrs: [str]}`` → ``{"joined": int, "errors": [str]}``.
 - ``leave`` → ``{"left": bool}``; the agent then exits.
 - ``force_leave`` args ``{node: str}`` → ``{"node": str, "status": str}``.
@@ -45,6 +46,12 @@ its handler in agent/control_server.py ``HANDLERS``, and its line here:
   "store_port": int, "registered_ms": int, "group": str, "status": alive|suspect,
   "ranks": int}]}``, members (nodes) oldest registration first; ``ranks`` is the node's
   number of local ranks.
+- ``jobs`` → ``{"jobs": [{"job": str, "generation": int, "fingerprint": str, "nodes": int,
+  "ranks": int, "hung": int, "local_ranks": int}], "omitted": int}``: every job a member's
+  tag names (in any state) or a local rank registered here, by name; ``nodes``, ``ranks``,
+  ``generation`` and ``fingerprint`` are those of the job's ``view``; ``hung``: alive or
+  suspect nodes flagged hung (out of the view); ``local_ranks``: ranks registered on this
+  agent; ``omitted``: jobs beyond ``agent.jobs.MAX_LISTED_JOBS`` (256), not listed.
 - ``watch`` args ``{job: str, register?: {store_port?: int, heartbeat_pause_ms?: int,
   heartbeat_threshold?: float, first_heartbeat_estimate_ms?: int, local_rank?: int,
   local_world_size?: int}}`` → an ``ok`` frame ``{"node": <this agent's name>, "job":
@@ -95,6 +102,7 @@ OPS: dict[str, Op] = {
     "keys": Op(optional=("action", "key")),
     "monitor": Op(streaming=True),
     "view": Op(required=("job",)),
+    "jobs": Op(),
     "watch": Op(optional=("job", "register"), streaming=True),
 }
 """Every control operation and its arguments (the schema above). A new operation: a row

@@ -20,6 +20,7 @@ the agent, a method on ``AgentAPI``. ``answer`` runs one request without a socke
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import os
 import socket
@@ -44,7 +45,7 @@ from agent.control import (
     ok,
     parse_request,
 )
-from agent.watch import MAX_WATCHERS, job_view, serve_watch
+from agent.watch import MAX_WATCHERS, job_list, job_view, serve_watch
 from swim import Member, NodeStateType
 
 log = logging.getLogger("swim.agent")
@@ -60,6 +61,7 @@ class ControlServer:
         self.agent = agent
         self.path = path or default_control_path()
         self._limiter = trio.CapacityLimiter(MAX_CONNECTIONS)
+        _version()
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         sock = _bind_unix(self.path)
@@ -218,6 +220,10 @@ async def _view(agent: AgentAPI, job: str) -> dict[str, Any]:
     return await job_view(agent, job)
 
 
+async def _jobs(agent: AgentAPI) -> dict[str, Any]:
+    return await job_list(agent)
+
+
 async def _keys(agent: AgentAPI, action: str = "list", key: str | None = None) -> dict[str, Any]:
     keys, primary = await agent.change_keys(action, key)
     return {
@@ -246,6 +252,7 @@ HANDLERS: dict[str, Handler] = {
     "tags": _tags,
     "probe": _probe,
     "view": _view,
+    "jobs": _jobs,
     "keys": _keys,
 }
 """Request/reply operations: ``handler(agent, **args)`` returns the ``result``."""
@@ -288,7 +295,10 @@ async def _send(stream: trio.abc.Stream, frame: dict[str, Any]) -> bool:
         return False
 
 
+@functools.cache
 def _version() -> str:
+    """This agent's installed version, read once (``ControlServer`` reads it at start): an
+    upgrade installed under a running agent must not make it report the new version."""
     try:
         from importlib.metadata import version
 

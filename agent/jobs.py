@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +65,9 @@ HEALTH_OK = "ok"
 HEALTH_HUNG = "hung"
 MAX_WATCHED_JOBS = 256
 """Jobs with a generation counter on one agent; the oldest is forgotten beyond it."""
+MAX_LISTED_JOBS = MAX_WATCHED_JOBS
+"""Jobs in one ``jobs`` reply (the rest are counted, not listed): the reply stays a small
+frame, and one listing numbers no more jobs than the generation counters hold."""
 MAX_LOCAL_RANKS = 64
 """Local ranks per node and job: 8 GPUs is the common node, 64 leaves room for CPU jobs and
 future hosts while bounding a node's registration state."""
@@ -134,26 +137,33 @@ def job_members(job: str, members: Iterable[Member], tags_of: Any) -> list[JobMe
     key = tag_key(job)
     found: list[JobMember] = []
     for m in members:
-        if m.state not in VIEW_STATES:
-            continue
         value = tags_of(m).get(key)
         tag = JobTag.decode(value) if isinstance(value, str) else None
-        if tag is None or tag.health != HEALTH_OK:
-            continue
-        found.append(
-            JobMember(
-                m.name,
-                m.address.host,
-                m.address.port,
-                tag.store_port,
-                tag.registered_ms,
-                tag.group,
-                m.state.name.lower(),
-                tag.ranks,
-            )
-        )
-    found.sort(key=lambda j: (j.registered_ms, j.name))
+        if tag is not None and _in_view(m, tag):
+            found.append(_job_member(m, tag))
+    found.sort(key=_join_age)
     return found
+
+
+def _in_view(m: Member, tag: JobTag) -> bool:
+    return m.state in VIEW_STATES and tag.health == HEALTH_OK
+
+
+def _job_member(m: Member, tag: JobTag) -> JobMember:
+    return JobMember(
+        m.name,
+        m.address.host,
+        m.address.port,
+        tag.store_port,
+        tag.registered_ms,
+        tag.group,
+        m.state.name.lower(),
+        tag.ranks,
+    )
+
+
+def _join_age(m: JobMember) -> tuple[int, str]:
+    return (m.registered_ms, m.name)
 
 
 def fingerprint(members: Iterable[JobMember]) -> str:
@@ -194,6 +204,52 @@ def view(
         "fingerprint": fp,
         "members": [m.as_dict() for m in listed],
     }
+
+
+def summaries(
+    members: Iterable[Member],
+    tags_of: Any,
+    generations: Generations,
+    local_ranks: Mapping[str, int],
+) -> dict[str, Any]:
+    """The ``jobs`` result (schema in agent/control.py): every job named by a member's job
+    tag (any state: a job whose nodes all died is listed with none) or registered here,
+    by name, at most ``MAX_LISTED_JOBS``, the rest counted in ``omitted``. One pass over
+    the members, not one per job; the same filter, order, fingerprint and generation as
+    ``view``, so ``jobs`` and ``view JOB`` agree. ``local_ranks``: ranks registered here."""
+    names = set(local_ranks)
+    in_view: dict[str, list[JobMember]] = {}
+    hung: dict[str, int] = {}
+    for m in members:
+        for key, value in tags_of(m).items():
+            job = key[len(TAG_PREFIX) :] if key.startswith(TAG_PREFIX) else ""
+            if not JOB_NAME.match(job):
+                continue
+            names.add(job)
+            tag = JobTag.decode(value) if isinstance(value, str) else None
+            if tag is None or m.state not in VIEW_STATES:
+                continue
+            if tag.health == HEALTH_OK:
+                in_view.setdefault(job, []).append(_job_member(m, tag))
+            else:
+                hung[job] = hung.get(job, 0) + 1
+    ordered = sorted(names)
+    jobs = []
+    for job in ordered[:MAX_LISTED_JOBS]:
+        listed = sorted(in_view.get(job, ()), key=_join_age)
+        fp = fingerprint(listed)
+        jobs.append(
+            {
+                "job": job,
+                "generation": generations.number(job, fp),
+                "fingerprint": fp,
+                "nodes": len(listed),
+                "ranks": sum(m.ranks for m in listed),
+                "hung": hung.get(job, 0),
+                "local_ranks": local_ranks.get(job, 0),
+            }
+        )
+    return {"jobs": jobs, "omitted": max(len(ordered) - MAX_LISTED_JOBS, 0)}
 
 
 @dataclass

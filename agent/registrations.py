@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from agent.jobs import Generations, LocalJobs, Registration, tag_key, view
+from agent.jobs import Generations, LocalJobs, Registration, summaries, tag_key, view
 from swim import Member
 
 UpdateTags = Callable[[Mapping[str, str], Iterable[str]], Awaitable[dict[str, str]]]
@@ -53,3 +53,9 @@ class JobRegistry:
     def view(self, job: str, members: Iterable[Member], tags_of: Any) -> dict[str, Any]:
         """The job's view over these members, numbered by this agent's generations."""
         return view(job, members, tags_of, self.generations)
+
+    def summaries(self, members: Iterable[Member], tags_of: Any) -> dict[str, Any]:
+        """Every job these members name or this node registers (the ``jobs`` op), numbered
+        by the same generations as ``view``."""
+        local = {job: len(node_job.ranks) for job, node_job in self.local.jobs.items()}
+        return summaries(members, tags_of, self.generations, local)

@@ -1,5 +1,5 @@
-"""The ``view`` and ``watch`` control operations (schema in ``agent.control``; the job rules
-in ``agent.jobs``).
+"""The ``view``, ``jobs`` and ``watch`` control operations (schema in ``agent.control``; the
+job rules in ``agent.jobs``).
 
 ``watch`` holds one connection per training process (one per local rank):
 - the agent pushes ``{"view": ...}`` whenever the job's view changes (first frame at once);
@@ -69,6 +69,11 @@ def _member_tags(m: Member) -> dict[str, str]:
 async def job_view(agent: AgentAPI, job: object) -> dict[str, Any]:
     name = check_job(job)
     return agent.jobs.view(name, await agent.live_members(), _member_tags)
+
+
+async def job_list(agent: AgentAPI) -> dict[str, Any]:
+    """The ``jobs`` result: every job this agent knows, one summary each."""
+    return agent.jobs.summaries(await agent.live_members(), _member_tags)
 
 
 async def serve_watch(agent: AgentAPI, stream: trio.abc.Stream, args: dict[str, Any]) -> None:

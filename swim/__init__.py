@@ -6,7 +6,14 @@ The public API is re-exported here: code outside ``swim/`` (and outside swim's o
 machine's contract and ``swim.wire`` for the one encoder/decoder of memberlist's wire format.
 """
 
-from swim.config import META_MAX_BYTES, PROFILES, Config, ConfigError
+from swim.config import (
+    META_MAX_BYTES,
+    PROFILES,
+    PROTOCOL_VERSION_MAX,
+    PROTOCOL_VERSION_MIN,
+    Config,
+    ConfigError,
+)
 from swim.effects import (
     EventKind,
     JoinResult,
@@ -76,6 +83,8 @@ __all__ = [
     "LEAVE_FANOUT",
     "META_MAX_BYTES",
     "PROFILES",
+    "PROTOCOL_VERSION_MAX",
+    "PROTOCOL_VERSION_MIN",
     "Ack",
     "Address",
     "Alive",

@@ -14,6 +14,7 @@ import trio
 from agent.control import ControlClient, ControlError, JobMember
 from agent.jobs import (
     HEALTH_HUNG,
+    MAX_LISTED_JOBS,
     MAX_LOCAL_RANKS,
     Generations,
     JobError,
@@ -24,6 +25,8 @@ from agent.jobs import (
     check_job,
     fingerprint,
     job_members,
+    summaries,
+    view,
 )
 from agent.procs import until_async as until
 from swim import Address, Member, NodeStateType
@@ -86,6 +89,42 @@ def test_view_orders_by_registration_age_and_filters() -> None:
     assert listed[-1].status == "suspect"
     assert fingerprint(listed) == fingerprint(job_members("j", reversed(members), tags))
     assert fingerprint(listed) != fingerprint(listed[:-1])
+
+
+def test_job_summaries_agree_with_views_and_are_bounded() -> None:
+    from agent import serf
+
+    def tags(m: Member) -> dict[str, str]:
+        return serf.decode_tags(m.meta)
+
+    members = [
+        _member("a", {"swim.job/j": "10,1,ok,,8", "swim.job/k": "5,0,ok,"}),
+        _member("b", {"swim.job/j": "20,1,ok,"}),
+        _member("h", {"swim.job/j": "1,1,hung,"}),
+        _member("gone", {"swim.job/old": "1,1,ok,"}, NodeStateType.DEAD),  # listed, no nodes
+        _member("x", {"swim.job/bad name": "1,1,ok,", "role": "gpu"}),  # not a job name
+    ]
+    generations = Generations()
+    result = summaries(members, tags, generations, {"mine": 1})
+    by_job = {j["job"]: j for j in result["jobs"]}
+    assert list(by_job) == ["j", "k", "mine", "old"] and result["omitted"] == 0
+    seen = view("j", members, tags, Generations())
+    assert by_job["j"] == {
+        "job": "j",
+        "generation": 1,
+        "fingerprint": seen["fingerprint"],
+        "nodes": 2,
+        "ranks": 9,
+        "hung": 1,
+        "local_ranks": 0,
+    }
+    assert by_job["old"]["nodes"] == 0 and by_job["mine"]["local_ranks"] == 1
+    # the same counters as view: listing again changes nothing, a view change counts once
+    assert view("j", members[1:], tags, generations)["generation"] == 2
+    assert summaries(members[1:], tags, generations, {})["jobs"][0]["generation"] == 2
+    many = [_member(f"n{i}", {f"swim.job/j{i:03d}": "1,1,ok,"}) for i in range(300)]
+    bounded = summaries(many, tags, Generations(), {})
+    assert len(bounded["jobs"]) == MAX_LISTED_JOBS and bounded["omitted"] == 300 - MAX_LISTED_JOBS
 
 
 def test_a_member_name_that_is_not_utf8_joins_the_fingerprint() -> None:
