@@ -20,6 +20,7 @@ Time is trio's clock in integer milliseconds, so tests run on a MockClock.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import signal
@@ -192,8 +193,9 @@ class Agent:
 
                     self.metrics = AgentMetrics(node, self.phi_values)
                     driver.on_probe_rtt_ms = self.metrics.observe_probe_rtt_ms
+                    serve = functools.partial(serve_metrics, agent=self)  # + the status page
                     await nursery.start(
-                        serve_metrics, self.metrics, cfg.metrics_addr.host, cfg.metrics_addr.port
+                        serve, self.metrics, cfg.metrics_addr.host, cfg.metrics_addr.port
                     )
                 await driver.command(lambda t: driver.apply(node.start(t)))
                 await driver.command(lambda t: serf_runtime.send_join_intent())
@@ -316,9 +318,14 @@ class Agent:
                 members=serf_runtime.all_members(now),
                 phi=self.phi.phi_all(now),
                 stats=driver.stats(),
+                rtt_ms=dict(driver.probe_rtt_ms),
             )
 
         result: Snapshot = await driver.command(run)
+        return result
+
+    async def ping(self) -> int:
+        result: int = await self.command(lambda t: t)
         return result
 
     async def live_members(self) -> list[Member]:
