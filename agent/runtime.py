@@ -94,6 +94,7 @@ class Agent:
         self.departed = Departed(config.reconnect_timeout_ms, config.tombstone_timeout_ms)
         self.jobs = JobRegistry(lambda: self._tags, self.update_tags)
         self.metrics: AgentMetrics | None = None  # only with --metrics-addr
+        self.metrics_port = 0  # the HTTP server's bound port (metrics and status page)
         self.driver: Driver | None = None
         self.serf: SerfRuntime | None = None
         self.bound_port = 0
@@ -194,7 +195,7 @@ class Agent:
                     self.metrics = AgentMetrics(node, self.phi_values)
                     driver.on_probe_rtt_ms = self.metrics.observe_probe_rtt_ms
                     serve = functools.partial(serve_metrics, agent=self)  # + the status page
-                    await nursery.start(
+                    self.metrics_port = await nursery.start(
                         serve, self.metrics, cfg.metrics_addr.host, cfg.metrics_addr.port
                     )
                 await driver.command(lambda t: driver.apply(node.start(t)))
