@@ -5,9 +5,10 @@ reads through ``agent.api.AgentAPI`` and none changes the agent.
 Every body is a JSON object; ``<``, ``>`` and ``&`` are written as ``\\u003c``, ``\\u003e``
 and ``\\u0026``, so no response can be read as markup whatever a member's name holds.
 Names and tags that are not UTF-8 (memberlist carries Go strings, any bytes) arrive as
-lone surrogates ``\\udcXX`` (the wire's ``surrogateescape``). Times: ``*_ms`` fields named
-``time_ms`` or ``formed_ms`` are wall-clock milliseconds since the Unix epoch; ``since_ms``
-and ``uptime_ms`` are durations. Schemas:
+lone surrogates ``\\udcXX`` (the wire's ``surrogateescape``). Times: ``time_ms``,
+``formed_ms`` and ``registered_ms`` are wall-clock milliseconds since the Unix epoch;
+``since_ms``, ``uptime_ms`` and ``rtt_ms`` are durations; an event's ``at_ms`` is the
+agent's monotonic clock. Schemas:
 
 - ``GET /v1/members[?status=alive|suspect|dead|left]`` → ``{"node": str, "members":
   [member]}``; a member is the control API's ``members`` object (agent/control.py:
@@ -34,6 +35,7 @@ and ``uptime_ms`` are durations. Schemas:
   share) and ``"time_ms"``.
 - ``GET /healthz`` → 200 ``{"ok": true, "node": str}`` when the node task answers within
   ``HEALTHZ_TIMEOUT_S``, else 503 ``{"ok": false, "error": str}``.
+- Errors (400 for a bad query, 503 when the agent is too busy): ``{"error": str}``.
 
 No response carries key material: ``info`` says only whether encryption is on, and the
 ``keys`` operation has no endpoint. Bounds: ``AGENT_WAIT_S`` per read of the agent (503
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import resource
 import time
@@ -66,6 +69,7 @@ __all__ = [
     "HEALTHZ_TIMEOUT_S",
     "JOB_TRACK_INTERVAL_S",
     "MAX_JOBS_LISTED",
+    "MAX_QUERY_FIELDS",
     "Reply",
     "StatusEndpoints",
     "json_body",
@@ -79,6 +83,8 @@ HEALTHZ_TIMEOUT_S = 1.0
 MAX_JOBS_LISTED = 64
 """Jobs in one ``/v1/jobs`` reply (and formations tracked). Every node's tags share its
 512-byte metadata, so the nodes per job are bounded by the member table already."""
+MAX_QUERY_FIELDS = 8
+"""Query parameters parsed per request (only ``status`` means anything)."""
 JOB_TRACK_INTERVAL_S = 0.25
 """At most this often the job formations are recomputed after a change, so a burst of
 membership events costs one recomputation, not one each."""
@@ -92,9 +98,23 @@ class Reply:
 
 def json_body(value: Any) -> bytes:
     """Compact JSON, ASCII only, with ``<``, ``>`` and ``&`` escaped (they can occur only
-    inside strings, where ``\\u003c`` means the same)."""
-    text = json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    inside strings, where ``\\u003c`` means the same). A non-finite number (JSON has none;
+    phi stays finite by design, phi/formulas.py) is written as null."""
+    try:
+        text = json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(value), ensure_ascii=True, separators=(",", ":"))
     return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")).encode()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _error(status: int, message: str) -> Reply:
@@ -198,7 +218,10 @@ class StatusEndpoints:
         route = self.routes.get(path)
         if route is None:
             return None
-        args = parse_qs(query.decode("latin-1"), max_num_fields=8)
+        try:
+            args = parse_qs(query.decode("latin-1"), max_num_fields=MAX_QUERY_FIELDS)
+        except ValueError:
+            return _error(400, f"at most {MAX_QUERY_FIELDS} query parameters")
         try:
             with trio.fail_after(AGENT_WAIT_S):
                 reply: Reply = await route(args)

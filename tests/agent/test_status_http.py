@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -126,8 +127,11 @@ async def test_endpoints_schemas_escaping_and_read_only(tmp_path: Path) -> None:
         assert b"innerHTML" not in PAGE and b"http://" not in PAGE and b"https://" not in PAGE
         status, headers, body = await request(port, "HEAD", "/")
         assert status == 200 and body == b""
-        # the JSON escapes mean the same strings
+        status, _, body = await request(port, "GET", "/v1/members?" + "&".join(["a=1"] * 9))
+        assert status == 400 and b"query parameters" in body
+        # the JSON escapes mean the same strings; JSON has no infinity
         assert json.loads(json_body({"s": EVIL})) == {"s": EVIL}
+        assert json.loads(json_body({"phi": [math.inf, 1.5]})) == {"phi": [None, 1.5]}
 
 
 async def test_jobs_show_views_local_ranks_steps_and_a_hung_rank(tmp_path: Path) -> None:
