@@ -23,7 +23,7 @@ import trio.testing
 from agent.api import AgentAPI
 from agent.events import Events
 from agent.jobs import Registration
-from agent.status import HEALTHZ_TIMEOUT_S, StatusEndpoints, json_body
+from agent.status import HEALTHZ_TIMEOUT_S, StatusEndpoints, json_body, json_body_in_slices
 from agent.status_events import RESUBSCRIBE_PAUSE_S, RecentEvents
 from agent.status_page import PAGE
 from tests.agent.test_agent import KEY, all_alive, cluster
@@ -253,3 +253,10 @@ async def test_the_events_ring_is_bounded_and_survives_being_cut_off(
         nursery.cancel_scope.cancel()
     with pytest.raises(ValueError, match="capacity"):
         RecentEvents(capacity=0)
+
+
+async def test_json_in_slices_is_the_same_bytes() -> None:
+    rows = [{"name": f"m{i}<&>", "phi": 0.5 if i % 7 else math.inf} for i in range(3 * 200 + 1)]
+    value = {"node": "n0", "members": rows, "jobs": [{"nodes": rows, "n": 1}], "none": []}
+    assert json_body_in_slices(value) == json_body(value)
+    assert json.loads(json_body_in_slices(value))["members"][0]["phi"] is None
