@@ -55,6 +55,7 @@ class Chromium:
         if binary is None:
             raise ChromiumError("no chromium on PATH")
         self._profile = tempfile.mkdtemp(prefix="swim-chromium-")
+        self._log = tempfile.TemporaryFile(prefix="swim-chromium-log-")  # noqa: SIM115 - closed by close()
         pipe_in, self._to_browser = os.pipe()
         self._from_browser, pipe_out = os.pipe()
         # the child's ends, moved above 9 so that bash's "3<&N 4>&M" cannot clobber them
@@ -89,7 +90,7 @@ class Chromium:
                 ["/bin/bash", "-c", redirect, *args],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                stderr=self._log,
                 pass_fds=(child_in, child_out),
                 process_group=0,
             )
@@ -102,9 +103,21 @@ class Chromium:
         self.session = ""
         try:
             self._attach()
+        except ChromiumError as exc:
+            tail = self.log_tail()
+            self.close()
+            raise ChromiumError(f"{exc}; chromium's log ends:\n{tail}") from None
         except BaseException:
             self.close()
             raise
+
+    def log_tail(self, limit: int = 2000) -> str:
+        """The end of chromium's stderr (for a failure's message)."""
+        try:
+            self._log.seek(0)
+            return self._log.read().decode(errors="replace")[-limit:]
+        except (OSError, ValueError):
+            return "(no log)"
 
     def __enter__(self) -> Chromium:
         return self
@@ -127,6 +140,7 @@ class Chromium:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             shutil.rmtree(self._profile, ignore_errors=True)
+            self._log.close()
 
     # --- the protocol ------------------------------------------------------------------
 
