@@ -260,3 +260,5 @@ async def test_json_in_slices_is_the_same_bytes() -> None:
     value = {"node": "n0", "members": rows, "jobs": [{"nodes": rows, "n": 1}], "none": []}
     assert json_body_in_slices(value) == json_body(value)
     assert json.loads(json_body_in_slices(value))["members"][0]["phi"] is None
+    # a name that is not UTF-8 (memberlist carries any bytes) is served, as JSON escapes
+    assert json.loads(json_body({"name": "bad-\udcff"})) == {"name": "bad-\udcff"}
