@@ -45,6 +45,9 @@ class Snapshot:
     phi: dict[str, float]
     stats: dict[str, Any] = field(default_factory=dict)
     """``info``'s ``stats`` map: the Node's counters and the driver's stall counts."""
+    rtt_ms: dict[str, int] = field(default_factory=dict)
+    """The last direct probe's round trip per member (members never acked directly, or
+    reaped, have none)."""
 
 
 class AgentAPI(Protocol):
@@ -67,6 +70,11 @@ class AgentAPI(Protocol):
         ...
 
     async def snapshot(self) -> Snapshot: ...
+
+    async def ping(self) -> int:
+        """Run nothing in the node task and return its clock (ms): the liveness check (the
+        status page's ``/healthz``). Waits as long as the node task is busy; bound it."""
+        ...
 
     async def live_members(self) -> list[Member]:
         """The core's member table (alive, suspect, dead and left members not yet reaped)."""

@@ -70,7 +70,9 @@ def _agent_options(f: Any) -> Any:
         click.option("--tag", "tag", multiple=True, help="KEY=VALUE tag (repeatable)."),
         click.option("--encrypt", help="Base64 AES key (16, 24 or 32 bytes)."),
         click.option("--keyring-file", type=click.Path(path_type=Path)),
-        click.option("--metrics-addr", help="HOST:PORT to serve Prometheus /metrics on."),
+        click.option(
+            "--metrics-addr", help="HOST:PORT to serve Prometheus /metrics and the status page on."
+        ),
         click.option(
             "--config",
             "config_file",

@@ -155,6 +155,9 @@ class Driver:
         self.delegate: Delegate | None = None
         self.on_probe_rtt_ms: Callable[[int], None] | None = None
         """Called with every direct probe's round-trip time (the metrics histogram)."""
+        self.probe_rtt_ms: dict[str, int] = {}
+        """The last direct probe's round trip per member (the status page); bounded by the
+        member table: a member's entry goes when it is reaped or leaves."""
         self.stalls = 0
         """Times the node loop found its timers overdue by more than ``STALL_MS``."""
         self.stall_datagrams = 0
@@ -409,8 +412,10 @@ class Driver:
             self._heard(name, now)
         for result in out.probe_results:
             self._heard(result.node, now)
-            if self.on_probe_rtt_ms is not None and result.via == "direct":
-                self.on_probe_rtt_ms(result.rtt_ms)
+            if result.via == "direct":
+                self.probe_rtt_ms[result.node] = result.rtt_ms
+                if self.on_probe_rtt_ms is not None:
+                    self.on_probe_rtt_ms(result.rtt_ms)
         for event in out.events:
             self.emit(event)
         delegate = self.delegate
@@ -451,8 +456,10 @@ class Driver:
             m.address,
         )
         self.events.notify_changed()
-        if event.kind in (EventKind.REAPED, EventKind.LEFT) and m.name in self.phi:
-            self.phi.remove(m.name)
+        if event.kind in (EventKind.REAPED, EventKind.LEFT):
+            self.probe_rtt_ms.pop(m.name, None)
+            if m.name in self.phi:
+                self.phi.remove(m.name)
         if self.delegate is not None:
             self.delegate.on_event(event)
         self.events.publish(

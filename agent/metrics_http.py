@@ -1,10 +1,15 @@
-"""A minimal trio HTTP server for one agent's Prometheus metrics (agent/metrics.py builds
-them): ``GET /metrics`` (and ``HEAD``), an index page at ``/``, nothing else.
+"""The agent's small HTTP server, on ``metrics_addr``: Prometheus metrics (agent/metrics.py)
+at ``GET /metrics``, the status page (agent/status_page.py) at ``/``, and the page's JSON
+endpoints ``/v1/members``, ``/v1/events``, ``/v1/jobs``, ``/v1/info`` and ``/healthz``
+(agent/status.py, where their schemas are). ``HEAD`` too; nothing else.
 
-Rules: bounded in connections (``MAX_CONNECTIONS``; more are closed at once), in request
-size (``MAX_REQUEST_HEAD_BYTES``; a longer head is answered 431) and in time (the whole
-exchange within ``CONNECTION_TIMEOUT_S``), so a scraper that misbehaves costs one
-connection, never the agent. One request per connection (``Connection: close``).
+Rules: read-only (any other method is 405; nothing served changes the agent, and no key
+material is ever served). Bounded in connections (``MAX_CONNECTIONS``; more are closed at
+once), in request size (``MAX_REQUEST_HEAD_BYTES``; a longer head is answered 431) and in
+time (the whole exchange within ``CONNECTION_TIMEOUT_S``; a JSON endpoint waits at most
+``agent.status.AGENT_WAIT_S`` for the agent, then answers 503), so a scraper or browser
+that misbehaves costs one connection, never the agent. One request per connection
+(``Connection: close``). The endpoints see the agent only through ``agent.api.AgentAPI``.
 """
 
 from __future__ import annotations
@@ -13,7 +18,10 @@ import logging
 
 import trio
 
+from agent.api import AgentAPI
 from agent.metrics import CONTENT_TYPE_LATEST, AgentMetrics
+from agent.status import StatusEndpoints
+from agent.status_page import CONTENT_SECURITY_POLICY, PAGE
 
 __all__ = [
     "CONNECTION_TIMEOUT_S",
@@ -40,10 +48,13 @@ _REASONS = {
     405: "Method Not Allowed",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
+    503: "Service Unavailable",
 }
-_INDEX = (
-    b"<!DOCTYPE html>\n<html><head><title>swim agent</title></head><body>\n"
-    b'<h1>swim agent</h1>\n<p><a href="/metrics">Metrics</a></p>\n</body></html>\n'
+_JSON = "application/json"
+_PAGE_HEADERS = (
+    ("Content-Security-Policy", CONTENT_SECURITY_POLICY),
+    ("X-Frame-Options", "DENY"),
+    ("Referrer-Policy", "no-referrer"),
 )
 
 
@@ -67,6 +78,7 @@ def _response(
         f"Content-Length: {len(body)}",
         "Cache-Control: no-store",
         "Connection: close",
+        "X-Content-Type-Options: nosniff",
         *(f"{k}: {v}" for k, v in extra),
     ]
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
@@ -105,26 +117,38 @@ async def _finish(stream: trio.SocketStream) -> None:
         drained += len(chunk)
 
 
-def _route(metrics: AgentMetrics, head: bytes) -> bytes:
+async def _route(metrics: AgentMetrics, status: StatusEndpoints | None, head: bytes) -> bytes:
     request_line = head.split(b"\n", 1)[0].rstrip(b"\r")
     parts = request_line.split(b" ")
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         raise _BadRequest(400)
     method, target = parts[0], parts[1]
-    path = target.split(b"?", 1)[0]
-    if path not in (b"/", b"/metrics"):
-        return _response(404, b"not found; metrics are at /metrics\n")
+    path, _, query = target.partition(b"?")
+    if path not in (b"/", b"/metrics") and (status is None or path not in status.routes):
+        return _response(404, b"not found; metrics are at /metrics, the status page at /\n")
     if method not in (b"GET", b"HEAD"):
         return _response(405, b"method not allowed\n", extra=(("Allow", "GET, HEAD"),))
     head_only = method == b"HEAD"
     if path == b"/":
-        return _response(200, _INDEX, "text/html; charset=utf-8", head_only=head_only)
+        return _response(
+            200, PAGE, "text/html; charset=utf-8", head_only=head_only, extra=_PAGE_HEADERS
+        )
+    if path == b"/metrics":
+        try:
+            body = metrics.render()
+        except Exception:
+            log.exception("metrics: rendering the metrics failed")
+            return _response(500, b"rendering the metrics failed; see the agent log\n")
+        return _response(200, body, CONTENT_TYPE_LATEST, head_only=head_only)
+    assert status is not None  # the path is one of its routes
     try:
-        body = metrics.render()
+        reply = await status.answer(path, query)
     except Exception:
-        log.exception("metrics: rendering the metrics failed")
-        return _response(500, b"rendering the metrics failed; see the agent log\n")
-    return _response(200, body, CONTENT_TYPE_LATEST, head_only=head_only)
+        log.exception("status: %s failed", path.decode("latin-1"))
+        return _response(500, b'{"error":"internal error; see the agent log"}', _JSON)
+    if reply is None:  # not reached: the routes were checked above
+        return _response(404, b"not found\n")
+    return _response(reply.status, reply.body, _JSON, head_only=head_only)
 
 
 async def serve_metrics(
@@ -132,12 +156,14 @@ async def serve_metrics(
     host: str,
     port: int,
     *,
+    agent: AgentAPI | None = None,
     timeout_s: float = CONNECTION_TIMEOUT_S,
     max_request_head_bytes: int = MAX_REQUEST_HEAD_BYTES,
     max_connections: int = MAX_CONNECTIONS,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``GET /metrics`` over HTTP/1.1 on ``host:port`` until cancelled.
+    """Serve ``GET /metrics`` over HTTP/1.1 on ``host:port`` until cancelled, and with
+    ``agent`` the status page's JSON endpoints (without one they are 404).
 
     One request per connection (``Connection: close``). ``task_status.started`` receives
     the bound port, so ``port=0`` works. When ``host`` resolves to several addresses and
@@ -151,6 +177,7 @@ async def serve_metrics(
         listeners = listeners[:1]
     bound_port: int = listeners[0].socket.getsockname()[1]
     active = 0
+    status = None if agent is None else StatusEndpoints(agent)
 
     async def handle(stream: trio.SocketStream) -> None:
         nonlocal active
@@ -164,7 +191,7 @@ async def serve_metrics(
                     head = await _read_head(stream, max_request_head_bytes)
                     if head is None:
                         return
-                    response = _route(metrics, head)
+                    response = await _route(metrics, status, head)
                 except _BadRequest as exc:
                     response = _response(exc.status, f"{_REASONS[exc.status]}\n".encode())
                 await stream.send_all(response)
@@ -177,6 +204,9 @@ async def serve_metrics(
             active -= 1
             await trio.aclose_forcefully(stream)
 
-    log.info("metrics: serving http://%s:%d/metrics", host, bound_port)
-    task_status.started(bound_port)
-    await trio.serve_listeners(handle, listeners)
+    log.info("metrics: serving http://%s:%d/metrics and the status page", host, bound_port)
+    async with trio.open_nursery() as nursery:
+        if status is not None:
+            await nursery.start(status.run)
+        await nursery.start(trio.serve_listeners, handle, listeners)
+        task_status.started(bound_port)

@@ -20,6 +20,7 @@ Time is trio's clock in integer milliseconds, so tests run on a MockClock.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import signal
@@ -93,6 +94,7 @@ class Agent:
         self.departed = Departed(config.reconnect_timeout_ms, config.tombstone_timeout_ms)
         self.jobs = JobRegistry(lambda: self._tags, self.update_tags)
         self.metrics: AgentMetrics | None = None  # only with --metrics-addr
+        self.metrics_port = 0  # the HTTP server's bound port (metrics and status page)
         self.driver: Driver | None = None
         self.serf: SerfRuntime | None = None
         self.bound_port = 0
@@ -192,8 +194,9 @@ class Agent:
 
                     self.metrics = AgentMetrics(node, self.phi_values)
                     driver.on_probe_rtt_ms = self.metrics.observe_probe_rtt_ms
-                    await nursery.start(
-                        serve_metrics, self.metrics, cfg.metrics_addr.host, cfg.metrics_addr.port
+                    serve = functools.partial(serve_metrics, agent=self)  # + the status page
+                    self.metrics_port = await nursery.start(
+                        serve, self.metrics, cfg.metrics_addr.host, cfg.metrics_addr.port
                     )
                 await driver.command(lambda t: driver.apply(node.start(t)))
                 await driver.command(lambda t: serf_runtime.send_join_intent())
@@ -316,9 +319,14 @@ class Agent:
                 members=serf_runtime.all_members(now),
                 phi=self.phi.phi_all(now),
                 stats=driver.stats(),
+                rtt_ms=dict(driver.probe_rtt_ms),
             )
 
         result: Snapshot = await driver.command(run)
+        return result
+
+    async def ping(self) -> int:
+        result: int = await self.command(lambda t: t)
         return result
 
     async def live_members(self) -> list[Member]:
