@@ -190,7 +190,9 @@ class Agent:
                     from agent.metrics import AgentMetrics
                     from agent.metrics_http import serve_metrics
 
-                    self.metrics = AgentMetrics(node, self.phi_values)
+                    self.metrics = AgentMetrics(
+                        node, self.phi_values, members=self.all_members, now_ms=now_ms
+                    )
                     driver.on_probe_rtt_ms = self.metrics.observe_probe_rtt_ms
                     await nursery.start(
                         serve_metrics, self.metrics, cfg.metrics_addr.host, cfg.metrics_addr.port
