@@ -14,9 +14,10 @@ Rules:
   ``count by (member)`` across agents says how many see it) and
   ``swim_member_unhealthy_since_seconds{member,status}``, how long ago this agent saw the
   member enter that status (its own clock; omitted without one).
-- Bounded: at most ``MAX_UNHEALTHY_MEMBERS`` members per scrape, the most recently changed
-  first (ties by name), so a fresh failure is always exported and every agent picks the
-  same set; ``swim_member_unhealthy_omitted`` counts the rest.
+- Bounded: at most ``MAX_UNHEALTHY_MEMBERS`` members per scrape. Suspect and dead members
+  come before left ones (a planned drain of hundreds of nodes must not hide a crash), then
+  the most recently changed first, ties by name: a fresh failure is always exported and
+  every agent picks the same set. ``swim_member_unhealthy_omitted{status}`` counts the rest.
 - Label values are member names, which any peer chooses. prometheus_client escapes
   backslash, double quote and newline, but encodes the page as strict UTF-8, and names off
   the wire keep undecodable bytes as lone surrogates (``surrogateescape``): one such name
@@ -44,7 +45,7 @@ MAX_UNHEALTHY_MEMBERS = 500
 agent's page carries at most 1,000 per-member series, and N agents at most N × 1,000
 fleet-wide whatever fails at once (a rack, a whole partition). 500 names more nodes than an
 operator reads through in an incident; past it the alerts still fire for the 500 newest
-failures and ``swim_member_unhealthy_omitted`` (and ``swim_members{state}``) count all."""
+failures and ``swim_member_unhealthy_omitted{status}`` counts the rest."""
 
 UNHEALTHY_STATUS: dict[swim.NodeStateType, str] = {
     swim.NodeStateType.SUSPECT: "suspect",
@@ -64,8 +65,9 @@ def member_label(name: str) -> str:
     return name
 
 
-def _recent_first(member: swim.Member) -> tuple[int, str]:
-    return (-member.state_change_ms, member.name)
+def _rank(member: swim.Member) -> tuple[bool, int, str]:
+    """Sort key, smallest first: failures before departures, then the newest change."""
+    return (member.state == swim.NodeStateType.LEFT, -member.state_change_ms, member.name)
 
 
 def unhealthy_families(
@@ -89,22 +91,28 @@ def unhealthy_families(
     )
     omitted = GaugeMetricFamily(
         "swim_member_unhealthy_omitted",
-        "Suspect, dead or left members left out of swim_member_unhealthy by its bound.",
+        "Members left out of swim_member_unhealthy by its bound, by status (always all three).",
+        labels=["status"],
     )
     if members is not None:
         unhealthy = [m for m in members() if m.state in UNHEALTHY_STATUS]
         now = None if now_ms is None else now_ms()
+        left_out = dict.fromkeys(UNHEALTHY_STATUS.values(), 0)
+        for m in unhealthy:
+            left_out[UNHEALTHY_STATUS[m.state]] += 1
         exported: set[str] = set()
-        for member in heapq.nsmallest(max_members, unhealthy, key=_recent_first):
+        for member in heapq.nsmallest(max_members, unhealthy, key=_rank):
             label = member_label(member.name)
             if label in exported:
                 continue
             exported.add(label)
             status = UNHEALTHY_STATUS[member.state]
+            left_out[status] -= 1
             flag.add_metric([label, status], 1)
             if now is not None:
                 since.add_metric([label, status], max(now - member.state_change_ms, 0) / 1000)
-        omitted.add_metric([], len(unhealthy) - len(exported))
+        for status, count in left_out.items():
+            omitted.add_metric([status], count)
     yield flag
     yield since
     yield omitted

@@ -33,8 +33,8 @@ Metric names (all prefixed ``swim_``; counters end in ``_total``; base units):
 - ``swim_member_phi{member}`` (bounded, see below), ``swim_member_phi_max``,
   ``swim_member_phi_omitted`` gauges
 - ``swim_member_unhealthy{member,status}``, ``swim_member_unhealthy_since_seconds{member,
-  status}``, ``swim_member_unhealthy_omitted`` gauges: the suspect, dead and left members
-  by name (agent/member_metrics.py: alive members get no per-member series; bounded)
+  status}``, ``swim_member_unhealthy_omitted{status}`` gauges: the suspect, dead and left
+  members by name (agent/member_metrics.py: alive members get no per-member series; bounded)
 - ``swim_probe_rtt_seconds`` histogram
 """
 

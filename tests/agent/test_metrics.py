@@ -300,7 +300,7 @@ def test_unhealthy_members_by_name_and_status() -> None:
         node.handle_datagram(peer, packet(Alive(1, name, peer.ip_bytes, peer.port)), now_ms=1)
     found = samples(metrics)
     assert unhealthy(found) == {}  # alive members have no per-member series
-    assert value(found, "swim_member_unhealthy_omitted") == 0
+    assert set(series(found, "swim_member_unhealthy_omitted").values()) == {0}
     node.handle_datagram(PEER, packet(Suspect(1, "b", "c")), now_ms=1000)
     node.handle_datagram(PEER, packet(Dead(1, "c", "b")), now_ms=2500)
     node.handle_datagram(PEER, packet(Dead(1, "d", "d")), now_ms=3000)  # its own: it left
@@ -308,7 +308,12 @@ def test_unhealthy_members_by_name_and_status() -> None:
     found = samples(metrics)
     assert unhealthy(found) == {("b", "suspect"): 1, ("c", "dead"): 1, ("d", "left"): 1}
     assert since(found) == {("b", "suspect"): 3.0, ("c", "dead"): 1.5, ("d", "left"): 1.0}
-    assert value(found, "swim_member_unhealthy_omitted") == 0
+    omitted = series(found, "swim_member_unhealthy_omitted")
+    assert {dict(k)["status"]: v for k, v in omitted.items()} == {
+        "suspect": 0,
+        "dead": 0,
+        "left": 0,
+    }
     # the suspect refutes: its series goes
     node.handle_datagram(PEER, packet(Alive(2, "b", PEER.ip_bytes, PEER.port)), now_ms=4100)
     assert set(unhealthy(samples(metrics))) == {("c", "dead"), ("d", "left")}
@@ -328,7 +333,7 @@ def test_unhealthy_members_come_from_the_given_list() -> None:
     assert value(found, "swim_members", state="dead") == 0  # still the core's table
 
 
-def test_unhealthy_series_are_bounded_most_recent_first() -> None:
+def test_unhealthy_series_are_bounded_failures_first_then_most_recent() -> None:
     states = (NodeStateType.SUSPECT, NodeStateType.DEAD, NodeStateType.LEFT)
     listed = [fake_member(f"n{i:04d}", states[i % 3], i // 2) for i in range(1500)]
     listed += [fake_member(f"a{i:04d}", NodeStateType.ALIVE, 10_000) for i in range(100)]
@@ -339,6 +344,11 @@ def test_unhealthy_series_are_bounded_most_recent_first() -> None:
         calls += 1
         return listed
 
+    def omitted(found: Samples) -> dict[str, float]:
+        return {
+            dict(k)["status"]: v for k, v in series(found, "swim_member_unhealthy_omitted").items()
+        }
+
     metrics = AgentMetrics(make_node(), no_phi, members=members, now_ms=lambda: 1000)
     assert calls == 0  # registering reads nothing
     found = samples(metrics)
@@ -346,17 +356,26 @@ def test_unhealthy_series_are_bounded_most_recent_first() -> None:
     flags = unhealthy(found)
     assert len(flags) == len(since(found)) == MAX_UNHEALTHY_MEMBERS == 500
     assert len(flags) + len(since(found)) == 1000  # per-member series on one page
-    # the most recently changed first; equal times by name (n1498 and n1499 both at 749)
-    expected = sorted(listed[:1500], key=lambda m: (-m.state_change_ms, m.name))[:500]
+    # suspect and dead members before left ones, the most recently changed first, equal
+    # times by name (n1494 before n1495, both changed at 747)
+    expected = sorted(
+        listed[:1500],
+        key=lambda m: (m.state == NodeStateType.LEFT, -m.state_change_ms, m.name),
+    )[:500]
     assert {name for name, _ in flags} == {m.name for m in expected}
-    assert ("n1499", "left") in flags and ("n0998", "left") not in flags
-    assert value(found, "swim_member_unhealthy_omitted") == 1000
-    # a smaller bound, and 0: only the count
+    assert {status for _, status in flags} == {"suspect", "dead"}
+    assert ("n1498", "dead") in flags and ("n1499", "left") not in flags
+    assert omitted(found) == {"suspect": 250, "dead": 250, "left": 500}
+    # a smaller bound, and 0: only the counts
     found = samples(AgentMetrics(make_node(), no_phi, members=members, max_unhealthy_members=3))
-    assert set(unhealthy(found)) == {("n1499", "left"), ("n1498", "dead"), ("n1496", "left")}
+    assert set(unhealthy(found)) == {("n1498", "dead"), ("n1497", "suspect"), ("n1494", "suspect")}
     found = samples(AgentMetrics(make_node(), no_phi, members=members, max_unhealthy_members=0))
     assert unhealthy(found) == {}
-    assert value(found, "swim_member_unhealthy_omitted") == 1500
+    assert omitted(found) == {"suspect": 500, "dead": 500, "left": 500}
+    # left members fill what failures leave free
+    found = samples(AgentMetrics(make_node(), no_phi, members=lambda: listed[:300]))
+    assert len(unhealthy(found)) == 300
+    assert set(omitted(found).values()) == {0}
     with pytest.raises(ValueError, match="max_unhealthy_members"):
         AgentMetrics(make_node(), no_phi, max_unhealthy_members=-1)
 
@@ -381,7 +400,7 @@ def test_hostile_names_keep_the_page_valid() -> None:
     assert len(labels) == len(HOSTILE_NAMES) - 1
     assert {name for name, _ in unhealthy(found)} == labels
     assert {dict(k)["member"] for k in series(found, "swim_member_phi")} == labels
-    assert value(found, "swim_member_unhealthy_omitted") == 1
+    assert value(found, "swim_member_unhealthy_omitted", status="dead") == 1
     assert value(found, "swim_member_phi_omitted") == 1
     assert not any(name == "swim_fake" for name, _ in found)
     promtool = shutil.which("promtool")
