@@ -40,8 +40,7 @@ import pytest
 from agent.demo import LocalAgent, wait_converged
 from agent.member_metrics import member_label
 from agent.procs import free_port, stop, until
-from swim import Alive, Config, encode_message, encode_packet
-from swim.table import local_vsn
+from swim import Address, Alive, Config, Node, encode_message, encode_packet
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = shutil.which("prometheus")
@@ -153,10 +152,10 @@ def rule_alerts(prom: int, member: str) -> list[dict[str, Any]]:
 def gossip_ghost(port: int) -> None:
     """Announce a member nobody runs, at a port nobody listens on: the agents probe it,
     suspect it and declare it dead, as they would any crashed node."""
-    nowhere = free_port()
-    alive = Alive(
-        1, GHOST, socket.inet_aton("127.0.0.1"), nowhere, vsn=bytes(local_vsn(Config.fast()))
-    )
+    nowhere = Address("127.0.0.1", free_port())
+    # the protocol versions a fast-profile member announces, as the real agents do
+    vsn = Node("x", nowhere, rng=random.Random(0), now_ms=0, config=Config.fast()).members()[0].vsn
+    alive = Alive(1, GHOST, nowhere.ip_bytes, nowhere.port, vsn=bytes(vsn))
     data = encode_packet([encode_message(alive)], compress=False, crc=False, crypto=None)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         udp.sendto(data, ("127.0.0.1", port))
@@ -294,6 +293,7 @@ def test_a_killed_agent_fires_a_named_alert_and_its_restart_resolves_it(tmp_path
             summary,
         )
 
+        time.sleep(random.uniform(0, 1))  # a random phase again (see above)
         restarted = time.monotonic()
         agents[2] = agent(2, agents[0].port, ["--bind", f"127.0.0.1:{victim.port}"])
         until(lambda: hook.first(victim.name, "resolved", restarted), 25, f"{victim.name} resolves")
