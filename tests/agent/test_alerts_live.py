@@ -267,9 +267,18 @@ def test_a_killed_agent_fires_a_named_alert_and_its_restart_resolves_it(tmp_path
             20,
             "the ghost's alert reaches the webhook",
         )
-        assert len(query(prom_port, 'up{job="swim"} == 1')) == AGENTS
-        dead = query(prom_port, 'swim_member_unhealthy{status="dead"}')
-        assert {r["metric"]["member"] for r in dead} == {member_label(GHOST)}
+        # every agent's page, the hostile label on it, was scraped and stored as spelled
+        until(
+            lambda: (
+                {
+                    (r["metric"]["instance"], r["metric"]["member"])
+                    for r in query(prom_port, 'swim_member_unhealthy{status="dead"}')
+                }
+                == {(f"127.0.0.1:{p}", member_label(GHOST)) for p in metrics_ports}
+            ),
+            10,
+            "every agent reports the ghost dead",
+        )
 
         victim = agents[2]
         # We got here just after an evaluation (the ghost's webhook): kill at a random
