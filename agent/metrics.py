@@ -32,6 +32,9 @@ Metric names (all prefixed ``swim_``; counters end in ``_total``; base units):
   ``swim_urgent_probes_failed_total``
 - ``swim_member_phi{member}`` (bounded, see below), ``swim_member_phi_max``,
   ``swim_member_phi_omitted`` gauges
+- ``swim_member_unhealthy{member,status}``, ``swim_member_unhealthy_since_seconds{member,
+  status}``, ``swim_member_unhealthy_omitted{status}`` gauges: the suspect, dead and left
+  members by name (agent/member_metrics.py: alive members get no per-member series; bounded)
 - ``swim_probe_rtt_seconds`` histogram
 """
 
@@ -47,11 +50,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 import swim
+from agent.member_metrics import MAX_UNHEALTHY_MEMBERS, member_label, unhealthy_families
 from swim import DropReason
 
 __all__ = [
     "CONTENT_TYPE_LATEST",
     "DEFAULT_MAX_PHI_MEMBERS",
+    "MAX_UNHEALTHY_MEMBERS",
     "PROBE_RTT_BUCKETS_S",
     "AgentMetrics",
 ]
@@ -281,10 +286,16 @@ class _NodeCollector:
         node: swim.Node,
         phi: Callable[[], Mapping[str, float]],
         max_phi_members: int,
+        members: Callable[[], Iterable[swim.Member]],
+        now_ms: Callable[[], int] | None,
+        max_unhealthy_members: int,
     ) -> None:
         self._node = node
         self._phi = phi
         self._max_phi_members = max_phi_members
+        self._members = members
+        self._now_ms = now_ms
+        self._max_unhealthy_members = max_unhealthy_members
 
     def describe(self) -> Iterable[Metric]:
         # Lets the registry detect name clashes without calling the node or the phi source.
@@ -361,6 +372,9 @@ class _NodeCollector:
         yield urgent
 
         yield from self._phi_families(sampled=sampled)
+        yield from unhealthy_families(
+            self._members if sampled else None, self._now_ms, self._max_unhealthy_members
+        )
 
     def _phi_families(self, *, sampled: bool) -> Iterator[Metric]:
         per_member = GaugeMetricFamily(
@@ -380,11 +394,16 @@ class _NodeCollector:
         if sampled:
             values = self._phi()
             top = heapq.nsmallest(self._max_phi_members, values.items(), key=_phi_rank)
+            exported: set[str] = set()
             for name, value in top:
-                per_member.add_metric([name], value)
+                # a name that is not valid UTF-8 would fail the whole page; two that spell
+                # the same label would be a duplicate series (agent/member_metrics.py)
+                if (label := member_label(name)) not in exported:
+                    exported.add(label)
+                    per_member.add_metric([label], value)
             finite = [v for v in values.values() if not math.isnan(v)]
             max_phi.add_metric([], max(finite, default=0.0))
-            omitted.add_metric([], len(values) - len(top))
+            omitted.add_metric([], len(values) - len(exported))
         yield per_member
         yield max_phi
         yield omitted
@@ -398,13 +417,29 @@ class AgentMetrics:
         node: swim.Node,
         phi: Callable[[], Mapping[str, float]],
         max_phi_members: int = DEFAULT_MAX_PHI_MEMBERS,
+        *,
+        members: Callable[[], Iterable[swim.Member]] | None = None,
+        now_ms: Callable[[], int] | None = None,
+        max_unhealthy_members: int = MAX_UNHEALTHY_MEMBERS,
     ) -> None:
-        """``phi`` returns member name → current phi; it is called once per scrape."""
+        """``phi`` returns member name → current phi; it is called once per scrape.
+        ``members`` lists the members for the per-member unhealthy series (the node's table
+        by default; the agent passes its listed members, departed ones included) and
+        ``now_ms`` is the node's clock, for their ages (omitted without it)."""
         if max_phi_members < 0:
             raise ValueError("max_phi_members must be ≥ 0")
+        if max_unhealthy_members < 0:
+            raise ValueError("max_unhealthy_members must be ≥ 0")
         self.node = node
         self.registry = CollectorRegistry()
-        self._collector = _NodeCollector(node, phi, max_phi_members)
+        self._collector = _NodeCollector(
+            node,
+            phi,
+            max_phi_members,
+            node.members if members is None else members,
+            now_ms,
+            max_unhealthy_members,
+        )
         self.registry.register(self._collector)
         self.probe_rtt = Histogram(
             "swim_probe_rtt_seconds",

@@ -192,7 +192,9 @@ class Agent:
                     from agent.metrics import AgentMetrics
                     from agent.metrics_http import serve_metrics
 
-                    self.metrics = AgentMetrics(node, self.phi_values)
+                    self.metrics = AgentMetrics(
+                        node, self.phi_values, members=self.all_members, now_ms=now_ms
+                    )
                     driver.on_probe_rtt_ms = self.metrics.observe_probe_rtt_ms
                     serve = functools.partial(serve_metrics, agent=self)  # + the status page
                     self.metrics_port = await nursery.start(

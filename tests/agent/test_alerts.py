@@ -37,7 +37,7 @@ def _promtool(*args: str, cwd: Path) -> str:
 @needs_promtool
 def test_alerting_rules_are_valid() -> None:
     report = _promtool("check", "rules", "packaging/alerts.yml", cwd=ROOT)
-    assert "SUCCESS: 8 rules found" in report
+    assert "SUCCESS: 9 rules found" in report
 
 
 @needs_promtool
@@ -57,3 +57,23 @@ def test_grafana_dashboard_queries_only_metrics_the_agent_exports() -> None:
     for expr in exprs:
         for metric in re.findall(r"\b(swim_\w+)", expr):
             assert metric in names or metric.removesuffix("_total") in exported, (metric, expr)
+
+
+def test_grafana_dashboard_lists_the_unhealthy_members_in_a_table() -> None:
+    """One row per member: its name and status (the labels both queries group by), how many
+    agents see it so and since when, joined by Grafana's merge transformation."""
+    dashboard = json.loads((ROOT / "packaging" / "grafana-dashboard.json").read_text())
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    (table,) = [p for p in dashboard["panels"] if p["type"] == "table"]
+    assert table["gridPos"]["y"] == 0  # the first thing an operator sees
+    targets = table["targets"]
+    assert [t["expr"] for t in targets] == [
+        'count by (member, status) (swim_member_unhealthy{job="swim"})',
+        'max by (member, status) (swim_member_unhealthy_since_seconds{job="swim"})',
+    ]
+    assert all(t["instant"] and t["format"] == "table" for t in targets)
+    kinds = [t["id"] for t in table["transformations"]]
+    assert kinds == ["merge", "organize"]
+    renamed = table["transformations"][1]["options"]["renameByName"]
+    assert set(renamed.values()) == {"Member", "Status", "Agents seeing it", "Since"}

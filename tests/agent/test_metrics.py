@@ -21,14 +21,26 @@ import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
 import swim
+from agent.member_metrics import member_label
 from agent.metrics import (
     CONTENT_TYPE_LATEST,
     DEFAULT_MAX_PHI_MEMBERS,
+    MAX_UNHEALTHY_MEMBERS,
     PROBE_RTT_BUCKETS_S,
     AgentMetrics,
 )
 from agent.metrics_http import CONNECTION_TIMEOUT_S, MAX_CONNECTIONS, serve_metrics
-from swim import Alive, DropReason, Message, Ping, Suspect, encode_message, encode_packet
+from swim import (
+    Alive,
+    Dead,
+    DropReason,
+    Message,
+    NodeStateType,
+    Ping,
+    Suspect,
+    encode_message,
+    encode_packet,
+)
 
 LOCAL = swim.Address("127.0.0.1", 7946)
 PEER = swim.Address("127.0.0.2", 7946)
@@ -247,6 +259,157 @@ def test_phi_custom_bound_and_special_values(bound: int) -> None:
 def test_negative_bound_is_rejected() -> None:
     with pytest.raises(ValueError):
         AgentMetrics(make_node(), no_phi, max_phi_members=-1)
+
+
+# --- unhealthy members by name -----------------------------------------------------------------
+
+HOSTILE_NAMES = (
+    'gpu-07"} 1\nswim_fake 1 # "',  # quotes, a newline and a fake sample after it
+    "back\\slash\\",
+    "gpu-\udcff\udcfe",  # bytes that are not UTF-8, as the wire decodes them
+    "gpu-\\xff\\xfe",  # ... and the name they are written as: one series for both
+    "\x00\t\u2028\U0001f525 \u00e9",
+)
+
+
+def unhealthy(found: Samples) -> dict[tuple[str, str], float]:
+    """(member, status) -> value of swim_member_unhealthy."""
+    return {
+        (dict(labels)["member"], dict(labels)["status"]): v
+        for labels, v in series(found, "swim_member_unhealthy").items()
+    }
+
+
+def since(found: Samples) -> dict[tuple[str, str], float]:
+    return {
+        (dict(labels)["member"], dict(labels)["status"]): v
+        for labels, v in series(found, "swim_member_unhealthy_since_seconds").items()
+    }
+
+
+def fake_member(name: str, state: NodeStateType, changed_ms: int) -> swim.Member:
+    return swim.Member(name, PEER, b"", 1, state, changed_ms, (1, 5, 2, 0, 0, 0))
+
+
+def test_unhealthy_members_by_name_and_status() -> None:
+    node = make_node()
+    clock = [0]
+    metrics = AgentMetrics(node, no_phi, now_ms=lambda: clock[0])
+    for i, name in enumerate(("b", "c", "d", "e")):
+        peer = swim.Address(f"127.0.0.{i + 2}", 7946)
+        node.handle_datagram(peer, packet(Alive(1, name, peer.ip_bytes, peer.port)), now_ms=1)
+    found = samples(metrics)
+    assert unhealthy(found) == {}  # alive members have no per-member series
+    assert set(series(found, "swim_member_unhealthy_omitted").values()) == {0}
+    node.handle_datagram(PEER, packet(Suspect(1, "b", "c")), now_ms=1000)
+    node.handle_datagram(PEER, packet(Dead(1, "c", "b")), now_ms=2500)
+    node.handle_datagram(PEER, packet(Dead(1, "d", "d")), now_ms=3000)  # its own: it left
+    clock[0] = 4000
+    found = samples(metrics)
+    assert unhealthy(found) == {("b", "suspect"): 1, ("c", "dead"): 1, ("d", "left"): 1}
+    assert since(found) == {("b", "suspect"): 3.0, ("c", "dead"): 1.5, ("d", "left"): 1.0}
+    omitted = series(found, "swim_member_unhealthy_omitted")
+    assert {dict(k)["status"]: v for k, v in omitted.items()} == {
+        "suspect": 0,
+        "dead": 0,
+        "left": 0,
+    }
+    # the suspect refutes: its series goes
+    node.handle_datagram(PEER, packet(Alive(2, "b", PEER.ip_bytes, PEER.port)), now_ms=4100)
+    assert set(unhealthy(samples(metrics))) == {("c", "dead"), ("d", "left")}
+    # without a clock there are no ages, the rest is the same
+    found = samples(AgentMetrics(node, no_phi))
+    assert set(unhealthy(found)) == {("c", "dead"), ("d", "left")}
+    assert since(found) == {}
+
+
+def test_unhealthy_members_come_from_the_given_list() -> None:
+    """The agent passes its listed members: departed ones (reaped by the core) included."""
+    node = make_node()
+    gone = [fake_member("gone", NodeStateType.DEAD, 10), fake_member("ok", NodeStateType.ALIVE, 1)]
+    found = samples(AgentMetrics(node, no_phi, members=lambda: gone, now_ms=lambda: 70))
+    assert unhealthy(found) == {("gone", "dead"): 1}
+    assert since(found) == {("gone", "dead"): pytest.approx(0.06)}
+    assert value(found, "swim_members", state="dead") == 0  # still the core's table
+
+
+def test_unhealthy_series_are_bounded_failures_first_then_most_recent() -> None:
+    states = (NodeStateType.SUSPECT, NodeStateType.DEAD, NodeStateType.LEFT)
+    listed = [fake_member(f"n{i:04d}", states[i % 3], i // 2) for i in range(1500)]
+    listed += [fake_member(f"a{i:04d}", NodeStateType.ALIVE, 10_000) for i in range(100)]
+    calls = 0
+
+    def members() -> list[swim.Member]:
+        nonlocal calls
+        calls += 1
+        return listed
+
+    def omitted(found: Samples) -> dict[str, float]:
+        return {
+            dict(k)["status"]: v for k, v in series(found, "swim_member_unhealthy_omitted").items()
+        }
+
+    metrics = AgentMetrics(make_node(), no_phi, members=members, now_ms=lambda: 1000)
+    assert calls == 0  # registering reads nothing
+    found = samples(metrics)
+    assert calls == 1
+    flags = unhealthy(found)
+    assert len(flags) == len(since(found)) == MAX_UNHEALTHY_MEMBERS == 500
+    assert len(flags) + len(since(found)) == 1000  # per-member series on one page
+    # suspect and dead members before left ones, the most recently changed first, equal
+    # times by name (n1494 before n1495, both changed at 747)
+    expected = sorted(
+        listed[:1500],
+        key=lambda m: (m.state == NodeStateType.LEFT, -m.state_change_ms, m.name),
+    )[:500]
+    assert {name for name, _ in flags} == {m.name for m in expected}
+    assert {status for _, status in flags} == {"suspect", "dead"}
+    assert ("n1498", "dead") in flags and ("n1499", "left") not in flags
+    assert omitted(found) == {"suspect": 250, "dead": 250, "left": 500}
+    # a smaller bound, and 0: only the counts
+    found = samples(AgentMetrics(make_node(), no_phi, members=members, max_unhealthy_members=3))
+    assert set(unhealthy(found)) == {("n1498", "dead"), ("n1497", "suspect"), ("n1494", "suspect")}
+    found = samples(AgentMetrics(make_node(), no_phi, members=members, max_unhealthy_members=0))
+    assert unhealthy(found) == {}
+    assert omitted(found) == {"suspect": 500, "dead": 500, "left": 500}
+    # left members fill what failures leave free
+    found = samples(AgentMetrics(make_node(), no_phi, members=lambda: listed[:300]))
+    assert len(unhealthy(found)) == 300
+    assert set(omitted(found).values()) == {0}
+    with pytest.raises(ValueError, match="max_unhealthy_members"):
+        AgentMetrics(make_node(), no_phi, max_unhealthy_members=-1)
+
+
+def test_member_label_keeps_valid_names_and_spells_out_bad_bytes() -> None:
+    assert member_label("gpu-07") == "gpu-07"
+    assert member_label('a"b\nc') == 'a"b\nc'  # escaped by the exposition, not here
+    assert member_label("gpu-\udcff") == "gpu-\\xff"
+    assert member_label(b"\xe2\x82".decode("utf-8", "surrogateescape") + "x") == "\\xe2\\x82x"
+
+
+def test_hostile_names_keep_the_page_valid() -> None:
+    """Names a peer chose: the page stays valid UTF-8, parses back to the same labels and
+    passes promtool; the two names that spell the same label are one series."""
+    listed = [fake_member(n, NodeStateType.DEAD, i) for i, n in enumerate(HOSTILE_NAMES)]
+    phis = {name: float(i) for i, name in enumerate(HOSTILE_NAMES)}
+    metrics = AgentMetrics(make_node(), lambda: phis, members=lambda: listed, now_ms=lambda: 10)
+    page = metrics.render()
+    page.decode("utf-8")  # strict
+    found = samples(metrics)
+    labels = {member_label(n) for n in HOSTILE_NAMES}
+    assert len(labels) == len(HOSTILE_NAMES) - 1
+    assert {name for name, _ in unhealthy(found)} == labels
+    assert {dict(k)["member"] for k in series(found, "swim_member_phi")} == labels
+    assert value(found, "swim_member_unhealthy_omitted", status="dead") == 1
+    assert value(found, "swim_member_phi_omitted") == 1
+    assert not any(name == "swim_fake" for name, _ in found)
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package 'prometheus'; scripts/setup.sh)")
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=page, capture_output=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr).decode(errors="replace")
 
 
 # --- exposition -------------------------------------------------------------------------------
