@@ -68,14 +68,14 @@ class HandlerRunner:
         self_info: SelfInfo,
         control_path: str,
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
-        depth: int = QUEUE_DEPTH,
+        depth: int | None = None,
         reply: Reply | None = None,
     ) -> None:
         self.specs = tuple(specs)
         self._self_info = self_info
         self._control_path = control_path
         self._timeout_ms = timeout_ms
-        self._depth = depth
+        self._depth = QUEUE_DEPTH if depth is None else depth
         self._reply = reply
         self._queue: deque[HandlerEvent] = deque()
         self._wake = trio.Event()

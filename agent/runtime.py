@@ -41,7 +41,7 @@ from agent.departed import Departed
 from agent.driver import Driver, now_ms
 from agent.events import Events
 from agent.handler_runner import HandlerRunner
-from agent.handlers import HandlerEvent, job_view_event, member_event
+from agent.handlers import HandlerEvent, RecentUserEvents, job_view_event, member_event
 from agent.jobs import MAX_WATCHED_JOBS, TAG_PREFIX
 from agent.registrations import JobRegistry
 from agent.serf.delegate import UserEventReceived
@@ -290,8 +290,11 @@ class Agent:
             if found is not None:
                 runner.offer(found)
 
+        recent = RecentUserEvents()
+
         def on_user(event: UserEventReceived) -> None:
-            runner.offer(HandlerEvent("user", event.name, event.ltime, event.payload))
+            if recent.is_news(event.ltime, event.name, event.payload):
+                runner.offer(HandlerEvent("user", event.name, event.ltime, event.payload))
 
         async def job_views(known: Iterable[str]) -> list[HandlerEvent]:
             members = await self.live_members()
