@@ -119,6 +119,18 @@ class LocalSerf:
         if out.returncode != 0:
             raise SerfError(f"serf event failed: {out.stdout.strip()} {out.stderr.strip()}")
 
+    def query(self, name: str, payload: str, timeout: str = "3s") -> dict[str, Any]:
+        """``serf query`` as JSON (``Acks``, ``Responses``: node name -> answer)."""
+        assert SERF is not None
+        args = [SERF, "query", f"-rpc-addr={self.rpc}", "-format=json", f"-timeout={timeout}"]
+        out = subprocess.run(
+            [*args, name, payload], capture_output=True, text=True, timeout=30, check=False
+        )
+        if out.returncode != 0:
+            raise SerfError(f"serf query failed: {out.stdout.strip()} {out.stderr.strip()}")
+        result: dict[str, Any] = json.loads(out.stdout)
+        return result
+
     def set_tags(self, **tags: str) -> None:
         args = []
         for key, value in tags.items():

@@ -1,7 +1,8 @@
 """Event handlers, ours against Serf's: the same recording handler run by a real
 ``serf agent`` (Debian's serf 0.9.4) and by our agent, observing one mixed cluster through
-the same join, tag change, failure (SIGKILL), graceful leave and user event, gives the same
-records (env and stdin), field by field.
+the same join, tag change, failure (SIGKILL), graceful leave, user event and query, gives
+the same records (env and stdin), field by field; both answer the query with their
+handler's output.
 
 What must differ, and is normalised before comparing (docs/runbook.md "Reacting to verdicts:
 event handlers"):
@@ -11,7 +12,8 @@ event handlers"):
 - grouping: Serf coalesces member events over a quiescent second, ours only when they wait in
   the queue together, so records are compared as lines (event, member line), not as runs;
 - the order of the tags on a stdin line (Go's map order is random; ours are sorted).
-The user event's ``SERF_USER_LTIME`` is the same on both: it is the same gossiped message.
+The user event's ``SERF_USER_LTIME`` and the query's ``SERF_QUERY_LTIME`` are the same on
+both: each is one gossiped message.
 """
 
 from __future__ import annotations
@@ -134,6 +136,8 @@ def test_serf_and_swim_handlers_get_the_same_records(tmp_path: Path) -> None:
         on_both("s1 left", lambda o: _seen(o, "member-leave", "s1"))
         _serf(lambda: obs_serf.user_event("deploy", "v1.2"), "serf event")
         on_both("user event", lambda o: any(r["env"]["SERF_EVENT"] == "user" for r in _records(o)))
+        # a query: each handler's output is its node's answer
+        answers = obs_serf.query("ping", "hello")
     finally:
         for s in serfs:
             s.stop(signal.SIGKILL)
@@ -144,6 +148,13 @@ def test_serf_and_swim_handlers_get_the_same_records(tmp_path: Path) -> None:
     assert _lines(serf_records, observers) == _lines(swim_records, observers)
     for name in ("s1", "w1"):
         assert _history(serf_records, name) == _history(swim_records, name), name
+    assert answers["Responses"] == {
+        "obs-serf": "pong from obs-serf: hello\n",
+        "obs-swim": "pong from obs-swim: hello\n",
+    }
+    assert [r["env"]["SERF_QUERY_NAME"] for r in swim_records if "SERF_QUERY_NAME" in r["env"]] == [
+        "ping"
+    ]
     assert _history(swim_records, "s1") == ["member-join", "member-update", "member-leave"]
     assert _history(swim_records, "w1") == ["member-join", "member-failed"]
     user = [r["env"] for r in swim_records if r["env"]["SERF_EVENT"] == "user"]
