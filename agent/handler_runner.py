@@ -30,8 +30,9 @@ import os
 import signal
 import subprocess
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -120,6 +121,31 @@ class HandlerRunner:
             "handler_coalesced": self.coalesced,
             "handler_queued": len(self._queue),
         }
+
+    def register_metrics(self, registry: Any) -> None:
+        """Export the counters on a Prometheus registry (the agent's, agent/metrics.py):
+        ``swim_event_handler_runs_total``, ``..._failures_total``, ``..._timeouts_total``,
+        ``..._dropped_total`` and the ``swim_event_handler_queue_depth`` gauge."""
+        from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
+
+        runner = self
+
+        class Collector:
+            def collect(self) -> Iterator[Any]:
+                for name, value, what in (
+                    ("runs", runner.runs, "Event handler runs."),
+                    ("failures", runner.failures, "Event handler runs that exited non-zero."),
+                    ("timeouts", runner.timeouts, "Event handler runs killed at the timeout."),
+                    ("dropped", runner.dropped, "Events dropped: the handler queue was full."),
+                ):
+                    yield CounterMetricFamily(f"swim_event_handler_{name}", what, value=value)
+                yield GaugeMetricFamily(
+                    "swim_event_handler_queue_depth",
+                    "Events waiting for the event handlers.",
+                    value=len(runner._queue),
+                )
+
+        registry.register(Collector())
 
     def offer(self, event: HandlerEvent) -> bool:
         """Queue ``event`` if a handler wants it (called in the node task: no await)."""

@@ -195,6 +195,8 @@ class Agent:
                     from agent.metrics_http import serve_metrics
 
                     self.metrics = AgentMetrics(node, self.phi_values)
+                    if self.handlers is not None:
+                        self.handlers.register_metrics(self.metrics.registry)
                     driver.on_probe_rtt_ms = self.metrics.observe_probe_rtt_ms
                     await nursery.start(
                         serve_metrics, self.metrics, cfg.metrics_addr.host, cfg.metrics_addr.port

@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.request import urlopen
 
 import pytest
 import trio
@@ -37,7 +38,7 @@ from agent.handlers import (
     parse_handler,
     tag_env_name,
 )
-from agent.procs import until_async
+from agent.procs import free_port, until_async
 from swim import EventKind
 from tests.agent.test_agent import cluster
 
@@ -302,8 +303,13 @@ async def test_a_flood_overflows_the_bounded_queue_while_the_agent_answers(
 ) -> None:
     monkeypatch.setattr(handler_runner, "QUEUE_DEPTH", 8)
     hang = "user=sleep 30"
+    metrics_port = free_port()
     async with cluster(
-        tmp_path, 1, event_handlers=[hang], event_handler_timeout_ms=60_000
+        tmp_path,
+        1,
+        event_handlers=[hang],
+        event_handler_timeout_ms=60_000,
+        metrics_addr=f"127.0.0.1:{metrics_port}",
     ) as agents:
         agent = agents[0].agent
         assert agent.serf is not None
@@ -322,6 +328,9 @@ async def test_a_flood_overflows_the_bounded_queue_while_the_agent_answers(
         assert stats["handler_runs"] <= 1 and stats["handler_queued"] >= 7, stats
         members = await trio.to_thread.run_sync(client.request, "members")
         assert [m["name"] for m in members] == ["n0"]
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        page = await trio.to_thread.run_sync(lambda: urlopen(url, timeout=5).read().decode())
+        assert "swim_event_handler_dropped_total 42.0" in page
 
 
 @pytest.mark.trio
