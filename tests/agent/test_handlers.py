@@ -18,9 +18,11 @@ from urllib.request import urlopen
 
 import pytest
 import trio
+from click.testing import CliRunner
 
 import agent.handler_runner as handler_runner
 from agent import serf
+from agent.cli import main
 from agent.config import AgentConfigError, load
 from agent.control import ControlClient
 from agent.handler_runner import MAX_OUTPUT_BYTES, HandlerRunner
@@ -354,3 +356,9 @@ async def test_a_job_view_change_reaches_a_job_view_handler(tmp_path: Path) -> N
     )
     assert second["env"]["SWIM_JOB_GENERATION"] == "2"
     assert second["stdin"] == ""
+
+
+def test_a_bad_filter_on_the_command_line_stops_the_agent_naming_it() -> None:
+    result = CliRunner().invoke(main, ["agent", "--event-handler", "member-dead=/bin/true"])
+    assert result.exit_code == 2
+    assert "'member-dead'" in result.output
