@@ -27,8 +27,9 @@ Rules:
   ``QUEUE_FULL`` (memberlist's HandoffQueueDepth); streams are bounded by agent.transport.
 - Executing an Output (``apply``), in order: packets to the transport; timers onto the
   heap; stream requests into tasks; every direct sign of life (``heard_from``, probe
-  results) into the Phi registry; member events to the log, the events fan-out and the
-  Serf delegate; Serf user messages and push-pull states to the Serf delegate; notices to
+  results) into the Phi registry; member events to the log, the events fan-out, the
+  Serf delegate and ``on_member_event`` (the event handlers, which only queue them); Serf
+  user messages and push-pull states to the Serf delegate; notices to
   the log and the fan-out; join results to whoever waits in ``join_one``.
 - Time is trio's clock in integer milliseconds (``now_ms``), so tests run on a MockClock.
 """
@@ -158,6 +159,8 @@ class Driver:
         self.probe_rtt_ms: dict[str, int] = {}
         """The last direct probe's round trip per member (the status page); bounded by the
         member table: a member's entry goes when it is reaped or leaves."""
+        self.on_member_event: Callable[[MemberEvent], None] | None = None
+        """Called with every member event (the event handlers; must not block)."""
         self.stalls = 0
         """Times the node loop found its timers overdue by more than ``STALL_MS``."""
         self.stall_datagrams = 0
@@ -462,6 +465,8 @@ class Driver:
                 self.phi.remove(m.name)
         if self.delegate is not None:
             self.delegate.on_event(event)
+        if self.on_member_event is not None:
+            self.on_member_event(event)
         self.events.publish(
             {
                 "type": event.kind.value,

@@ -40,6 +40,7 @@ from agent.control_server import ControlServer
 from agent.departed import Departed
 from agent.driver import Driver, now_ms
 from agent.events import Events
+from agent.handler_runner import HandlerRunner, start_handlers
 from agent.jobs import TAG_PREFIX
 from agent.registrations import JobRegistry
 from agent.serf_runtime import SerfRuntime
@@ -95,6 +96,7 @@ class Agent:
         self.jobs = JobRegistry(lambda: self._tags, self.update_tags)
         self.metrics: AgentMetrics | None = None  # only with --metrics-addr
         self.metrics_port = 0  # the HTTP server's bound port (metrics and status page)
+        self.handlers: HandlerRunner | None = None  # only with event handlers
         self.driver: Driver | None = None
         self.serf: SerfRuntime | None = None
         self.bound_port = 0
@@ -187,6 +189,8 @@ class Agent:
                 await nursery.start(driver.run)
                 if self._serve_control:
                     await nursery.start(ControlServer(self, cfg.control).serve)
+                if cfg.event_handlers:
+                    self.handlers = await start_handlers(nursery, self, cfg, driver, serf_runtime)
                 if cfg.metrics_addr is not None:
                     # prometheus_client costs ~10 MB resident: load it only when asked for
                     from agent.metrics import AgentMetrics
@@ -195,6 +199,8 @@ class Agent:
                     self.metrics = AgentMetrics(
                         node, self.phi_values, members=self.all_members, now_ms=now_ms
                     )
+                    if self.handlers is not None:
+                        self.handlers.register_metrics(self.metrics.registry)
                     driver.on_probe_rtt_ms = self.metrics.observe_probe_rtt_ms
                     serve = functools.partial(serve_metrics, agent=self)  # + the status page
                     self.metrics_port = await nursery.start(
@@ -320,7 +326,7 @@ class Agent:
                 now_ms=now,
                 members=serf_runtime.all_members(now),
                 phi=self.phi.phi_all(now),
-                stats=driver.stats(),
+                stats={**driver.stats(), **(self.handlers.stats() if self.handlers else {})},
                 rtt_ms=dict(driver.probe_rtt_ms),
             )
 

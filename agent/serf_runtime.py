@@ -6,7 +6,9 @@ returns actions; this module feeds it (``agent.driver.Delegate`` hooks: user mes
 push-pull states, member events) and executes what it returns through the driver:
 ``Broadcast`` -> ``Node.broadcast_user``, ``SendUser`` -> ``Node.send_user``,
 ``ForceLeave`` -> ``Node.force_leave``, ``MarkDepartedLeft`` -> agent/departed.py and a
-"left" event, ``UserEventReceived`` -> the events fan-out, ``Log`` -> the log. Every
+"left" event, ``UserEventReceived`` -> the events fan-out (and ``on_user_event``, the event
+handlers), ``QueryReceived`` -> ``on_query`` (the event handlers, whose output
+``answer_query`` sends back), ``Log`` -> the log. Every
 method runs in the node task (the driver calls it, or ``Driver.command``).
 
 It also keeps Serf's view of members that are gone (agent/departed.py: serf lists failed
@@ -28,11 +30,14 @@ from pathlib import Path
 
 from agent.departed import Departed
 from agent.driver import Driver, now_ms
+from agent.serf import queries
+from agent.serf.constants import QUERY_RESPONSE_SIZE_LIMIT
 from agent.serf.delegate import (
     Broadcast,
     ForceLeave,
     Log,
     MarkDepartedLeft,
+    QueryReceived,
     SendUser,
     SerfAction,
     SerfDelegate,
@@ -64,6 +69,10 @@ class SerfRuntime:
         self.delegate = SerfDelegate(driver.node.name)
         self.leaving = False
         """Set by the agent when it leaves: a leave intent about us is then no longer stale."""
+        self.on_user_event: Callable[[UserEventReceived], None] | None = None
+        """Called with every user event (the event handlers; must not block)."""
+        self.on_query: Callable[[QueryReceived], None] | None = None
+        """Called with every user query for us (the event handlers; must not block)."""
 
     # --- the driver's delegate hooks -------------------------------------------------------
 
@@ -148,6 +157,22 @@ class SerfRuntime:
             self.persist_keyring()
         return list(keyring.keys), keyring.primary_key
 
+    def answer_query(self, received: QueryReceived, payload: bytes) -> bool:
+        """Answer a user query with ``payload`` (an event handler's output), as serf's
+        ``Query.Respond``: refused (False, logged) when the response is over
+        ``QUERY_RESPONSE_SIZE_LIMIT``."""
+        response = queries.response(received.query, self._driver.node.name, payload)
+        if len(response) > QUERY_RESPONSE_SIZE_LIMIT:
+            log.warning(
+                "query %s: the answer takes %d bytes; the limit is %d: not sent",
+                received.query.name,
+                len(response),
+                QUERY_RESPONSE_SIZE_LIMIT,
+            )
+            return False
+        self._execute([SendUser(received.dest, response)])
+        return True
+
     # --- internals ------------------------------------------------------------------------
 
     def _view(self) -> SerfView:
@@ -174,6 +199,8 @@ class SerfRuntime:
             elif isinstance(action, MarkDepartedLeft):
                 self._departed_left(action.name, now)
             elif isinstance(action, UserEventReceived):
+                if self.on_user_event is not None:
+                    self.on_user_event(action)
                 driver.events.publish(
                     {
                         "type": "user_event",
@@ -184,6 +211,9 @@ class SerfRuntime:
                         "message": "",
                     }
                 )
+            elif isinstance(action, QueryReceived):
+                if self.on_query is not None:
+                    self.on_query(action)
             elif isinstance(action, Log):
                 log.log(_LEVELS.get(action.level, logging.INFO), "%s", action.message)
             else:
