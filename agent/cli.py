@@ -103,6 +103,13 @@ def _agent_options(f: Any) -> Any:
         click.option("--keyring-file", type=click.Path(path_type=Path)),
         click.option("--metrics-addr", help="HOST:PORT to serve Prometheus /metrics on."),
         click.option(
+            "--event-handler",
+            "event_handlers",
+            multiple=True,
+            help="[FILTER=]COMMAND run on events, as Serf's -event-handler (repeatable).",
+        ),
+        click.option("--event-handler-timeout-ms", type=int, help="Kill a handler after this."),
+        click.option(
             "--config",
             "config_file",
             type=click.Path(path_type=Path),

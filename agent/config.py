@@ -24,6 +24,8 @@ File format (see packaging/agent.toml for a commented example)::
     leave_propagate_delay_ms = 300  # leave intent first, so Serf peers say "left"
     reconnect_timeout_ms = 86400000 # failed members stay listed this long (Serf: 24h)
     tombstone_timeout_ms = 86400000 # left members stay listed this long (Serf: 24h)
+    event_handlers = ["member-failed=/usr/local/bin/drain", "/usr/local/bin/log-all"]
+    event_handler_timeout_ms = 30000 # a handler run longer than this is killed
     [tags]
     rack = "a3"
     [protocol]                      # any swim.Config field, e.g.
@@ -45,9 +47,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.departed import DEFAULT_RECONNECT_TIMEOUT_MS, DEFAULT_TOMBSTONE_TIMEOUT_MS
+from agent.handlers import HandlerConfigError, HandlerSpec, parse_handler
 from swim import META_MAX_BYTES, PROFILES, Config, ConfigError, Keyring
 
 DEFAULT_PORT = 7946
+DEFAULT_HANDLER_TIMEOUT_MS = 30_000
+"""An event handler's run time before it is killed (agent/handler_runner.py)."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -118,6 +123,9 @@ class AgentConfig:
     protocol: Mapping[str, Any] = field(default_factory=dict)
     config_file: Path | None = None
     phi_capacity: int = 4096
+    event_handlers: tuple[HandlerSpec, ...] = ()
+    """``[filter=]COMMAND`` as Serf's ``-event-handler`` (agent/handlers.py), in order."""
+    event_handler_timeout_ms: int = DEFAULT_HANDLER_TIMEOUT_MS
 
     def swim_config(self) -> Config:
         """The protocol configuration: the profile's preset with ``[protocol]`` overrides."""
@@ -174,6 +182,8 @@ def load(
             continue
         if key == "tags" and "tags" in values:
             values["tags"] = {**values["tags"], **value}
+        elif key == "event_handlers" and isinstance(values.get(key), list):
+            values[key] = [*values[key], *value]  # as Serf: the flags' handlers come after
         else:
             values[key] = value
     return build(values, config_file)
@@ -217,9 +227,12 @@ def build(values: Mapping[str, Any], config_file: Path | None = None) -> AgentCo
         "reconnect_timeout_ms",
         "tombstone_timeout_ms",
         "phi_capacity",
+        "event_handler_timeout_ms",
     ):
         if key in v:
             kwargs[key] = _int(v[key], key)
+    if "event_handlers" in v:
+        kwargs["event_handlers"] = _handlers(v["event_handlers"])
     if "profile" in v:
         kwargs["profile"] = _choice(v["profile"], "profile", PROFILES)
     if "log_level" in v:
@@ -256,6 +269,8 @@ def _check(c: AgentConfig) -> None:
         raise AgentConfigError("retry_interval_ms must be > 0")
     if c.phi_capacity < 1:
         raise AgentConfigError("phi_capacity must be >= 1")
+    if c.event_handler_timeout_ms < 1:
+        raise AgentConfigError("event_handler_timeout_ms must be >= 1")
     for key in ("reconnect_timeout_ms", "tombstone_timeout_ms"):
         if getattr(c, key) < 0:
             raise AgentConfigError(f"{key} must be >= 0")
@@ -351,6 +366,17 @@ def _key(value: Any) -> str:
             f"encrypt: the key must decode to 16, 24 or 32 bytes, got {len(raw)}"
         )
     return text
+
+
+def _handlers(value: Any) -> tuple[HandlerSpec, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(h, str) for h in value):
+        raise AgentConfigError('event_handlers must be a list of "[filter=]COMMAND" strings')
+    try:
+        return tuple(parse_handler(h) for h in value)
+    except HandlerConfigError as exc:
+        raise AgentConfigError(str(exc)) from None
 
 
 def _protocol(value: Mapping[str, Any]) -> dict[str, Any]:

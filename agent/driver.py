@@ -155,6 +155,8 @@ class Driver:
         self.delegate: Delegate | None = None
         self.on_probe_rtt_ms: Callable[[int], None] | None = None
         """Called with every direct probe's round-trip time (the metrics histogram)."""
+        self.on_member_event: Callable[[MemberEvent], None] | None = None
+        """Called with every member event (the event handlers; must not block)."""
         self.stalls = 0
         """Times the node loop found its timers overdue by more than ``STALL_MS``."""
         self.stall_datagrams = 0
@@ -455,6 +457,8 @@ class Driver:
             self.phi.remove(m.name)
         if self.delegate is not None:
             self.delegate.on_event(event)
+        if self.on_member_event is not None:
+            self.on_member_event(event)
         self.events.publish(
             {
                 "type": event.kind.value,

@@ -64,6 +64,8 @@ class SerfRuntime:
         self.delegate = SerfDelegate(driver.node.name)
         self.leaving = False
         """Set by the agent when it leaves: a leave intent about us is then no longer stale."""
+        self.on_user_event: Callable[[UserEventReceived], None] | None = None
+        """Called with every user event (the event handlers; must not block)."""
 
     # --- the driver's delegate hooks -------------------------------------------------------
 
@@ -174,6 +176,8 @@ class SerfRuntime:
             elif isinstance(action, MarkDepartedLeft):
                 self._departed_left(action.name, now)
             elif isinstance(action, UserEventReceived):
+                if self.on_user_event is not None:
+                    self.on_user_event(action)
                 driver.events.publish(
                     {
                         "type": "user_event",
