@@ -14,9 +14,14 @@ the handler makes, as functions of their inputs, so they are tested without Slur
   (``--actor-tag KEY[=VALUE]``). Every agent with the same view picks the same one, so one
   agent of 1,000 calls ``scontrol``; the winner changes only for the subjects whose winner
   left, and the same agent acts on a member's failure and on its return when nothing else
-  changed (so the two run in order, on one agent's handler queue). When views differ for a
-  moment (gossip still spreading), two agents may both think they won: both act, which is
-  harmless, because every action is idempotent (below).
+  changed (so the two run in order, on one agent's handler queue).
+- **Views differ for a moment** (gossip still spreading, or several members failing at
+  once). Two agents may both think they won: both act, which is harmless, because every
+  action is idempotent (below). Or the winner in some views is itself dead but not yet
+  declared so, and nobody would act: so the next ``backups`` agents of the ranking
+  (``ranking``; 2 by default) act too, after ``rank x backup delay`` (5 s by default), if
+  Slurm's state still asks for it then. A verdict costs one ``scontrol update`` and at most
+  ``1 + backups`` reads of the node's state.
 - **Which node** (``slurm_node``): a map entry (``--map FILE``: ``member slurm-node`` per
   line, ``#`` comments) wins, then the member's own tag (``--node-tag KEY``), else the
   member's name as is.
@@ -58,6 +63,7 @@ __all__ = [
     "parse_map",
     "parse_member_line",
     "parse_node",
+    "ranking",
     "slurm_node",
     "update_command",
 ]
@@ -201,14 +207,19 @@ def _score(subject: str, candidate: str) -> bytes:
     return hashlib.sha256(data + candidate.encode("utf-8", "surrogateescape")).digest()
 
 
+def ranking(subject: str, names: Iterable[str]) -> list[str]:
+    """The candidates for ``subject``, best first (highest score; ties by name)."""
+    return sorted(names, key=lambda name: (_invert(_score(subject, name)), name))
+
+
+def _invert(score: bytes) -> bytes:
+    return bytes(255 - b for b in score)
+
+
 def elect(subject: str, names: Iterable[str]) -> str | None:
-    """The one candidate that acts for ``subject`` (highest score; None if none)."""
-    best: tuple[bytes, str] | None = None
-    for name in names:
-        key = (_score(subject, name), name)
-        if best is None or key[0] > best[0] or (key[0] == best[0] and name < best[1]):
-            best = key
-    return None if best is None else best[1]
+    """The one candidate that acts for ``subject`` (None if there is none)."""
+    ranked = ranking(subject, names)
+    return ranked[0] if ranked else None
 
 
 def parse_node(text: str) -> NodeState:

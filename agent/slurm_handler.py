@@ -4,15 +4,20 @@
 The handler is run by the agent (``--event-handler member-failed,member-join=PATH``) or by
 Serf (``serf agent -event-handler``) with Serf's contract: ``SERF_EVENT``,
 ``SERF_SELF_NAME``, the event's members on stdin. For each member it asks this node's
-agent (``SWIM_CONTROL``) which members are alive, elects the one agent that acts
-(agent/slurm.py ``elect``), and only on that agent reads the node's state with
-``scontrol show node`` and, if agent/slurm.py ``decide`` says so, runs ``scontrol update``.
+agent (``SWIM_CONTROL``) which members are alive and ranks the agents that may act
+(agent/slurm.py ``ranking``). Only the first reads the node's state with ``scontrol show
+node`` and, if agent/slurm.py ``decide`` says so, runs ``scontrol update``; the next
+``--backups`` (2) do the same after ``rank x --backup-delay-s`` (5 s), which finds the work
+done unless the first was dead too; every other agent logs who acts and exits. A backup's
+wait holds back the agent's later handler runs (they run one at a time), never the
+protocol.
 Every option is a flag or an environment variable (``SWIM_SLURM_*``, below), so a handler
 line with no arguments is configured from the agent's environment (the unit's
 ``Environment=``).
 
 Bounds: every scontrol call has a timeout (``--timeout-s``, default 10 s), the whole run a
-budget (``--budget-s``, default 60 s; members left when it runs out are logged, not
+budget (``--budget-s``, default 25 s: under the agent's 30 s handler timeout, so the
+handler reports what it left rather than being killed; members left are logged, not
 handled), stdin at most ``MAX_STDIN_MEMBERS`` lines. Log lines go to stderr (the agent logs
 a handler's output) and to ``--log-file`` if given; each names the event, the member, the
 node, the decision and the command run. Exit codes: 0 done (or nothing to do), 1 an
@@ -51,11 +56,11 @@ from agent.slurm import (
     candidates,
     decide,
     drain_reason,
-    elect,
     parse_actor_tag,
     parse_map,
     parse_member_line,
     parse_node,
+    ranking,
     slurm_node,
     update_command,
 )
@@ -104,24 +109,13 @@ def _run(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
         raise SlurmError(f"cannot run {cmd[0]}: {exc.strerror or exc}") from None
 
 
-def _handle_member(
-    member: Member,
-    event: str,
-    me: str,
-    alive: list[dict[str, Any]],
-    opts: dict[str, Any],
-    log: _Log,
-) -> bool:
-    """Elect, read, decide and act for one member; False if a Slurm call failed."""
-    names = candidates(alive, member.name, opts["actor_tag"])
-    actor = elect(member.name, names)
-    if actor != me:
-        log(f"{event} {member.name}: {actor or 'no agent'} acts (of {len(names)} candidates)")
-        return True
+def _act(member: Member, event: str, me: str, role: str, opts: dict[str, Any], log: _Log) -> bool:
+    """Read the node's state, decide and act for one member (``role``: ``elected`` or
+    ``backup N after X``); False if a Slurm call failed."""
     node = slurm_node(member, opts["mapping"], opts["node_tag"])
     shown = _run([opts["scontrol"], "show", "node", node], opts["timeout_s"])
     if shown.returncode != 0:
-        log(f"{event} {member.name}: scontrol show node {node} failed: {_tail(shown)}")
+        log(f"{event} {member.name}: {role}; scontrol show node {node} failed: {_tail(shown)}")
         return False
     when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     action = decide(
@@ -133,15 +127,15 @@ def _handle_member(
         resume=opts["resume"],
     )
     if action.kind == "none":
-        log(f"{event} {member.name}: elected, no action: {action.why}")
+        log(f"{event} {member.name}: {role}, no action: {action.why}")
         return True
     cmd = update_command(opts["scontrol"], node, action)
     done = _run(cmd, opts["timeout_s"])
     shown_cmd = " ".join([*cmd[:-1], f'Reason="{action.reason}"'] if action.reason else cmd)
     if done.returncode != 0:
-        log(f"{event} {member.name}: elected; {shown_cmd} failed: {_tail(done)}")
+        log(f"{event} {member.name}: {role}; {shown_cmd} failed: {_tail(done)}")
         return False
-    log(f"{event} {member.name}: elected; {action.why}; ran: {shown_cmd}")
+    log(f"{event} {member.name}: {role}; {action.why}; ran: {shown_cmd}")
     return True
 
 
@@ -150,8 +144,19 @@ def _tail(proc: subprocess.CompletedProcess[str]) -> str:
     return f"exit {proc.returncode}: {text[-300:]}"
 
 
+def _alive(opts: dict[str, Any]) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = ControlClient(opts["control"], CONTROL_TIMEOUT_S).request(
+        "members", status="alive"
+    )
+    return result
+
+
 def run_handler(opts: dict[str, Any], lines: list[str], log: _Log) -> int:
-    """The whole run for one event; the exit code."""
+    """The whole run for one event; the exit code.
+
+    First every member this agent won (agent/slurm.py ``ranking``), then, after ``rank x
+    backup_delay_s``, those it is a backup for, each with a fresh look at the alive members
+    (a member alive again by then is not drained, one dead again is not resumed)."""
     event, me = opts["event"], opts["self_name"]
     if event not in opts["drain_events"] | (RESUME_EVENTS if opts["resume"] else frozenset()):
         log(f"{event}: nothing to do")
@@ -160,22 +165,41 @@ def run_handler(opts: dict[str, Any], lines: list[str], log: _Log) -> int:
     if not members:
         return EXIT_OK
     try:
-        alive = ControlClient(opts["control"], CONTROL_TIMEOUT_S).request("members", status="alive")
+        alive = _alive(opts)
         me = me or ControlClient(opts["control"], CONTROL_TIMEOUT_S).request("info")["node"]
     except ControlError as exc:
         log(f"{event}: cannot ask the local agent who acts, so nobody here acts: {exc}")
         return EXIT_NO_AGENT
-    deadline = time.monotonic() + opts["budget_s"]
+    start = time.monotonic()
+    work: list[tuple[int, Member, str]] = []  # (rank, member, the winner)
+    for member in members:
+        ranked = ranking(member.name, candidates(alive, member.name, opts["actor_tag"]))
+        rank = ranked.index(me) if me in ranked else len(ranked)
+        if rank <= opts["backups"]:
+            work.append((rank, member, ranked[0]))
+        else:
+            winner = ranked[0] if ranked else "no agent"
+            log(f"{event} {member.name}: {winner} acts (of {len(ranked)} candidates)")
     failed = False
-    for i, member in enumerate(members):
-        if time.monotonic() > deadline:
-            rest = ", ".join(m.name for m in members[i:])
+    work.sort(key=lambda w: w[0])
+    for i, (rank, member, winner) in enumerate(work):
+        wait_s = start + rank * opts["backup_delay_s"] - time.monotonic()
+        if time.monotonic() + max(wait_s, 0) > start + opts["budget_s"]:
+            rest = ", ".join(w[1].name for w in work[i:])
             log(f"{event}: budget of {opts['budget_s']:g} s spent; not handled: {rest}")
             return EXIT_FAILED
+        role = "elected"
         try:
-            failed |= not _handle_member(member, event, me, alive, opts, log)
-        except SlurmError as exc:
-            log(f"{event} {member.name}: {exc}")
+            if rank > 0:
+                time.sleep(max(wait_s, 0))
+                now_alive = {m["name"] for m in _alive(opts)}
+                if (member.name in now_alive) != (event in RESUME_EVENTS):
+                    log(f"{event} {member.name}: backup {rank} after {winner}: changed since")
+                    continue
+                role = f"backup {rank} after {winner}"
+            failed |= not _act(member, event, me, role, opts, log)
+        except (SlurmError, ControlError) as exc:
+            log(f"{event} {member.name}: {role}: {exc}")
             failed = True
     return EXIT_FAILED if failed else EXIT_OK
 
@@ -247,9 +271,25 @@ def _read_stdin(read: Callable[[], str]) -> list[str]:
     "--budget-s",
     envvar="SWIM_SLURM_BUDGET_S",
     type=click.FloatRange(1, 3600),
-    default=60.0,
+    default=25.0,
     show_default=True,
     help="For the whole run. [SWIM_SLURM_BUDGET_S]",
+)
+@click.option(
+    "--backups",
+    envvar="SWIM_SLURM_BACKUPS",
+    type=click.IntRange(0, 10),
+    default=2,
+    show_default=True,
+    help="Next agents in the ranking that check and act too. [SWIM_SLURM_BACKUPS]",
+)
+@click.option(
+    "--backup-delay-s",
+    envvar="SWIM_SLURM_BACKUP_DELAY_S",
+    type=click.FloatRange(0, 60),
+    default=5.0,
+    show_default=True,
+    help="Backup N acts after N times this. [SWIM_SLURM_BACKUP_DELAY_S]",
 )
 @click.option(
     "--log-file",
