@@ -17,6 +17,7 @@ Everything started is stopped by pid at teardown, also on failure.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -291,3 +292,95 @@ def test_a_dead_member_is_drained_once_and_resumed_but_an_admin_drain_stays(
             a.stop(signal.SIGKILL)
         with contextlib.suppress(AssertionError):
             slurm.scontrol("update", "NodeName=gpu4", "State=RESUME")
+
+
+TRAINER = """
+import json, os, sys, time
+from pathlib import Path
+from agent.control import ControlClient
+
+out = Path(os.environ["TRAINER_OUT"])
+node = os.environ["SLURMD_NODENAME"]
+record = {
+    "node": node,
+    "agent": ControlClient(None, 5).request("info")["node"],  # SWIM_CONTROL, as the hook
+    "local_rank": os.environ["LOCAL_RANK"],
+    "local_world_size": os.environ["LOCAL_WORLD_SIZE"],
+    "argv": sys.argv[1:],
+}
+if os.environ["SLURM_NODEID"] == "1":
+    (out / f"{node}.json").write_text(json.dumps({**record, "exit": 3}))
+    sys.exit(3)
+deadline = time.monotonic() + 20
+while len(list(out.glob("*.json"))) < 1 and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(1.0)  # with KillOnBadExit=1 in effect, srun would have killed this task by now
+(out / f"{node}.json").write_text(json.dumps({**record, "survived": True}))
+"""
+
+
+def _job_state(slurm: Slurm, job: str) -> str:
+    found = re.search(r"JobState=(\S+)", slurm.scontrol("show", "job", job))
+    return found.group(1) if found else "?"
+
+
+def test_the_sbatch_template_runs_trainers_that_outlive_a_bad_exit_and_the_checks_report(
+    slurm: Slurm, tmp_path: Path
+) -> None:
+    agents: list[LocalAgent] = []
+    try:
+        agents.append(LocalAgent("gpu1", slurm.dir / "agents", "local", None))
+        agents[0].wait_ready(20)
+        agents.append(LocalAgent("gpu2", slurm.dir / "agents", "local", agents[0].port))
+        wait_converged(agents, 30)
+        trainer = tmp_path / "trainer.py"
+        trainer.write_text(TRAINER)
+        out = tmp_path / "out"
+        out.mkdir()
+        env = {
+            **slurm.env,
+            "SWIM_TRAIN": f"{sys.executable} {trainer}",
+            "SWIM_CONTROL": f"{slurm.dir}/agents/%N.sock",
+            "SWIM_MIN_NODES": "2",
+            "TRAINER_OUT": str(out),
+        }
+        submitted = subprocess.run(
+            [
+                *("sbatch", "--parsable", "-N", "2", "-w", "gpu1,gpu2"),
+                *("--ntasks-per-node=1", "--gpus-per-node=0", f"--output={tmp_path}/job.out"),
+                str(ROOT / "packaging" / "slurm" / "swim-elastic.sbatch"),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=20,
+            cwd=tmp_path,
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        job = submitted.stdout.strip().split(";")[0]
+        until(lambda: _job_state(slurm, job) in ("COMPLETED", "FAILED"), 30, f"job {job} ended")
+        checks = slurm.dir / "checks.txt"
+        until(lambda: checks.exists() and checks.read_text().count("epilog") >= 2, 20, "epilogs")
+        text = (tmp_path / "job.out").read_text()
+        assert f"swim-elastic: job swim-elastic-{job} on 2 nodes" in text, text
+        assert "trainers finished (srun exit 3)" in text, text
+        assert _job_state(slurm, job) == "FAILED"  # the template passes the trainers' status on
+        records = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+        assert set(records) == {"gpu1", "gpu2"}
+        for node, rec in records.items():
+            assert rec["agent"] == node and rec["local_rank"] == "0"
+            assert rec["local_world_size"] == "1"
+            assert rec["argv"] == ["--job", f"swim-elastic-{job}", "--min-nodes", "2"]
+        assert records["gpu1"].get("survived") and records["gpu2"]["exit"] == 3
+        lines = checks.read_text().splitlines()
+        for phase in ("prolog", "epilog"):
+            for node in ("gpu1", "gpu2"):
+                said = [ln for ln in lines if f"swim-slurm-{phase}[{node} job {job}]: " in ln]
+                assert len(said) == 1, lines
+                assert f"ok: agent {node} is alive, sees 2 alive" in said[0]
+    except BaseException:
+        print(slurm.log_tail())
+        raise
+    finally:
+        for a in agents:
+            a.stop(signal.SIGKILL)
