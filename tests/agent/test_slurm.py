@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -204,15 +205,16 @@ def _agent(name: str, slurm: Slurm, join: int | None, port: int | None = None) -
     extra = ["--event-handler", _handler_line(slurm.dir / f"handler-{name}.txt")]
     extra += ["--bind", f"127.0.0.1:{port}"] if port else []
     env = {"SLURM_CONF": slurm.env["SLURM_CONF"], "SWIM_SLURM_BACKUP_DELAY_S": "1"}
-    return LocalAgent(name, slurm.dir / "agents", "local", join, extra, env=env)
+    return LocalAgent(name, slurm.dir / "agents", "fast", join, extra, env=env)
 
 
-def _lines(slurm: Slurm, pattern: str) -> list[str]:
+def _lines(slurm: Slurm, pattern: str, since: str = "") -> list[str]:
+    """The handlers' log lines matching ``pattern``, stamped ``since`` or later."""
     return [
         line
         for f in sorted(slurm.dir.glob("handler-*.txt"))
         for line in f.read_text().splitlines()
-        if re.search(pattern, line)
+        if re.search(pattern, line) and line >= since
     ]
 
 
@@ -274,14 +276,17 @@ def test_a_dead_member_is_drained_once_and_resumed_but_an_admin_drain_stays(
         assert slurm.node("gpu2")[1] == reason
 
         # Back alive: ours resumes, the admin's stays.
+        restarted = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         for n in ("gpu2", "gpu4"):
             agents[n].stop(signal.SIGKILL)
             agents[n] = _agent(n, slurm, agents["gpu1"].port, ports[n])
         until(lambda: "DRAIN" not in slurm.node("gpu2")[0], 30, "gpu2 resumed", poll_s=0.1)
         print(f"SIGKILL -> resumed after restart: {time.monotonic() - killed_at:.2f} s")
-        until(lambda: _lines(slurm, r"member-join gpu4: elected"), 20, "gpu4's join handled")
-        kept = _lines(slurm, r"member-join gpu4: (elected|backup)")
-        assert kept and all("drained for another reason (bad dimm); kept" in k for k in kept)
+        join4 = r"member-join gpu4: (elected|backup \d after gpu\d),"
+        until(lambda: _lines(slurm, join4, restarted), 20, "gpu4's return handled")
+        kept = _lines(slurm, join4, restarted)
+        assert all("drained for another reason (bad dimm); kept" in k for k in kept), kept
+        assert not _lines(slurm, r"member-join gpu4: .* ran: ")
         assert len(_lines(slurm, r"member-join gpu2: .* ran: .*State=RESUME")) == 1
         assert slurm.node("gpu4") == ({"IDLE", "DRAIN"}, "bad dimm")
     except BaseException:
@@ -301,9 +306,14 @@ from agent.control import ControlClient
 
 out = Path(os.environ["TRAINER_OUT"])
 node = os.environ["SLURMD_NODENAME"]
+client = ControlClient(None, 5)  # SWIM_CONTROL, as the elastic hook finds its agent
+deadline = time.monotonic() + 15
+while client.request("info")["members"]["alive"] < 2 and time.monotonic() < deadline:
+    time.sleep(0.05)  # the job's own agents may still be joining
 record = {
     "node": node,
-    "agent": ControlClient(None, 5).request("info")["node"],  # SWIM_CONTROL, as the hook
+    "agent": client.request("info")["node"],
+    "alive": client.request("info")["members"]["alive"],
     "local_rank": os.environ["LOCAL_RANK"],
     "local_world_size": os.environ["LOCAL_WORLD_SIZE"],
     "argv": sys.argv[1:],
@@ -311,7 +321,6 @@ record = {
 if os.environ["SLURM_NODEID"] == "1":
     (out / f"{node}.json").write_text(json.dumps({**record, "exit": 3}))
     sys.exit(3)
-deadline = time.monotonic() + 20
 while len(list(out.glob("*.json"))) < 1 and time.monotonic() < deadline:
     time.sleep(0.05)
 time.sleep(1.0)  # with KillOnBadExit=1 in effect, srun would have killed this task by now
@@ -324,7 +333,71 @@ def _job_state(slurm: Slurm, job: str) -> str:
     return found.group(1) if found else "?"
 
 
-def test_the_sbatch_template_runs_trainers_that_outlive_a_bad_exit_and_the_checks_report(
+@dataclass
+class Job:
+    id: str
+    output: str
+    records: dict[str, dict[str, object]]
+    checks: dict[str, str]  # "prolog gpu1" -> its line
+
+
+def _run_template(slurm: Slurm, tmp_path: Path, settings: dict[str, str]) -> Job:
+    """sbatch the shipped template on gpu1,gpu2 with the trivial trainer; wait for the
+    job and both epilogs."""
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(TRAINER)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {
+        **slurm.env,
+        "SWIM_TRAIN": f"{sys.executable} {trainer}",
+        "SWIM_MIN_NODES": "2",
+        "TRAINER_OUT": str(out),
+        **settings,
+    }
+    submitted = subprocess.run(
+        [
+            *("sbatch", "--parsable", "-N", "2", "-w", "gpu1,gpu2"),
+            *("--ntasks-per-node=1", "--gpus-per-node=0", f"--output={tmp_path}/job.out"),
+            str(ROOT / "packaging" / "slurm" / "swim-elastic.sbatch"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=20,
+        cwd=tmp_path,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    until(lambda: _job_state(slurm, job) in ("COMPLETED", "FAILED"), 30, f"job {job} ended")
+    checks = slurm.dir / "checks.txt"
+
+    def said() -> dict[str, str]:
+        lines = checks.read_text().splitlines() if checks.exists() else []
+        found = (re.search(rf"swim-slurm-(\w+)\[(gpu\d) job {job}\]: (.*)", ln) for ln in lines)
+        return {f"{m.group(1)} {m.group(2)}": m.group(3) for m in found if m}
+
+    until(lambda: len(said()) == 4, 20, f"job {job}'s prologs and epilogs")
+    records = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
+    text = (tmp_path / "job.out").read_text()
+    assert _job_state(slurm, job) == "FAILED", text  # the trainers' status is the job's
+    assert "trainers finished (srun exit 3)" in text, text
+    return Job(job, text, records, said())
+
+
+def _check_trainers(job: Job) -> None:
+    """Both ran, each reached its own node's agent with torchrun's variables and the
+    template's arguments, and gpu1's outlived gpu2's bad exit (KillOnBadExit=1 in
+    slurm.conf: the template's --kill-on-bad-exit=0 is what keeps it)."""
+    assert set(job.records) == {"gpu1", "gpu2"}, job.output
+    for node, rec in job.records.items():
+        assert rec["agent"] == node and rec["alive"] == 2
+        assert rec["local_rank"] == "0" and rec["local_world_size"] == "1"
+        assert rec["argv"] == ["--job", f"swim-elastic-{job.id}", "--min-nodes", "2"]
+    assert job.records["gpu1"].get("survived") and job.records["gpu2"]["exit"] == 3
+
+
+def test_the_sbatch_template_with_the_system_agents_and_the_checks_that_pass(
     slurm: Slurm, tmp_path: Path
 ) -> None:
     agents: list[LocalAgent] = []
@@ -333,54 +406,40 @@ def test_the_sbatch_template_runs_trainers_that_outlive_a_bad_exit_and_the_check
         agents[0].wait_ready(20)
         agents.append(LocalAgent("gpu2", slurm.dir / "agents", "local", agents[0].port))
         wait_converged(agents, 30)
-        trainer = tmp_path / "trainer.py"
-        trainer.write_text(TRAINER)
-        out = tmp_path / "out"
-        out.mkdir()
-        env = {
-            **slurm.env,
-            "SWIM_TRAIN": f"{sys.executable} {trainer}",
-            "SWIM_CONTROL": f"{slurm.dir}/agents/%N.sock",
-            "SWIM_MIN_NODES": "2",
-            "TRAINER_OUT": str(out),
-        }
-        submitted = subprocess.run(
-            [
-                *("sbatch", "--parsable", "-N", "2", "-w", "gpu1,gpu2"),
-                *("--ntasks-per-node=1", "--gpus-per-node=0", f"--output={tmp_path}/job.out"),
-                str(ROOT / "packaging" / "slurm" / "swim-elastic.sbatch"),
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=20,
-            cwd=tmp_path,
-        )
-        assert submitted.returncode == 0, submitted.stderr
-        job = submitted.stdout.strip().split(";")[0]
-        until(lambda: _job_state(slurm, job) in ("COMPLETED", "FAILED"), 30, f"job {job} ended")
-        checks = slurm.dir / "checks.txt"
-        until(lambda: checks.exists() and checks.read_text().count("epilog") >= 2, 20, "epilogs")
-        text = (tmp_path / "job.out").read_text()
-        assert f"swim-elastic: job swim-elastic-{job} on 2 nodes" in text, text
-        assert "trainers finished (srun exit 3)" in text, text
-        assert _job_state(slurm, job) == "FAILED"  # the template passes the trainers' status on
-        records = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
-        assert set(records) == {"gpu1", "gpu2"}
-        for node, rec in records.items():
-            assert rec["agent"] == node and rec["local_rank"] == "0"
-            assert rec["local_world_size"] == "1"
-            assert rec["argv"] == ["--job", f"swim-elastic-{job}", "--min-nodes", "2"]
-        assert records["gpu1"].get("survived") and records["gpu2"]["exit"] == 3
-        lines = checks.read_text().splitlines()
-        for phase in ("prolog", "epilog"):
-            for node in ("gpu1", "gpu2"):
-                said = [ln for ln in lines if f"swim-slurm-{phase}[{node} job {job}]: " in ln]
-                assert len(said) == 1, lines
-                assert f"ok: agent {node} is alive, sees 2 alive" in said[0]
+        job = _run_template(slurm, tmp_path, {"SWIM_CONTROL": f"{slurm.dir}/agents/%N.sock"})
+        assert f"swim-elastic: job swim-elastic-{job.id} on 2 nodes" in job.output
+        _check_trainers(job)
+        for where, line in job.checks.items():
+            assert line.startswith(f"ok: agent {where.split()[1]} is alive, sees 2 alive"), where
     except BaseException:
         print(slurm.log_tail())
         raise
     finally:
         for a in agents:
             a.stop(signal.SIGKILL)
+
+
+def test_the_sbatch_template_with_agents_in_the_job_and_checks_that_fail(
+    slurm: Slurm, tmp_path: Path
+) -> None:
+    """No system agents: the prolog and epilog say so (and, not strict, let the job run);
+    the template starts one agent per node in the job, on SWIM_PORT + node index, and
+    they leave when the trainers are done."""
+    port = free_port()
+    settings = {
+        "SWIM_AGENTS": "job",
+        "SWIM_PORT": str(port),
+        "SWIM_PROFILE": "local",
+        "SWIMCTL": f"{sys.executable} -m agent.cli",
+        "TMPDIR": str(tmp_path),
+    }
+    try:
+        job = _run_template(slurm, tmp_path, settings)
+        _check_trainers(job)
+        for where, line in job.checks.items():
+            assert line.startswith("FAILED: cannot reach the agent"), where
+            assert line.endswith("(not strict: exit 0)")
+        assert not list(tmp_path.glob("swim-*.sock"))  # the job's agents left and exited
+    except BaseException:
+        print(slurm.log_tail())
+        raise
