@@ -30,12 +30,33 @@ import os
 import signal
 import subprocess
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import trio
 
-from agent.handlers import JOB_VIEW, HandlerEvent, HandlerSpec, coalesce, handler_env, handler_stdin
-from agent.jobs import MAX_WATCHED_JOBS
+from agent import serf
+from agent.api import AgentAPI
+from agent.config import AgentConfig
+from agent.control import default_control_path
+from agent.driver import Driver, now_ms
+from agent.handlers import (
+    JOB_VIEW,
+    ROLE_TAG,
+    HandlerEvent,
+    HandlerSpec,
+    RecentUserEvents,
+    coalesce,
+    handler_env,
+    handler_stdin,
+    job_view_event,
+    member_event,
+)
+from agent.jobs import MAX_WATCHED_JOBS, TAG_PREFIX
+from agent.serf.delegate import QueryReceived, UserEventReceived
+from agent.serf_runtime import SerfRuntime
+from swim import EventKind, Member, MemberEvent
 
 log = logging.getLogger("swim.agent")
 
@@ -68,14 +89,14 @@ class HandlerRunner:
         self_info: SelfInfo,
         control_path: str,
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
-        depth: int = QUEUE_DEPTH,
+        depth: int | None = None,
         reply: Reply | None = None,
     ) -> None:
         self.specs = tuple(specs)
         self._self_info = self_info
         self._control_path = control_path
         self._timeout_ms = timeout_ms
-        self._depth = depth
+        self._depth = QUEUE_DEPTH if depth is None else depth
         self._reply = reply
         self._queue: deque[HandlerEvent] = deque()
         self._wake = trio.Event()
@@ -100,6 +121,31 @@ class HandlerRunner:
             "handler_coalesced": self.coalesced,
             "handler_queued": len(self._queue),
         }
+
+    def register_metrics(self, registry: Any) -> None:
+        """Export the counters on a Prometheus registry (the agent's, agent/metrics.py):
+        ``swim_event_handler_runs_total``, ``..._failures_total``, ``..._timeouts_total``,
+        ``..._dropped_total`` and the ``swim_event_handler_queue_depth`` gauge."""
+        from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
+
+        runner = self
+
+        class Collector:
+            def collect(self) -> Iterator[Any]:
+                for name, value, what in (
+                    ("runs", runner.runs, "Event handler runs."),
+                    ("failures", runner.failures, "Event handler runs that exited non-zero."),
+                    ("timeouts", runner.timeouts, "Event handler runs killed at the timeout."),
+                    ("dropped", runner.dropped, "Events dropped: the handler queue was full."),
+                ):
+                    yield CounterMetricFamily(f"swim_event_handler_{name}", what, value=value)
+                yield GaugeMetricFamily(
+                    "swim_event_handler_queue_depth",
+                    "Events waiting for the event handlers.",
+                    value=len(runner._queue),
+                )
+
+        registry.register(Collector())
 
     def offer(self, event: HandlerEvent) -> bool:
         """Queue ``event`` if a handler wants it (called in the node task: no await)."""
@@ -263,3 +309,93 @@ def _describe(event: HandlerEvent) -> str:
     if event.members:
         return f"{event.kind} ({', '.join(m.name for m in event.members[:8])})"
     return event.kind
+
+
+async def start_handlers(
+    nursery: trio.Nursery,
+    agent: AgentAPI,
+    config: AgentConfig,
+    driver: Driver,
+    serf_runtime: SerfRuntime,
+) -> HandlerRunner:
+    """The agent's event handlers, fed from the driver's member events, the Serf layer's
+    user events and queries, and (if a handler asks) job view changes."""
+    runner = HandlerRunner(
+        config.event_handlers,
+        self_info=lambda: (agent.name, agent.tags),
+        control_path=str(config.control or default_control_path()),
+        timeout_ms=config.event_handler_timeout_ms,
+        reply=lambda token, output: _answer(driver, serf_runtime, token, output),
+    )
+    recent = RecentUserEvents()
+
+    def on_member(event: MemberEvent) -> None:
+        m = event.member
+        found = member_event(event.kind, m.name, m.address.host, _tags_of(m))
+        if found is not None:
+            runner.offer(found)
+
+    def on_user(event: UserEventReceived) -> None:
+        if recent.is_news(event.ltime, event.name, event.payload):
+            runner.offer(HandlerEvent("user", event.name, event.ltime, event.payload))
+
+    def on_query(received: QueryReceived) -> None:
+        q = received.query
+        token = _Query(received, now_ms() + q.timeout_ns // 1_000_000)
+        runner.offer(HandlerEvent("query", q.name, q.ltime, q.payload, reply=token))
+
+    async def job_views(known: Iterable[str]) -> list[HandlerEvent]:
+        members = await agent.live_members()
+        tags = {m.name: _tags_of(m) for m in members}
+        jobs = set(known)
+        jobs.update(
+            k.removeprefix(TAG_PREFIX) for t in tags.values() for k in t if k.startswith(TAG_PREFIX)
+        )
+        roles = {name: t.get(ROLE_TAG, "") for name, t in tags.items()}
+        return [
+            job_view_event(agent.jobs.view(job, members, lambda m: tags[m.name]), roles)
+            for job in sorted(jobs)[:MAX_WATCHED_JOBS]
+        ]
+
+    driver.on_member_event = on_member
+    serf_runtime.on_user_event = on_user
+    serf_runtime.on_query = on_query
+    await nursery.start(runner.run)
+    # Serf hands its handlers its own join first (memberlist notifies the local node's
+    # join too); our core emits none for itself.
+    node = driver.node
+    own = member_event(EventKind.JOINED, node.name, node.address.host, agent.tags)
+    if own is not None:
+        runner.offer(own)
+    if runner.wants_job_views:
+        nursery.start_soon(runner.follow_job_views, lambda: agent.changed, job_views)
+    return runner
+
+
+async def _answer(driver: Driver, serf_runtime: SerfRuntime, token: object, output: bytes) -> None:
+    """A query handler's output as the query's answer, unless the query's time is over
+    (serf's ``Query.Respond`` checks its deadline too)."""
+    if not isinstance(token, _Query):
+        return
+    if now_ms() > token.deadline_ms:
+        log.warning(
+            "query %s: answered after the query's timeout: not sent", token.received.query.name
+        )
+        return
+    await driver.command(lambda t: serf_runtime.answer_query(token.received, output))
+
+
+@dataclass(frozen=True, slots=True)
+class _Query:
+    """What answering a query needs: the query and the end of its time (serf: receipt +
+    the query's timeout)."""
+
+    received: QueryReceived
+    deadline_ms: int
+
+
+def _tags_of(m: Member) -> dict[str, str]:
+    try:
+        return serf.decode_tags(m.meta) if m.meta else {}
+    except ValueError:
+        return {}

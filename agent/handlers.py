@@ -218,6 +218,29 @@ def coalesce(first: HandlerEvent, later: HandlerEvent) -> HandlerEvent | None:
     return replace(first, members=tuple(merged.values()))
 
 
+RECENT_USER_EVENTS = 512
+"""User events remembered to hand each to the handlers once: Serf's ``EventBuffer``
+(gossip may deliver one event more than once)."""
+
+
+class RecentUserEvents:
+    """The user events already handed over (serf.go ``handleUserEvent``'s event buffer:
+    one event is its Lamport time, name and payload), the last ``RECENT_USER_EVENTS``."""
+
+    def __init__(self, limit: int = RECENT_USER_EVENTS) -> None:
+        self._limit = limit
+        self._seen: dict[tuple[int, str, bytes], None] = {}
+
+    def is_news(self, ltime: int, name: str, payload: bytes) -> bool:
+        key = (ltime, name, payload)
+        if key in self._seen:
+            return False
+        self._seen[key] = None
+        if len(self._seen) > self._limit:
+            del self._seen[next(iter(self._seen))]
+        return True
+
+
 def _clean(value: str) -> str:
     """invoke.go ``eventClean``."""
     return value.replace("\t", "\\t").replace("\n", "\\n")

@@ -35,20 +35,17 @@ from agent import serf
 from agent.api import Snapshot
 from agent.config import AgentConfig, AgentConfigError
 from agent.config import load as load_config
-from agent.control import default_control_path
 from agent.control_server import ControlServer
 from agent.departed import Departed
 from agent.driver import Driver, now_ms
 from agent.events import Events
-from agent.handler_runner import HandlerRunner
-from agent.handlers import HandlerEvent, job_view_event, member_event
-from agent.jobs import MAX_WATCHED_JOBS, TAG_PREFIX
+from agent.handler_runner import HandlerRunner, start_handlers
+from agent.jobs import TAG_PREFIX
 from agent.registrations import JobRegistry
-from agent.serf.delegate import UserEventReceived
 from agent.serf_runtime import SerfRuntime
 from agent.transport import SocketTransport, Transport
 from phi import PhiConfig, PhiRegistry
-from swim import Address, EventKind, Member, MemberEvent, Node
+from swim import Address, Member, Node
 
 if TYPE_CHECKING:
     from agent.metrics import AgentMetrics
@@ -191,13 +188,15 @@ class Agent:
                 if self._serve_control:
                     await nursery.start(ControlServer(self, cfg.control).serve)
                 if cfg.event_handlers:
-                    await self._start_handlers(nursery, driver, serf_runtime)
+                    self.handlers = await start_handlers(nursery, self, cfg, driver, serf_runtime)
                 if cfg.metrics_addr is not None:
                     # prometheus_client costs ~10 MB resident: load it only when asked for
                     from agent.metrics import AgentMetrics
                     from agent.metrics_http import serve_metrics
 
                     self.metrics = AgentMetrics(node, self.phi_values)
+                    if self.handlers is not None:
+                        self.handlers.register_metrics(self.metrics.registry)
                     driver.on_probe_rtt_ms = self.metrics.observe_probe_rtt_ms
                     await nursery.start(
                         serve_metrics, self.metrics, cfg.metrics_addr.host, cfg.metrics_addr.port
@@ -272,54 +271,6 @@ class Agent:
         if wanted != self._tags:
             await self.set_tags(wanted)
         log.info("SIGHUP: reloaded tags and log level (%s)", fresh.log_level)
-
-    async def _start_handlers(
-        self, nursery: trio.Nursery, driver: Driver, serf_runtime: SerfRuntime
-    ) -> None:
-        """Event handlers (agent/handler_runner.py): the node task only offers events."""
-        runner = HandlerRunner(
-            self.config.event_handlers,
-            self_info=lambda: (self.name, self._tags),
-            control_path=str(self.config.control or default_control_path()),
-            timeout_ms=self.config.event_handler_timeout_ms,
-        )
-
-        def on_member(event: MemberEvent) -> None:
-            m = event.member
-            found = member_event(event.kind, m.name, m.address.host, _tags_of(m))
-            if found is not None:
-                runner.offer(found)
-
-        def on_user(event: UserEventReceived) -> None:
-            runner.offer(HandlerEvent("user", event.name, event.ltime, event.payload))
-
-        async def job_views(known: Iterable[str]) -> list[HandlerEvent]:
-            members = await self.live_members()
-            tags = {m.name: _tags_of(m) for m in members}
-            jobs = set(known) | {
-                k.removeprefix(TAG_PREFIX)
-                for t in tags.values()
-                for k in t
-                if k.startswith(TAG_PREFIX)
-            }
-            roles = {name: t.get("role", "") for name, t in tags.items()}
-            return [
-                job_view_event(self.jobs.view(job, members, lambda m: tags[m.name]), roles)
-                for job in sorted(jobs)[:MAX_WATCHED_JOBS]
-            ]
-
-        driver.on_member_event = on_member
-        serf_runtime.on_user_event = on_user
-        self.handlers = runner
-        await nursery.start(runner.run)
-        # Serf hands its handlers its own join first (memberlist notifies the local node's
-        # join too); our core does not emit one for itself.
-        node = driver.node
-        own = member_event(EventKind.JOINED, node.name, node.address.host, self._tags)
-        if own is not None:
-            runner.offer(own)
-        if runner.wants_job_views:
-            nursery.start_soon(runner.follow_job_views, lambda: self.events.changed, job_views)
 
     # --- the API (agent.api.AgentAPI) ------------------------------------------------------
 
@@ -431,13 +382,6 @@ class Agent:
             await self.command(lambda t: None)
             systemd.notify("WATCHDOG=1")
             await trio.sleep(interval)
-
-
-def _tags_of(m: Member) -> dict[str, str]:
-    try:
-        return serf.decode_tags(m.meta) if m.meta else {}
-    except ValueError:
-        return {}
 
 
 async def run_agent(

@@ -28,11 +28,14 @@ from pathlib import Path
 
 from agent.departed import Departed
 from agent.driver import Driver, now_ms
+from agent.serf import queries
+from agent.serf.constants import QUERY_RESPONSE_SIZE_LIMIT
 from agent.serf.delegate import (
     Broadcast,
     ForceLeave,
     Log,
     MarkDepartedLeft,
+    QueryReceived,
     SendUser,
     SerfAction,
     SerfDelegate,
@@ -66,6 +69,8 @@ class SerfRuntime:
         """Set by the agent when it leaves: a leave intent about us is then no longer stale."""
         self.on_user_event: Callable[[UserEventReceived], None] | None = None
         """Called with every user event (the event handlers; must not block)."""
+        self.on_query: Callable[[QueryReceived], None] | None = None
+        """Called with every user query for us (the event handlers; must not block)."""
 
     # --- the driver's delegate hooks -------------------------------------------------------
 
@@ -150,6 +155,22 @@ class SerfRuntime:
             self.persist_keyring()
         return list(keyring.keys), keyring.primary_key
 
+    def answer_query(self, received: QueryReceived, payload: bytes) -> bool:
+        """Answer a user query with ``payload`` (an event handler's output), as serf's
+        ``Query.Respond``: refused (False, logged) when the response is over
+        ``QUERY_RESPONSE_SIZE_LIMIT``."""
+        response = queries.response(received.query, self._driver.node.name, payload)
+        if len(response) > QUERY_RESPONSE_SIZE_LIMIT:
+            log.warning(
+                "query %s: the answer takes %d bytes; the limit is %d: not sent",
+                received.query.name,
+                len(response),
+                QUERY_RESPONSE_SIZE_LIMIT,
+            )
+            return False
+        self._execute([SendUser(received.dest, response)])
+        return True
+
     # --- internals ------------------------------------------------------------------------
 
     def _view(self) -> SerfView:
@@ -188,6 +209,9 @@ class SerfRuntime:
                         "message": "",
                     }
                 )
+            elif isinstance(action, QueryReceived):
+                if self.on_query is not None:
+                    self.on_query(action)
             elif isinstance(action, Log):
                 log.log(_LEVELS.get(action.level, logging.INFO), "%s", action.message)
             else:

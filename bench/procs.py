@@ -36,6 +36,7 @@ def serf_command(
     join_port: int | None = None,
     tags: dict[str, str] | None = None,
     encrypt: str | None = None,
+    extra: list[str] | None = None,
 ) -> list[str]:
     """``serf agent`` on 127.0.0.1:``port`` with its RPC on ``rpc``, joining ``join_port``
     (the serf twin of agent/demo.py's ``agent_command``)."""
@@ -51,7 +52,7 @@ def serf_command(
         args.append(f"-join=127.0.0.1:{join_port}")
     if encrypt is not None:
         args.append(f"-encrypt={encrypt}")
-    return args
+    return args + (extra or [])
 
 
 class LocalSerf:
@@ -63,12 +64,13 @@ class LocalSerf:
         join: int | None = None,
         tags: dict[str, str] | None = None,
         encrypt: str | None = None,
+        extra: list[str] | None = None,
     ) -> None:
         self.name = name
         self.port = free_port()
         self.rpc = f"127.0.0.1:{free_port()}"
         self.log_path = workdir / f"{name}.serf.log"
-        args = serf_command(name, self.port, self.rpc, profile, join, tags, encrypt)
+        args = serf_command(name, self.port, self.rpc, profile, join, tags, encrypt, extra)
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
 
@@ -103,6 +105,31 @@ class LocalSerf:
 
     def leave(self) -> None:
         self._cmd("leave", timeout_s=20)
+
+    def user_event(self, name: str, payload: str) -> None:
+        """``serf event -coalesce=false NAME PAYLOAD`` (flags before the arguments)."""
+        assert SERF is not None
+        out = subprocess.run(
+            [SERF, "event", f"-rpc-addr={self.rpc}", "-coalesce=false", name, payload],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        if out.returncode != 0:
+            raise SerfError(f"serf event failed: {out.stdout.strip()} {out.stderr.strip()}")
+
+    def query(self, name: str, payload: str, timeout: str = "3s") -> dict[str, Any]:
+        """``serf query`` as JSON (``Acks``, ``Responses``: node name -> answer)."""
+        assert SERF is not None
+        args = [SERF, "query", f"-rpc-addr={self.rpc}", "-format=json", f"-timeout={timeout}"]
+        out = subprocess.run(
+            [*args, name, payload], capture_output=True, text=True, timeout=30, check=False
+        )
+        if out.returncode != 0:
+            raise SerfError(f"serf query failed: {out.stdout.strip()} {out.stderr.strip()}")
+        result: dict[str, Any] = json.loads(out.stdout)
+        return result
 
     def set_tags(self, **tags: str) -> None:
         args = []

@@ -39,6 +39,9 @@ RECONNECT_TIMEOUT_S = 24 * 3600.0
 """config.go ``ReconnectTimeout``: failed members are reaped after this."""
 TOMBSTONE_TIMEOUT_S = 24 * 3600.0
 """config.go ``TombstoneTimeout``: left members are reaped after this."""
+QUERY_RESPONSE_SIZE_LIMIT = 1024
+"""serf.Config ``QueryResponseSizeLimit``: an encoded query response larger than this is
+not sent (serf's ``Query.Respond`` refuses it)."""
 USER_EVENT_SIZE_LIMIT = 512
 """The serf agent's default ``UserEventSizeLimit`` (name + payload, and encoded message)."""
 USER_EVENT_SANE_LIMIT = 9 * 1024

@@ -175,7 +175,18 @@ class Log:
     message: str
 
 
-SerfAction = Broadcast | SendUser | ForceLeave | MarkDepartedLeft | UserEventReceived | Log
+@dataclass(frozen=True, slots=True)
+class QueryReceived:
+    """A user query (``serf query NAME``) this node answers, for the event handlers; the
+    answer goes to ``dest`` (agent/serf_runtime.py ``answer_query``)."""
+
+    query: Query
+    dest: Address
+
+
+SerfAction = (
+    Broadcast | SendUser | ForceLeave | MarkDepartedLeft | UserEventReceived | QueryReceived | Log
+)
 
 
 # --- the rules --------------------------------------------------------------------------------
@@ -358,6 +369,8 @@ class SerfDelegate:
             answer, notes = self._key_query(name, query.payload, view)
             actions += notes
             actions.append(SendUser(dest, queries.response(query, self.node_name, answer)))
+        elif not query.name.startswith(INTERNAL_QUERY_PREFIX):
+            actions.append(QueryReceived(query, dest))  # the event handlers may answer it
         return actions
 
     # --- rules used by the handlers -------------------------------------------------------

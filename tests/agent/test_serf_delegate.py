@@ -28,6 +28,7 @@ from agent.serf.delegate import (
     ForceLeave,
     Log,
     MarkDepartedLeft,
+    QueryReceived,
     SendUser,
     SerfAction,
     SerfDelegate,
@@ -425,38 +426,45 @@ def _tag_filter(tag: str, expr: str) -> bytes:
     return bytes([FILTER_TAG]) + bytes(msgpack.packb({"Tag": tag, "Expr": expr}))
 
 
-QUERY_CASES: list[tuple[str, dict[str, Any], bool, bool]] = [
-    # (id, query fields, re-gossiped, acked)
-    ("plain", {}, True, False),
-    ("ack", {"flags": serf.QUERY_FLAG_ACK}, True, True),
-    ("no-broadcast", {"flags": serf.QUERY_FLAG_NO_BROADCAST}, False, False),
+QUERY_CASES: list[tuple[str, dict[str, Any], bool, bool, bool]] = [
+    # (id, query fields, re-gossiped, acked, handed to the event handlers)
+    ("plain", {}, True, False, True),
+    ("ack", {"flags": serf.QUERY_FLAG_ACK}, True, True, True),
+    ("no-broadcast", {"flags": serf.QUERY_FLAG_NO_BROADCAST}, False, False, True),
     (
         "no-broadcast-ack",
         {"flags": serf.QUERY_FLAG_NO_BROADCAST | serf.QUERY_FLAG_ACK},
         False,
         True,
+        True,
     ),
-    ("for-us-by-name", {"flags": 1, "filters": (_node_filter([ME]),)}, True, True),
-    ("for-others", {"flags": 1, "filters": (_node_filter(["x"]),)}, True, False),
-    ("for-us-by-tag", {"flags": 1, "filters": (_tag_filter("role", "^web"),)}, True, True),
-    ("tag-mismatch", {"flags": 1, "filters": (_tag_filter("role", "db"),)}, True, False),
-    ("no-address", {"flags": 1, "addr": b""}, True, False),
+    ("for-us-by-name", {"flags": 1, "filters": (_node_filter([ME]),)}, True, True, True),
+    ("for-others", {"flags": 1, "filters": (_node_filter(["x"]),)}, True, False, False),
+    ("for-us-by-tag", {"flags": 1, "filters": (_tag_filter("role", "^web"),)}, True, True, True),
+    ("tag-mismatch", {"flags": 1, "filters": (_tag_filter("role", "db"),)}, True, False, False),
+    ("no-address", {"flags": 1, "addr": b""}, True, False, False),
 ]
 
 
 @pytest.mark.parametrize(
-    ("fields", "regossiped", "acked"), [c[1:] for c in QUERY_CASES], ids=[c[0] for c in QUERY_CASES]
+    ("fields", "regossiped", "acked", "handed"),
+    [c[1:] for c in QUERY_CASES],
+    ids=[c[0] for c in QUERY_CASES],
 )
 def test_a_query_is_passed_on_and_acked_by_its_flags_and_filters(
-    fields: dict[str, Any], regossiped: bool, acked: bool
+    fields: dict[str, Any], regossiped: bool, acked: bool, handed: bool
 ) -> None:
     d = SerfDelegate(ME)
     payload = _query(**fields)
     actions = d.on_user_message(payload, _view())
     expected: list[SerfAction] = [Broadcast(payload)] if regossiped else []
     assert actions[: len(expected)] == expected
-    acks = actions[len(expected) :]
+    rest = actions[len(expected) :]
+    acks = [a for a in rest if isinstance(a, SendUser)]
     assert len(acks) == (1 if acked else 0)
+    queries = [a for a in rest if isinstance(a, QueryReceived)]
+    assert [q.query.name for q in queries] == (["deploy"] if handed else [])
+    assert len(rest) == len(acks) + len(queries)
     if acked:
         ack = _response(acks[0])
         assert (ack.ltime, ack.id, ack.from_node, ack.ack, ack.payload) == (5, 1, ME, True, b"")
@@ -591,10 +599,12 @@ def test_keyring_refusals_are_keyring_errors() -> None:
 
 @pytest.mark.parametrize("name", ["_serf_ping", "_serf_conflict", "deploy", "install-key"])
 def test_other_queries_get_only_their_ack(name: str) -> None:
+    """...and a user query (not ``_serf_``) goes to the event handlers, who may answer."""
     payload = _query(name=name, flags=serf.QUERY_FLAG_ACK, payload=_key_request(K3))
     keys = _keys(K1)
     actions = SerfDelegate(ME).on_user_message(payload, _view(keys=keys))
-    assert [type(a) for a in actions] == [Broadcast, SendUser]
+    handed = [] if name.startswith("_serf_") else [QueryReceived]
+    assert [type(a) for a in actions] == [Broadcast, SendUser, *handed]
     assert keys.keyring is not None and keys.keyring.keys == (K1,)
 
 
