@@ -71,6 +71,10 @@ MAX_STDIN_MEMBERS = 100_000
 """Member lines read from stdin: Serf coalesces at most a cluster's worth into one event;
 ten times the largest cluster here, so a runaway writer cannot hold the handler."""
 
+LOGGED_NAMES = 10
+"""Members named in the one line about those other agents act for; the rest are counted
+(the agent keeps 8 KiB of a handler's output)."""
+
 CONTROL_TIMEOUT_S = 5.0
 """How long the agent's control socket may take to answer the handler or the check."""
 
@@ -172,14 +176,17 @@ def run_handler(opts: dict[str, Any], lines: list[str], log: _Log) -> int:
         return EXIT_NO_AGENT
     start = time.monotonic()
     work: list[tuple[int, Member, str]] = []  # (rank, member, the winner)
+    others: list[str] = []
     for member in members:
         ranked = ranking(member.name, candidates(alive, member.name, opts["actor_tag"]))
         rank = ranked.index(me) if me in ranked else len(ranked)
         if rank <= opts["backups"]:
             work.append((rank, member, ranked[0]))
         else:
-            winner = ranked[0] if ranked else "no agent"
-            log(f"{event} {member.name}: {winner} acts (of {len(ranked)} candidates)")
+            others.append(f"{member.name} ({ranked[0] if ranked else 'no agent'} acts)")
+    if others:  # one line, however many members a coalesced event holds
+        more = f" and {len(others) - LOGGED_NAMES} more" if len(others) > LOGGED_NAMES else ""
+        log(f"{event}: not for this agent: {', '.join(others[:LOGGED_NAMES])}{more}")
     failed = False
     work.sort(key=lambda w: w[0])
     for i, (rank, member, winner) in enumerate(work):

@@ -24,6 +24,7 @@ from agent.slurm import (
     parse_map,
     parse_member_line,
     parse_node,
+    ranking,
     slurm_node,
     update_command,
 )
@@ -43,6 +44,14 @@ def test_every_agent_with_the_same_view_elects_the_same_one() -> None:
         order = {elect(subject, reversed(candidates(view, subject, None)))}
         assert len(chosen | order) == 1
         assert chosen.pop() != subject
+
+
+def test_the_ranking_starts_with_the_elected_one_and_its_backups_follow() -> None:
+    names = [f"gpu{i}" for i in range(20)]
+    ranked = ranking("gpu99", names)
+    assert ranked[0] == elect("gpu99", names) and sorted(ranked) == sorted(names)
+    # without the first (dead but still listed in other views), the backups move up
+    assert ranking("gpu99", [n for n in names if n != ranked[0]]) == ranked[1:]
 
 
 def test_election_spreads_work_and_moves_only_for_the_subjects_of_a_leaver() -> None:
