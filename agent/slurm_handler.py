@@ -1,9 +1,9 @@
 """``swim-slurm-handler``: drain a dead member's Slurm node, once, from an event handler;
 ``swim-slurm-check``: the prolog/epilog check of this node's agent.
 
-The handler is run by the agent (``--event-handler member-failed,member-join=PATH``) or by
-Serf (``serf agent -event-handler``) with Serf's contract: ``SERF_EVENT``,
-``SERF_SELF_NAME``, the event's members on stdin. For each member it asks this node's
+The handler is run by the agent (``--event-handler member-failed,member-join=PATH``) with
+Serf's contract (agent/handlers.py): ``SERF_EVENT``, ``SERF_SELF_NAME``, the event's
+members on stdin, and ``SWIM_CONTROL``. For each member it asks this node's
 agent (``SWIM_CONTROL``) which members are alive and ranks the agents that may act
 (agent/slurm.py ``ranking``). Only the first reads the node's state with ``scontrol show
 node`` and, if agent/slurm.py ``decide`` says so, runs ``scontrol update``; the next
@@ -34,12 +34,13 @@ Slurm drains the node ("Prolog error") and requeues the job.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
 import syslog
 import time
-from collections.abc import Callable
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -220,8 +221,8 @@ def _events(value: str) -> frozenset[str]:
     return events
 
 
-def _read_stdin(read: Callable[[], str]) -> list[str]:
-    lines = read().splitlines()
+def _read_stdin(stream: Iterable[str]) -> list[str]:
+    lines = list(itertools.islice(stream, MAX_STDIN_MEMBERS + 1))
     if len(lines) > MAX_STDIN_MEMBERS:
         raise SlurmError(f"stdin: more than {MAX_STDIN_MEMBERS} member lines")
     return lines
@@ -326,7 +327,7 @@ def main(**kw: Any) -> None:
         }
         if not event:
             raise SlurmError("SERF_EVENT is not set: run me as an event handler")
-        lines = _read_stdin(sys.stdin.read)
+        lines = _read_stdin(sys.stdin)
     except (SlurmError, click.BadParameter, OSError) as exc:
         log(f"not run: {exc}")
         sys.exit(EXIT_USAGE)
