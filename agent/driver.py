@@ -27,8 +27,9 @@ Rules:
   ``QUEUE_FULL`` (memberlist's HandoffQueueDepth); streams are bounded by agent.transport.
 - Executing an Output (``apply``), in order: packets to the transport; timers onto the
   heap; stream requests into tasks; every direct sign of life (``heard_from``, probe
-  results) into the Phi registry; member events to the log, the events fan-out and the
-  Serf delegate; Serf user messages and push-pull states to the Serf delegate; notices to
+  results) into the Phi registry; member events to the log, the events fan-out, the
+  Serf delegate and ``on_member_event`` (the event handlers, which only queue them); Serf
+  user messages and push-pull states to the Serf delegate; notices to
   the log and the fan-out; join results to whoever waits in ``join_one``.
 - Time is trio's clock in integer milliseconds (``now_ms``), so tests run on a MockClock.
 """

@@ -6,7 +6,9 @@ returns actions; this module feeds it (``agent.driver.Delegate`` hooks: user mes
 push-pull states, member events) and executes what it returns through the driver:
 ``Broadcast`` -> ``Node.broadcast_user``, ``SendUser`` -> ``Node.send_user``,
 ``ForceLeave`` -> ``Node.force_leave``, ``MarkDepartedLeft`` -> agent/departed.py and a
-"left" event, ``UserEventReceived`` -> the events fan-out, ``Log`` -> the log. Every
+"left" event, ``UserEventReceived`` -> the events fan-out (and ``on_user_event``, the event
+handlers), ``QueryReceived`` -> ``on_query`` (the event handlers, whose output
+``answer_query`` sends back), ``Log`` -> the log. Every
 method runs in the node task (the driver calls it, or ``Driver.command``).
 
 It also keeps Serf's view of members that are gone (agent/departed.py: serf lists failed
