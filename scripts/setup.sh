@@ -11,7 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pair in serf:serf ip:iproute2 iptables:iptables promtool:prometheus prometheus-alertmanager:prometheus-alertmanager systemd-analyze:systemd chromium:chromium; do
+for pair in serf:serf ip:iproute2 iptables:iptables promtool:prometheus systemd-analyze:systemd \
+        prometheus-alertmanager:prometheus-alertmanager chromium:chromium \
+        slurmctld:slurmctld slurmd:slurmd scontrol:slurm-client munged:munge; do
     cmd=${pair%%:*}; pkg=${pair##*:}
     command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done

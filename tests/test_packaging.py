@@ -120,6 +120,13 @@ def test_a_fresh_venv_runs_the_daemon_and_swimctl_without_torch(
         assert (info["node"], info["port"], info["version"]) == ("packaged", port, "0.1.0")
         members = json.loads(_run(swimctl, "members", "--json", "--control", control))
         assert [(m["name"], m["status"]) for m in members] == [("packaged", "alive")]
+        # the Slurm scripts come with the wheel and run without torch (docs/runbook.md)
+        assert "--resume" in _run(venv / "bin" / "swim-slurm-handler", "--help")
+        check = subprocess.run(
+            [venv / "bin" / "swim-slurm-check", "--control", control, "--allow-alone"],
+            capture_output=True, text=True, timeout=30, check=False, cwd=tmp_path,
+        )  # fmt: skip
+        assert check.returncode == 0 and "ok: agent packaged is alive" in check.stderr
     except Exception as exc:
         exc.add_note("agent log:\n" + (tmp_path / "agent.log").read_text())
         raise
