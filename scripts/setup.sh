@@ -2,7 +2,9 @@
 # Sets up everything the demo and the tests need, idempotently:
 #   - Debian packages: serf (the interop peer), iproute2 + iptables (network-namespace tests
 #     and the benchmark's packet counters), prometheus (promtool, to check our metrics),
-#     systemd (systemd-analyze, to verify the unit file)
+#     systemd (systemd-analyze, to verify the unit file), prometheus-alertmanager (the
+#     alert that names a dead node, fired for real), chromium (the status page, headless),
+#     slurmctld + slurmd + slurm-client + munge (the Slurm drain handler and sbatch template)
 #   - a virtual environment in .venv with the project (editable) and its dev tools
 #   - torch==2.13.0 (the CPU build that lies on this machine's disk; an unpinned torch
 #     would pull a multi-GB CUDA build)
