@@ -272,8 +272,9 @@ def build(values: Mapping[str, Any], config_file: Path | None = None) -> AgentCo
                 raise AgentConfigError(f"{key} must be true or false, got {v[key]!r}")
             kwargs[key] = v[key]
     for key in ("keyring_file", "control", "encrypt_file", "data_dir"):
-        if key in v:
-            kwargs[key] = Path(_text(v[key], key))
+        if key in v:  # a str from TOML, a Path from a click.Path flag
+            value = str(v[key]) if isinstance(v[key], Path) else v[key]
+            kwargs[key] = Path(_text(value, key))
     if "metrics_addr" in v:
         kwargs["metrics_addr"] = parse_host_port(
             _text(v["metrics_addr"], "metrics_addr"), "metrics_addr", None

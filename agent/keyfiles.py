@@ -62,12 +62,12 @@ def prepare_data_dir(config: AgentConfig) -> None:
     path = config.data_dir
     if path is None:
         return
+    if path.exists() and not path.is_dir():
+        raise AgentConfigError(f"data_dir {path}: not a directory")
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise AgentConfigError(f"data_dir {path}: cannot create it: {exc.strerror}") from exc
-    if not path.is_dir():
-        raise AgentConfigError(f"data_dir {path}: not a directory")
     if not os.access(path, os.W_OK | os.X_OK):
         raise AgentConfigError(f"data_dir {path}: not writable by uid {os.geteuid()}")
 
@@ -78,7 +78,7 @@ def start_keys(config: AgentConfig) -> StartKeys:
     keys = _start_keys(config)
     if keys.keyring is not None:
         saved = f"; key changes are saved to {keys.save_to}" if keys.save_to else ""
-        log.info("gossip keyring from %s (%d keys)%s", keys.source, len(keys.keyring.keys), saved)
+        log.info("gossip keyring from %s (%d key(s))%s", keys.source, len(keys.keyring.keys), saved)
     return keys
 
 

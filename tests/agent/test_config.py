@@ -86,7 +86,10 @@ def test_missing_file_and_both_key_sources(tmp_path: Path) -> None:
         load(tmp_path / "nope.toml")
     ring = tmp_path / "keyring.json"
     ring.write_text(json.dumps([KEY]))
-    with pytest.raises(AgentConfigError, match="only one of encrypt, encrypt_file and keyring_file, not encrypt and keyring_file"):
+    with pytest.raises(
+        AgentConfigError,
+        match="only one of encrypt, encrypt_file and keyring_file, not encrypt and keyring_file",
+    ):
         load(None, {"encrypt": KEY, "keyring_file": str(ring)})
 
 
