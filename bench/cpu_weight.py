@@ -200,6 +200,9 @@ def main() -> None:
     parser.add_argument("--settle-s", type=float, default=5.0)
     parser.add_argument("--cases", default=",".join(CASES), help=", ".join(CASES))
     args = parser.parse_args()
+    # clean up on SIGTERM and SIGINT too (a shell's background job ignores SIGINT)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     unknown = set(args.cases.split(",")) - set(CASES)
     if unknown:
         parser.error(f"unknown case(s) {', '.join(sorted(unknown))}; known: {', '.join(CASES)}")
