@@ -178,6 +178,11 @@ def test_rotation_survives_a_restart(tmp_path: Path) -> None:
         assert stat.S_IMODE((data / STATE_KEYRING).stat().st_mode) == 0o600
         assert json.loads(ring.read_text()) == [NEW]  # keyring_file: rewritten in place
         assert key_file.read_text() == KEY  # the configured key file is never written
+        ring.unlink()
+        ring.mkdir()  # a keyring file that cannot be replaced: the client is told
+        with pytest.raises(ControlError, match=f"changed in memory but was not saved to {ring}"):
+            b.client.request("keys", action="install", key=KEY)
+        ring.rmdir()
 
         a.stop(signal.SIGTERM)
         until(lambda: b.members()["a"]["status"] == "left", 20, "a left, seen by b")
@@ -190,7 +195,7 @@ def test_rotation_survives_a_restart(tmp_path: Path) -> None:
         assert f"gossip keyring from saved keyring {data / STATE_KEYRING}" in log
         info = a.client.request("info")
         assert info["encrypted"] is True and info["stats"]["key_file_warnings"] == 0
-    except (ControlError, TimeoutError) as exc:
+    except (AssertionError, ControlError, TimeoutError) as exc:
         for agent in agents:
             exc.add_note(f"{agent.name} log:\n{agent.log_path.read_text()[-3000:]}")
         raise
