@@ -62,6 +62,10 @@ def _agent_options(f: Any) -> Any:
         click.option("--node", help="Node name (default: host name)."),
         click.option("--bind", help="HOST:PORT for UDP and TCP (default 0.0.0.0:7946)."),
         click.option("--advertise", help="HOST:PORT peers should use to reach this node."),
+        click.option(
+            "--advertise-interface",
+            help="Advertise this interface's address (IPv4, else IPv6) with bind's port.",
+        ),
         click.option("--join", "join", multiple=True, help="Join this HOST[:PORT] at start."),
         click.option("--retry-join", "retry_join", multiple=True, help="Retry joining this."),
         click.option("--retry-interval-ms", type=int, help="Between retry-join attempts."),
@@ -70,6 +74,16 @@ def _agent_options(f: Any) -> Any:
         click.option("--tag", "tag", multiple=True, help="KEY=VALUE tag (repeatable)."),
         click.option("--encrypt", help="Base64 AES key (16, 24 or 32 bytes)."),
         click.option("--keyring-file", type=click.Path(path_type=Path)),
+        click.option(
+            "--encrypt-file",
+            type=click.Path(path_type=Path),
+            help="File holding the base64 key (mode 0600).",
+        ),
+        click.option(
+            "--data-dir",
+            type=click.Path(path_type=Path),
+            help="State directory: key changes are saved to DATA_DIR/keyring.json.",
+        ),
         click.option(
             "--metrics-addr", help="HOST:PORT to serve Prometheus /metrics and the status page on."
         ),

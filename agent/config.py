@@ -9,12 +9,17 @@ File format (see packaging/agent.toml for a commented example)::
     node = "gpu-07"                 # default: the host name
     bind = "0.0.0.0:7946"           # UDP and TCP on the same port (memberlist convention)
     advertise = "10.0.0.7:7946"     # the address peers use; default: bind, or a local IP
+    advertise_interface = "ib0"     # or: advertise this interface's address (IPv4, else
+                                    # IPv6), resolved at start; the port is bind's
     join = ["10.0.0.1:7946"]        # contacted once at start
     retry_join = ["10.0.0.1"]       # retried every retry_interval_ms until one works
     retry_interval_ms = 30000
     retry_max = 0                   # 0: forever
     profile = "lan"                 # lan | wan | local | fast
     encrypt = "base64 key"          # or keyring_file = "/etc/swim/keyring.json"
+    encrypt_file = "/etc/swim/gossip.key"  # or the key read from a file (mode 0600)
+    data_dir = "/var/lib/swim"      # key changes saved to <data_dir>/keyring.json, which
+                                    # then wins over encrypt/encrypt_file at start
     encrypt_verify_incoming = true  # false: also accept plaintext (rollout only; Serf's name)
     encrypt_verify_outgoing = true  # false: send plaintext (rollout only; Serf's name)
     control = "/run/swim/agent.sock"
@@ -111,6 +116,9 @@ class AgentConfig:
     tags: Mapping[str, str] = field(default_factory=dict)
     encrypt: str | None = None
     keyring_file: Path | None = None
+    encrypt_file: Path | None = None
+    data_dir: Path | None = None
+    advertise_interface: str | None = None
     encrypt_verify_incoming: bool = True
     encrypt_verify_outgoing: bool = True
     control: Path | None = None
@@ -139,32 +147,60 @@ class AgentConfig:
             raise AgentConfigError(f"[protocol]: {exc}") from exc
 
     def keyring(self) -> Keyring | None:
-        """The keyring from ``encrypt`` or ``keyring_file`` (a JSON list of base64 keys,
-        primary first, as Serf's keyring file)."""
-        try:
-            if self.encrypt is not None:
+        """The keyring from ``encrypt``, ``encrypt_file`` (one base64 key; surrounding
+        whitespace is ignored) or ``keyring_file`` (a JSON list of base64 keys, primary
+        first, as Serf's keyring file). A keyring saved in ``data_dir`` takes precedence
+        over the first two at start: agent/keyfiles.py decides that."""
+        if self.encrypt_file is not None:
+            where = f"encrypt_file {self.encrypt_file}"
+            text = read_key_material(self.encrypt_file, where, MAX_KEY_FILE_BYTES)
+            return Keyring.from_base64([_key(text, where)])
+        if self.keyring_file is not None:
+            return read_keyring_file(self.keyring_file, "keyring_file")
+        if self.encrypt is not None:
+            try:
                 return Keyring.from_base64([self.encrypt])
-            if self.keyring_file is not None:
-                keys = json.loads(self.keyring_file.read_text())
-                if (
-                    not isinstance(keys, list)
-                    or not keys
-                    or not all(isinstance(k, str) for k in keys)
-                ):
-                    raise AgentConfigError(
-                        f"keyring_file {self.keyring_file}: expected a JSON list of base64 keys"
-                    )
-                return Keyring.from_base64(keys)
-        except OSError as exc:
-            raise AgentConfigError(f"keyring_file {self.keyring_file}: {exc.strerror}") from exc
-        except json.JSONDecodeError as exc:
-            raise AgentConfigError(f"keyring_file {self.keyring_file}: not JSON ({exc})") from exc
-        except ValueError as exc:
-            if isinstance(exc, AgentConfigError):
-                raise
-            where = "encrypt" if self.encrypt is not None else f"keyring_file {self.keyring_file}"
-            raise AgentConfigError(f"{where}: {exc}") from exc
+            except ValueError as exc:
+                raise AgentConfigError(f"encrypt: {exc}") from exc
         return None
+
+
+MAX_KEY_FILE_BYTES = 4096
+"""An ``encrypt_file`` holds one key of 24 to 44 base64 characters; a larger file is not a
+key file (a log or a certificate named by mistake) and is refused, not read whole."""
+MAX_KEYRING_FILE_BYTES = 65536
+"""A keyring file: over a thousand keys, where a rotation keeps two or three."""
+
+
+def read_key_material(path: Path, where: str, limit: int) -> str:
+    """The text of a key or keyring file, at most ``limit`` bytes; errors name ``where``."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise AgentConfigError(f"{where}: {exc.strerror}") from exc
+    if len(data) > limit:
+        raise AgentConfigError(f"{where}: larger than {limit} bytes, not a key file")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise AgentConfigError(f"{where}: not text") from None
+
+
+def read_keyring_file(path: Path, what: str) -> Keyring:
+    """A keyring file (Serf's format: a JSON list of base64 keys, primary first)."""
+    where = f"{what} {path}"
+    text = read_key_material(path, where, MAX_KEYRING_FILE_BYTES)
+    try:
+        keys = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise AgentConfigError(f"{where}: not JSON ({exc})") from exc
+    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+        raise AgentConfigError(f"{where}: expected a JSON list of base64 keys")
+    try:
+        return Keyring.from_base64(keys)
+    except ValueError as exc:
+        raise AgentConfigError(f"{where}: {exc}") from exc
 
 
 _FILE_KEYS = {f.name for f in dataclasses.fields(AgentConfig)} - {"config_file"}
@@ -216,6 +252,8 @@ def build(values: Mapping[str, Any], config_file: Path | None = None) -> AgentCo
         kwargs["bind"] = _bind(_text(v["bind"], "bind"))
     if "advertise" in v:
         kwargs["advertise"] = _ip_host_port(_text(v["advertise"], "advertise"), "advertise")
+    if "advertise_interface" in v:
+        kwargs["advertise_interface"] = _interface(v["advertise_interface"])
     for key in ("join", "retry_join"):
         if key in v:
             kwargs[key] = tuple(_addresses(v[key], key))
@@ -246,9 +284,10 @@ def build(values: Mapping[str, Any], config_file: Path | None = None) -> AgentCo
             if not isinstance(v[key], bool):
                 raise AgentConfigError(f"{key} must be true or false, got {v[key]!r}")
             kwargs[key] = v[key]
-    for key in ("keyring_file", "control"):
-        if key in v:
-            kwargs[key] = Path(_text(v[key], key))
+    for key in ("keyring_file", "control", "encrypt_file", "data_dir"):
+        if key in v:  # a str from TOML, a Path from a click.Path flag
+            value = str(v[key]) if isinstance(v[key], Path) else v[key]
+            kwargs[key] = Path(_text(value, key))
     if "metrics_addr" in v:
         kwargs["metrics_addr"] = parse_host_port(
             _text(v["metrics_addr"], "metrics_addr"), "metrics_addr", None
@@ -263,8 +302,16 @@ def build(values: Mapping[str, Any], config_file: Path | None = None) -> AgentCo
 
 
 def _check(c: AgentConfig) -> None:
-    if c.encrypt is not None and c.keyring_file is not None:
-        raise AgentConfigError("set either encrypt or keyring_file, not both")
+    keys = [k for k in ("encrypt", "encrypt_file", "keyring_file") if getattr(c, k) is not None]
+    if len(keys) > 1:
+        raise AgentConfigError(
+            f"set only one of encrypt, encrypt_file and keyring_file, not {' and '.join(keys)}"
+        )
+    if c.advertise is not None and c.advertise_interface is not None:
+        raise AgentConfigError(
+            "set either advertise or advertise_interface, not both "
+            "(with advertise_interface the port is bind's)"
+        )
     if c.retry_interval_ms <= 0:
         raise AgentConfigError("retry_interval_ms must be > 0")
     if c.phi_capacity < 1:
@@ -355,16 +402,14 @@ def parse_tag_args(items: tuple[str, ...] | list[str], what: str = "--tag") -> d
     return tags
 
 
-def _key(value: Any) -> str:
-    text = _text(value, "encrypt")
+def _key(value: Any, what: str = "encrypt") -> str:
+    text = _text(value, what)
     try:
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise AgentConfigError("encrypt: the key is not valid base64") from None
+        raise AgentConfigError(f"{what}: the key is not valid base64") from None
     if len(raw) not in (16, 24, 32):
-        raise AgentConfigError(
-            f"encrypt: the key must decode to 16, 24 or 32 bytes, got {len(raw)}"
-        )
+        raise AgentConfigError(f"{what}: the key must decode to 16, 24 or 32 bytes, got {len(raw)}")
     return text
 
 
@@ -377,6 +422,19 @@ def _handlers(value: Any) -> tuple[HandlerSpec, ...]:
         return tuple(parse_handler(h) for h in value)
     except HandlerConfigError as exc:
         raise AgentConfigError(str(exc)) from None
+
+
+def _interface(value: Any) -> str:
+    """A network interface name as Linux accepts one (``dev_valid_name``): under 16 bytes
+    (IFNAMSIZ), no '/', ':' or white space, not '.' or '..'."""
+    name = _text(value, "advertise_interface")
+    if (
+        len(name.encode()) > 15
+        or name in (".", "..")
+        or any(ch in "/:" or ch.isspace() for ch in name)
+    ):
+        raise AgentConfigError(f"advertise_interface: {name!r} is not an interface name")
+    return name
 
 
 def _protocol(value: Mapping[str, Any]) -> dict[str, Any]:

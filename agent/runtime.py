@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 import agent.systemd as systemd
-from agent import serf
+from agent import keyfiles, serf
 from agent.api import Snapshot
 from agent.config import AgentConfig, AgentConfigError
 from agent.config import load as load_config
@@ -42,6 +42,7 @@ from agent.driver import Driver, now_ms
 from agent.events import Events
 from agent.handler_runner import HandlerRunner, start_handlers
 from agent.jobs import TAG_PREFIX
+from agent.netif import interface_address
 from agent.registrations import JobRegistry
 from agent.serf_runtime import SerfRuntime
 from agent.transport import SocketTransport, Transport
@@ -78,7 +79,17 @@ class Agent:
     ) -> None:
         self.config = config
         self.swim_config = config.swim_config()
-        self.keyring = config.keyring()
+        # key files, the saved keyring and the advertised interface: agent/keyfiles.py,
+        # agent/netif.py; each error names its setting, before anything is bound
+        keyfiles.prepare_data_dir(config)
+        keys = keyfiles.start_keys(config)  # logs where the keyring came from
+        self.keyring, self._keys_saved_to = keys.keyring, keys.save_to
+        self.key_file_warnings = keyfiles.exposure_warnings(config, keys)  # logs each
+        self._advertise_host = (
+            None
+            if config.advertise_interface is None
+            else interface_address(config.advertise_interface)
+        )
         self._rng = rng if rng is not None else random.Random()
         self._transport = transport
         self._serve_control = control
@@ -146,6 +157,8 @@ class Agent:
         advertise = transport.address
         if cfg.advertise is not None:
             advertise = Address(cfg.advertise.host, cfg.advertise.port)
+        elif self._advertise_host is not None:
+            advertise = Address(self._advertise_host, self.bound_port)
         node = Node(
             cfg.node,
             advertise,
@@ -171,7 +184,7 @@ class Agent:
             driver,
             departed=self.departed,
             tags=lambda: self._tags,
-            keyring_file=cfg.keyring_file,
+            keyring_file=self._keys_saved_to,
         )
         driver.delegate = serf_runtime
         self.driver, self.serf = driver, serf_runtime
@@ -326,7 +339,11 @@ class Agent:
                 now_ms=now,
                 members=serf_runtime.all_members(now),
                 phi=self.phi.phi_all(now),
-                stats={**driver.stats(), **(self.handlers.stats() if self.handlers else {})},
+                stats={
+                    **driver.stats(),
+                    **(self.handlers.stats() if self.handlers else {}),
+                    "key_file_warnings": len(self.key_file_warnings),
+                },
                 rtt_ms=dict(driver.probe_rtt_ms),
             )
 

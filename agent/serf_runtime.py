@@ -22,14 +22,13 @@ Where a new Serf message goes: its codec in agent/serf/messages.py, its row in
 from __future__ import annotations
 
 import base64
-import json
 import logging
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from agent.departed import Departed
 from agent.driver import Driver, now_ms
+from agent.keyfiles import write_keyring
 from agent.serf import queries
 from agent.serf.constants import QUERY_RESPONSE_SIZE_LIMIT
 from agent.serf.delegate import (
@@ -44,7 +43,7 @@ from agent.serf.delegate import (
     SerfView,
     UserEventReceived,
 )
-from swim import EventKind, Keyring, Member, MemberEvent
+from swim import EventKind, Member, MemberEvent
 
 log = logging.getLogger("swim.agent")
 
@@ -154,7 +153,13 @@ class SerfRuntime:
             if action not in ops:
                 raise ValueError(f"unknown keys action {action!r}")
             ops[action](raw)
-            self.persist_keyring()
+            try:
+                self.persist_keyring()
+            except OSError as exc:
+                raise ValueError(
+                    f"the keyring changed in memory but was not saved to "
+                    f"{self._keyring_file}: {exc.strerror}"
+                ) from exc
         return list(keyring.keys), keyring.primary_key
 
     def answer_query(self, received: QueryReceived, payload: bytes) -> bool:
@@ -225,13 +230,3 @@ class SerfRuntime:
         left = self.departed.mark_left(name, now)
         if left is not None:
             self._driver.emit(MemberEvent(EventKind.LEFT, left, now))
-
-
-def write_keyring(path: Path, keyring: Keyring) -> None:
-    """The keyring file format serf reads: a JSON list of base64 keys, primary first;
-    written atomically, mode 0600."""
-    keys = [keyring.primary_key, *(k for k in keyring.keys if k != keyring.primary_key)]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps([base64.b64encode(k).decode() for k in keys]) + "\n")
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)

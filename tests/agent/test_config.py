@@ -52,6 +52,18 @@ def test_packaged_example_config_is_valid() -> None:
     example = Path(__file__).resolve().parents[2] / "packaging" / "agent.toml"
     c = load(example)
     assert c.swim_config() is not None
+    assert c.encrypt is None and c.data_dir == Path("/var/lib/swim")
+
+
+def test_packaged_fast_example_config() -> None:
+    """packaging/agent-fast.toml: the GPU cluster example loads as it says."""
+    c = load(Path(__file__).resolve().parents[2] / "packaging" / "agent-fast.toml")
+    assert c.profile == "fast" and c.swim_config().adaptive_probe_timeout
+    assert c.advertise is None and c.advertise_interface == "ib0"
+    assert c.encrypt is None and c.encrypt_file == Path("/etc/swim/gossip.key")
+    assert c.data_dir == Path("/var/lib/swim") and c.control == Path("/run/swim/agent.sock")
+    assert c.metrics_addr is not None and c.metrics_addr.host == "127.0.0.1"
+    assert "rack" in c.tags and c.retry_join
 
 
 @pytest.mark.parametrize(
@@ -86,7 +98,10 @@ def test_missing_file_and_both_key_sources(tmp_path: Path) -> None:
         load(tmp_path / "nope.toml")
     ring = tmp_path / "keyring.json"
     ring.write_text(json.dumps([KEY]))
-    with pytest.raises(AgentConfigError, match="either encrypt or keyring_file"):
+    with pytest.raises(
+        AgentConfigError,
+        match="only one of encrypt, encrypt_file and keyring_file, not encrypt and keyring_file",
+    ):
         load(None, {"encrypt": KEY, "keyring_file": str(ring)})
 
 

@@ -15,9 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from agent.config import load
+from agent.keyfiles import STATE_KEYRING
 from agent.systemd import notify, watchdog_interval_s
 
-UNIT = Path(__file__).resolve().parents[2] / "packaging" / "swim-agent.service"
+PACKAGING = Path(__file__).resolve().parents[2] / "packaging"
+UNIT = PACKAGING / "swim-agent.service"
 
 
 @pytest.fixture
@@ -173,6 +176,10 @@ def test_unit_settings() -> None:
         "CapabilityBoundingSet": "",
         "LimitNOFILE": "65536",
         "MemoryMax": "256M",
+        "StateDirectory": "swim",
+        "StateDirectoryMode": "0700",
+        "CPUWeight": "1000",
+        "Nice": "-5",
     }
     for key, val in expected.items():
         assert service.get(key) == val, key
@@ -180,6 +187,41 @@ def test_unit_settings() -> None:
     assert units["Unit"]["After"] == ["network-online.target"]
     assert units["Unit"]["Wants"] == ["network-online.target"]
     assert units["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+WRITABLE_BASES = {
+    "RuntimeDirectory": "/run",
+    "StateDirectory": "/var/lib",
+    "CacheDirectory": "/var/cache",
+    "LogsDirectory": "/var/log",
+}
+"""systemd.exec(5): these directories stay writable under ProtectSystem=strict."""
+
+
+@pytest.mark.parametrize("example", ["agent.toml", "agent-fast.toml"])
+def test_the_unit_lets_the_agent_write_where_its_config_says(example: str) -> None:
+    """Under ProtectSystem=strict only the unit's own directories (and ReadWritePaths) are
+    writable: the example configs' data_dir (where key changes are saved) and control
+    socket must lie inside them, or key rotation fails only once it is tried."""
+    service = _settings(UNIT.read_text())["Service"]
+    assert service["ProtectSystem"] == ["strict"]
+    writable = [
+        Path(base) / name
+        for key, base in WRITABLE_BASES.items()
+        for value in service.get(key, [])
+        for name in value.split()
+    ]
+    writable += [Path(p.lstrip("-+")) for v in service.get("ReadWritePaths", []) for p in v.split()]
+    config = load(PACKAGING / example)
+    assert config.data_dir == Path("/var/lib/swim")
+    written = [config.data_dir / STATE_KEYRING, config.control]
+    if config.keyring_file is not None:
+        written.append(config.keyring_file)
+    for path in written:
+        assert path is not None and any(path.is_relative_to(w) for w in writable), (
+            f"{example}: the agent writes {path}, read-only under the unit (writable: "
+            f"{', '.join(map(str, writable))})"
+        )
 
 
 def _verify(unit: Path) -> tuple[int, str]:
