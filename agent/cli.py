@@ -102,6 +102,8 @@ def _agent_options(f: Any) -> Any:
         click.option("--encrypt", help="Base64 AES key (16, 24 or 32 bytes)."),
         click.option("--keyring-file", type=click.Path(path_type=Path)),
         click.option("--metrics-addr", help="HOST:PORT to serve Prometheus /metrics on."),
+        click.option("--control-group", help="Group that may use the control socket (swim)."),
+        click.option("--admin-group", help="Group that may also run leave/join/keys/tags."),
         click.option(
             "--config",
             "config_file",

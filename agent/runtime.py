@@ -32,6 +32,7 @@ import trio
 
 import agent.systemd as systemd
 from agent import serf
+from agent.access import Access
 from agent.api import Snapshot
 from agent.config import AgentConfig, AgentConfigError
 from agent.config import load as load_config
@@ -93,6 +94,7 @@ class Agent:
         self.departed = Departed(config.reconnect_timeout_ms, config.tombstone_timeout_ms)
         self.jobs = JobRegistry(lambda: self._tags, self.update_tags)
         self.metrics: AgentMetrics | None = None  # only with --metrics-addr
+        self.access: Access | None = None  # the control socket's rules and refusal counts
         self.driver: Driver | None = None
         self.serf: SerfRuntime | None = None
         self.bound_port = 0
@@ -184,7 +186,8 @@ class Agent:
             async with trio.open_nursery() as nursery:
                 await nursery.start(driver.run)
                 if self._serve_control:
-                    await nursery.start(ControlServer(self, cfg.control).serve)
+                    self.access = Access(cfg.control_group, cfg.admin_group)
+                    await nursery.start(ControlServer(self, cfg.control, self.access).serve)
                 if cfg.metrics_addr is not None:
                     # prometheus_client costs ~10 MB resident: load it only when asked for
                     from agent.metrics import AgentMetrics
@@ -315,7 +318,7 @@ class Agent:
                 now_ms=now,
                 members=serf_runtime.all_members(now),
                 phi=self.phi.phi_all(now),
-                stats=driver.stats(),
+                stats={**driver.stats(), **(self.access.stats() if self.access else {})},
             )
 
         result: Snapshot = await driver.command(run)

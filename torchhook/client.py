@@ -36,6 +36,7 @@ from agent.control import (
     default_control_path,
     encode_frame,
     make_request,
+    unreachable,
 )
 
 __all__ = [
@@ -261,10 +262,7 @@ def _connect(path: Path, timeout_s: float) -> socket.socket:
         sock.connect(str(path))
     except OSError as exc:
         sock.close()
-        raise ControlError(
-            f"cannot reach the agent at {path}: {exc.strerror or exc}. Is it running? "
-            "(set control= or SWIM_CONTROL to its socket)"
-        ) from exc
+        raise unreachable(path, exc, "control= or SWIM_CONTROL") from exc
     return sock
 
 
