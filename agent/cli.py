@@ -32,6 +32,8 @@ from agent.control import ControlClient, ControlError
 from swim import PROFILES
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+CONTROL_PATH = click.Path(path_type=Path, readable=False)
+"""Not checked by click: a user without access gets the client's error, which says who has."""
 
 
 def _set_control(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
@@ -46,7 +48,7 @@ def _control_option(f: Any) -> Any:
     """``--control PATH`` accepted after the subcommand too (serf and consul style)."""
     option = click.option(
         "--control",
-        type=click.Path(path_type=Path),
+        type=CONTROL_PATH,
         expose_value=False,
         callback=_set_control,
         help="The agent's control socket (overrides swimctl --control and $SWIM_CONTROL).",
@@ -78,7 +80,7 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 @click.option(
     "--control",
     envvar="SWIM_CONTROL",
-    type=click.Path(path_type=Path),
+    type=CONTROL_PATH,
     help="The agent's control socket.",
 )
 @click.pass_context
@@ -152,7 +154,7 @@ def _run_agent(control: Path | None, flags: dict[str, Any]) -> None:
     except AgentConfigError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
-    except OSError as exc:
+    except (OSError, ControlError) as exc:  # ControlError: another agent has the socket
         click.echo(f"Error: {exc}", err=True)
         sys.exit(1)
 

@@ -271,7 +271,7 @@ class ControlClient:
     def request(self, op: str, **args: Any) -> Any:
         """Send one request and return its result, or raise ControlError."""
         with self._connect() as sock:
-            sock.sendall(encode_frame(make_request(op, **args)))
+            _send_request(sock, encode_frame(make_request(op, **args)))
             return _result(_first(_frames(sock)))
 
     def stream(self, op: str, **args: Any) -> Iterator[dict[str, Any]]:
@@ -279,7 +279,7 @@ class ControlClient:
         sock = self._connect()
         sock.settimeout(None)
         try:
-            sock.sendall(encode_frame(make_request(op, **args)))
+            _send_request(sock, encode_frame(make_request(op, **args)))
             frames = _frames(sock)
             _result(_first(frames))
             for frame in frames:
@@ -304,6 +304,13 @@ def unreachable(path: Path, exc: OSError, setting: str) -> ControlError:
     )
 
 
+def _send_request(sock: socket.socket, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused before the request went out: the agent's reply is still there to read
+
+
 def _frames(sock: socket.socket) -> Iterator[dict[str, Any]]:
     decoder = FrameDecoder()
     while True:
@@ -311,6 +318,8 @@ def _frames(sock: socket.socket) -> Iterator[dict[str, Any]]:
             data = sock.recv(65536)
         except TimeoutError as exc:
             raise ControlError("the agent did not answer in time") from exc
+        except ConnectionResetError:
+            data = b""  # closed with our request unread (a refusal), after its reply
         if not data:
             return
         yield from decoder.feed(data)

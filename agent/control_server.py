@@ -70,10 +70,18 @@ class ControlServer:
         self.path = path or default_control_path()
         self.access = access if access is not None else Access()
         self._limiter = trio.CapacityLimiter(MAX_CONNECTIONS)
+        self._sock: socket.socket | None = None
+
+    def bind(self) -> None:
+        """Create the socket (``serve`` does if this was not called): a configured group the
+        agent cannot use raises ``AgentConfigError``, a live socket there ``ControlError``."""
+        if self._sock is None:
+            self._sock = _bind_unix(self.path, self.access)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        sock = _bind_unix(self.path, self.access)
-        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        self.bind()
+        assert self._sock is not None
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(self._sock))
         log.info("control API on %s", self.path)
         try:
             task_status.started()

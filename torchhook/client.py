@@ -140,7 +140,9 @@ class Membership:
         self._decoder = FrameDecoder()
         self._pending: list[dict[str, Any]] = []
         try:
-            self._sock.sendall(encode_frame(make_request("watch", **args)))
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                # refused at once: the agent's reply is still there to read
+                self._sock.sendall(encode_frame(make_request("watch", **args)))
             first = self._next_frame()
             if first.get("ok") is not True:
                 raise ControlError(str(first.get("error", "the agent refused the watch")))
@@ -157,7 +159,10 @@ class Membership:
 
     def _next_frame(self) -> dict[str, Any]:
         while not self._pending:
-            data = self._sock.recv(65536)
+            try:
+                data = self._sock.recv(65536)
+            except ConnectionResetError:
+                data = b""  # closed with our frames unread (a refusal), after its reply
             if not data:
                 raise MembershipClosed(f"the agent at {self.path} closed the watch")
             self._pending = self._decoder.feed(data)
