@@ -30,7 +30,8 @@ its handler in agent/control_server.py ``HANDLERS``, and its line here:
   "phi": float|null, "tags": {str: str}, "protocol": [pmin, pmax, pcur, dmin, dmax, dcur],
   "since_ms": int}`` (``since_ms``: milliseconds since the member last changed state).
 - ``info`` → ``{"node", "addr", "port", "incarnation", "health_score", "members":
-  {status: count}, "profile", "encrypted": bool, "stats": {...}, "version"}``.
+  {status: count}, "profile", "encrypted": bool, "stats": {...}, "version"}``; ``stats``
+  holds ``control_refused_connections`` and ``control_refused_requests`` (access refusals).
 - ``join`` args ``{addrs: [str]}`` → ``{"joined": int, "errors": [str]}``.
 - ``leave`` → ``{"left": bool}``; the agent then exits.
 - ``force_leave`` args ``{node: str}`` → ``{"node": str, "status": str}``.
@@ -66,6 +67,7 @@ its handler in agent/control_server.py ``HANDLERS``, and its line here:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -305,10 +307,9 @@ def unreachable(path: Path, exc: OSError, setting: str) -> ControlError:
 
 
 def _send_request(sock: socket.socket, data: bytes) -> None:
-    try:
+    # refused before the request went out: the agent's reply is still there to read
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         sock.sendall(data)
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # refused before the request went out: the agent's reply is still there to read
 
 
 def _frames(sock: socket.socket) -> Iterator[dict[str, Any]]:

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pair in serf:serf ip:iproute2 iptables:iptables promtool:prometheus systemd-analyze:systemd; do
+for pair in serf:serf ip:iproute2 iptables:iptables promtool:prometheus systemd-analyze:systemd useradd:passwd; do
     cmd=${pair%%:*}; pkg=${pair##*:}
     command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")
 done

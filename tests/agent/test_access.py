@@ -264,16 +264,22 @@ def test_agent_run_by_an_ordinary_user(accounts: dict[str, int], workdir: Path) 
     home.mkdir()
     os.chown(home, accounts["swimt-in"], -1)
     path = home / "agent.sock"
-    command = ["agent", "--node", "solo", "--bind", f"127.0.0.1:{free_port()}"]
-    command += ["--profile", "local"]
-    bad = _as_user(
-        "swimt-in", "agent", "--control", str(path), *command, "--control-group", ADMIN_GROUP
-    )
+    command = ["--control", str(path), "agent", "--node", "solo"]
+    command += ["--bind", f"127.0.0.1:{free_port()}", "--profile", "local"]
+    bad = _as_user("swimt-in", "agent", *command, "--control-group", ADMIN_GROUP)
     assert bad.returncode == 2, bad
     assert f"control_group '{ADMIN_GROUP}': the agent's user (swimt-in) may not give" in bad.stderr
     proc = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, "swimt-in", "agent", "--control", str(path), *command]
-        + ["--control-group", CONTROL_GROUP],
+        [
+            sys.executable,
+            "-c",
+            _CHILD,
+            "swimt-in",
+            "agent",
+            *command,
+            "--control-group",
+            "swimt-ctl",
+        ],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
