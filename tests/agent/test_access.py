@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from agent import access as access_module
 from agent import control
 from agent.access import Access, Peer, peer_of, proc_groups
 from agent.config import AgentConfigError, build
@@ -91,6 +92,12 @@ elif action == "register":  # PATH JOB: this process is local rank 0 of JOB on t
             out(ok=True, node=m.node, members=list(view.names))
     except ControlError as exc:
         out(ok=False, error=str(exc))
+elif action == "hold":  # PATH: connect, say so, stay until the other side closes
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(args[0])
+        out(connected=True)
+        s.recv(1)
 elif action == "session":  # PATH [[OP, ARGS], ...] on one connection: every reply
     path, raw = args
     requests = json.loads(raw)
@@ -304,6 +311,45 @@ def test_agent_run_by_an_ordinary_user(accounts: dict[str, int], workdir: Path) 
     assert "Traceback" not in errors, errors
 
 
+def test_peer_groups_of_another_users_process(
+    accounts: dict[str, int], workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real connection from ``swimt-in``: its supplementary group is seen through
+    SO_PEERGROUPS, and through /proc/PID/status when the socket option is not there."""
+    path = workdir / "peer.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        path.chmod(0o666)
+        server.listen(1)
+        server.settimeout(20)
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, "swimt-in", "hold", str(path)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            conn, _ = server.accept()
+            with conn:
+                assert child.stdout is not None and "connected" in child.stdout.readline()
+                ctl = grp.getgrnam(CONTROL_GROUP).gr_gid
+                primary = pwd.getpwnam("swimt-in").pw_gid
+                expected = (child.pid, accounts["swimt-in"], primary, frozenset({primary, ctl}))
+                peer = peer_of(conn)
+                assert peer is not None and vars_of(peer) == expected
+                monkeypatch.setattr(access_module, "SO_PEERGROUPS", -1)  # an unknown option
+                peer = peer_of(conn)
+                assert peer is not None and vars_of(peer) == expected
+        finally:
+            stop(child)
+            if child.stdout is not None:
+                child.stdout.close()
+
+
+def vars_of(peer: Peer) -> tuple[int, int, int, frozenset[int]]:
+    return peer.pid, peer.uid, peer.gid, peer.groups
+
+
 # --- the rules alone -----------------------------------------------------------------------
 
 READ_OPS = {"members", "info", "view", "watch", "probe", "monitor", "jobs"}
@@ -376,6 +422,19 @@ def test_proc_groups(tmp_path: Path) -> None:
     assert proc_groups(8, 6, tmp_path) is None  # gone
     status.write_text("Name:\tx\nUid:\t5\t6\t6\t6\n")
     assert proc_groups(7, 6, tmp_path) is None
+
+
+def test_default_group_falls_back_to_the_agents_own(caplog: pytest.LogCaptureFixture) -> None:
+    try:
+        grp.getgrnam("swim")
+    except KeyError:
+        pass
+    else:
+        pytest.skip("this machine has a group swim: the default is used as it is")
+    with caplog.at_level("INFO", logger="swim.agent"):
+        access = Access()
+    assert (access.gid, access.defaulted) == (os.getegid(), True)
+    assert caplog.text.count("there is no group 'swim' on this machine") == 1
 
 
 def test_config_names_a_missing_group() -> None:
