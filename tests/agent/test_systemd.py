@@ -255,17 +255,13 @@ def test_sysusers_creates_the_units_user_and_group(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     service = {k: v[-1] for k, v in _settings(UNIT.read_text())["Service"].items()}
-    users = {
-        f[0]: f
-        for f in (line.split(":") for line in (tmp_path / "etc/passwd").read_text().split("\n"))
-        if f[0]
-    }
-    groups = {
-        f[0]: f
-        for f in (line.split(":") for line in (tmp_path / "etc/group").read_text().split("\n"))
-        if f[0]
-    }
+    users, groups = _entries(tmp_path / "etc/passwd"), _entries(tmp_path / "etc/group")
     user, group = users[service["User"]], groups[service["Group"]]
     assert user[3] == group[2], "the user's primary group is the unit's group"
     assert int(user[2]) < 1000, "a system uid"
     assert user[6] == "/usr/sbin/nologin"
+
+
+def _entries(path: Path) -> dict[str, list[str]]:
+    """An /etc/passwd or /etc/group file: its colon-separated fields by name."""
+    return {f[0]: f for f in (line.split(":") for line in path.read_text().splitlines()) if f[0]}
