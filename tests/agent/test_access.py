@@ -7,9 +7,9 @@ a crashed run are removed first): group ``swimt-ctl`` (the agent's ``--control-g
 user" is root), one as ``swimt-in``. Each client is a Python child that imports what it
 needs as root and then becomes the test user (``setgroups``/``setgid``/``setuid``) before it
 connects: ``SO_PEERCRED`` takes the credentials at connect time, and the checkout (and its
-virtual environment) need not be readable by the test users, as on a CI machine. After the
-switch the child may import only the standard library, so a lazy import from the checkout
-fails here as it would there.
+virtual environment and interpreter) need not be readable by the test users, as on a CI
+machine. After the switch the child imports nothing more (only built-in modules), so a lazy
+import fails here as it would there.
 
 The rules without users or sockets (every op's class, the group arithmetic) are at the end.
 """
@@ -67,9 +67,17 @@ os.setgroups(os.getgrouplist(user, pw.pw_gid))
 os.setgid(pw.pw_gid)
 os.setuid(pw.pw_uid)
 os.chdir("/")
-# from here on, the standard library only: other users may not read the checkout
-sys.path[:] = [p for p in sys.path if p.startswith(sys.base_prefix) and "-packages" not in p]
-sys.path_importer_cache.clear()
+
+
+class NoMoreImports:  # other users may not read the checkout, its venv or the interpreter's
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name in sys.builtin_module_names:
+            return None
+        raise ImportError(f"{name} imported after the switch to {user}: import it before")
+
+
+sys.meta_path.insert(0, NoMoreImports)
 
 
 def out(**fields):
