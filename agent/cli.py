@@ -30,8 +30,9 @@ from typing import Any
 
 import click
 
-from agent.cli_client import COMMANDS, CONTEXT, control_option, print_version
+from agent.cli_client import COMMANDS, CONTEXT, CONTROL_PATH, control_option, print_version
 from agent.config import AgentConfigError, load, parse_tag_args
+from agent.control import ControlError
 from swim import PROFILES
 
 
@@ -39,7 +40,7 @@ from swim import PROFILES
 @click.option(
     "--control",
     envvar="SWIM_CONTROL",
-    type=click.Path(path_type=Path),
+    type=CONTROL_PATH,
     help="The agent's control socket.",
 )
 @click.option(
@@ -87,6 +88,8 @@ def _agent_options(f: Any) -> Any:
         click.option(
             "--metrics-addr", help="HOST:PORT to serve Prometheus /metrics and the status page on."
         ),
+        click.option("--control-group", help="Group that may use the control socket (swim)."),
+        click.option("--admin-group", help="Group that may also run leave/join/keys/tags."),
         click.option(
             "--event-handler",
             "event_handlers",
@@ -142,7 +145,7 @@ def _run_agent(control: Path | None, flags: dict[str, Any]) -> None:
     except AgentConfigError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
-    except OSError as exc:
+    except (OSError, ControlError) as exc:  # ControlError: another agent has the socket
         click.echo(f"Error: {exc}", err=True)
         sys.exit(1)
 

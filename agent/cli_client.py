@@ -36,6 +36,10 @@ from agent.control import PROTOCOL_VERSION, ControlClient, ControlError
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+CONTROL_PATH = click.Path(path_type=Path, readable=False)
+"""Not checked by click: a user without access gets the client's error, which says who has."""
+
+
 def _set_control(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
     # A subcommand's --control overrides the group's (and so $SWIM_CONTROL); absent, the
     # group's value stands.
@@ -48,7 +52,7 @@ def control_option(f: Any) -> Any:
     """``--control PATH`` accepted after the subcommand too (serf and consul style)."""
     option = click.option(
         "--control",
-        type=click.Path(path_type=Path),
+        type=CONTROL_PATH,
         expose_value=False,
         callback=_set_control,
         help="The agent's control socket (overrides swimctl --control and $SWIM_CONTROL).",

@@ -23,6 +23,8 @@ File format (see packaging/agent.toml for a commented example)::
     encrypt_verify_incoming = true  # false: also accept plaintext (rollout only; Serf's name)
     encrypt_verify_outgoing = true  # false: send plaintext (rollout only; Serf's name)
     control = "/run/swim/agent.sock"
+    control_group = "swim"          # may use the socket; default swim (else the agent's group)
+    admin_group = "swimadm"         # may also leave/force_leave/join/keys/tags; default none
     metrics_addr = "127.0.0.1:9946" # off unless set
     log_level = "info"
     leave_timeout_ms = 5000
@@ -42,6 +44,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import grp
 import ipaddress
 import json
 import socket
@@ -122,6 +125,10 @@ class AgentConfig:
     encrypt_verify_incoming: bool = True
     encrypt_verify_outgoing: bool = True
     control: Path | None = None
+    control_group: str | None = None
+    """The control socket's group (agent/access.py); None: ``swim``, else the agent's own."""
+    admin_group: str | None = None
+    """Members may also run the admin ops (agent/access.py); None: only root and the agent."""
     metrics_addr: HostPort | None = None
     log_level: str = "info"
     leave_timeout_ms: int = 5_000
@@ -288,6 +295,10 @@ def build(values: Mapping[str, Any], config_file: Path | None = None) -> AgentCo
         if key in v:  # a str from TOML, a Path from a click.Path flag
             value = str(v[key]) if isinstance(v[key], Path) else v[key]
             kwargs[key] = Path(_text(value, key))
+    for key in ("control_group", "admin_group"):
+        if key in v:
+            kwargs[key] = _text(v[key], key)
+            group_id(kwargs[key], key)
     if "metrics_addr" in v:
         kwargs["metrics_addr"] = parse_host_port(
             _text(v["metrics_addr"], "metrics_addr"), "metrics_addr", None
@@ -332,6 +343,17 @@ def _text(value: Any, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise AgentConfigError(f"{what} must be a non-empty string, got {value!r}")
     return value.strip()
+
+
+def group_id(name: str, what: str) -> int:
+    """The gid of group ``name``; an error naming the setting ``what`` if there is none."""
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise AgentConfigError(
+            f"{what}: there is no group {name!r} on this machine (create it, e.g. with "
+            "packaging/swim-sysusers.conf or groupadd, or name another group)"
+        ) from None
 
 
 def _int(value: Any, what: str) -> int:

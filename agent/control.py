@@ -2,8 +2,17 @@
 
 ``swimctl`` and ``torchhook`` talk to the agent through this module only.
 
-Transport: a Unix stream socket (mode 0600). Default path, first that applies:
-``$SWIM_CONTROL``; ``$XDG_RUNTIME_DIR/swim/agent.sock``; ``/run/swim/agent.sock``.
+Transport: a Unix stream socket (mode 0660, group ``control_group``). Default path, first
+that applies: ``$SWIM_CONTROL``; ``$XDG_RUNTIME_DIR/swim/agent.sock``; ``/run/swim/agent.sock``.
+
+Access (rules in agent/access.py): root, the agent's user and members of the control group
+(default ``swim``) may connect. Each operation has a class, its ``access`` in ``OPS``:
+*read* ops (``members``, ``info``, ``view``, ``watch`` with or without ``register``,
+``probe``, ``monitor``) serve everyone admitted; *admin* ops (``leave``, ``force_leave``,
+``join``, ``keys``, ``tags``) serve root, the agent's user and members of ``admin_group``.
+An op whose row names no class is admin. A refused request gets an error reply (e.g.
+``force_leave needs root, the agent's user (swim) or group 'swimadm'``) and the connection
+stays open for the others.
 
 Framing: every message is a 4-byte big-endian length followed by that many bytes of msgpack
 (a map). Frames larger than ``MAX_FRAME_BYTES`` are refused by both sides.
@@ -22,7 +31,8 @@ its handler in agent/control_server.py ``HANDLERS``, and its line here:
   "since_ms": int}`` (``since_ms``: milliseconds since the member last changed state).
 - ``info`` → ``{"node", "addr", "port", "incarnation", "health_score", "members":
   {status: count}, "profile", "encrypted": bool, "tags": {str: str}, "uptime_ms": int,
-  "stats": {...}, "version"}``; ``version`` is the agent's own installed version.
+  "stats": {...}, "version"}``; ``version`` is the agent's own installed version; ``stats``
+  holds ``control_refused_connections`` and ``control_refused_requests`` (access refusals).
 - ``join`` args ``{addrs: [str]}`` → ``{"joined": int, "errors": [str]}``.
 - ``leave`` → ``{"left": bool}``; the agent then exits.
 - ``force_leave`` args ``{node: str}`` → ``{"node": str, "status": str}``.
@@ -64,19 +74,21 @@ its handler in agent/control_server.py ``HANDLERS``, and its line here:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 HEADER = struct.Struct(">I")
+Access = Literal["read", "admin"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,24 +101,29 @@ class Op:
     optional: tuple[str, ...] = ()
     streaming: bool = False
     """Answers with one ``ok`` frame, then frames until either side closes."""
+    access: Access = "admin"
+    """Who may run it: ``read`` (the control group) or ``admin`` (root, the agent's user,
+    ``admin_group``). Admin unless a row says otherwise, so a new op is never opened by
+    mistake."""
 
 
 OPS: dict[str, Op] = {
-    "members": Op(optional=("status",)),
-    "info": Op(),
-    "join": Op(required=("addrs",)),
-    "leave": Op(),
-    "force_leave": Op(required=("node",)),
-    "tags": Op(optional=("set", "delete")),
-    "probe": Op(required=("nodes",)),
-    "keys": Op(optional=("action", "key")),
-    "monitor": Op(streaming=True),
-    "view": Op(required=("job",)),
-    "jobs": Op(),
-    "watch": Op(optional=("job", "register"), streaming=True),
+    "members": Op(optional=("status",), access="read"),
+    "info": Op(access="read"),
+    "join": Op(required=("addrs",), access="admin"),
+    "leave": Op(access="admin"),
+    "force_leave": Op(required=("node",), access="admin"),
+    "tags": Op(optional=("set", "delete"), access="admin"),
+    "probe": Op(required=("nodes",), access="read"),
+    "keys": Op(optional=("action", "key"), access="admin"),
+    "monitor": Op(streaming=True, access="read"),
+    "view": Op(required=("job",), access="read"),
+    "jobs": Op(access="read"),
+    "watch": Op(optional=("job", "register"), streaming=True, access="read"),
 }
-"""Every control operation and its arguments (the schema above). A new operation: a row
-here, its handler in agent/control_server.py ``HANDLERS``, its line in the docstring."""
+"""Every control operation, its arguments and its access class (the schema above). A new
+operation: a row here (naming its ``access``), its handler in agent/control_server.py
+``HANDLERS``, its line in the docstring."""
 STREAMING_OPS = tuple(name for name, op in OPS.items() if op.streaming)
 
 MAX_PROBE_NODES = 64
@@ -258,16 +275,13 @@ class ControlClient:
             sock.connect(str(self.path))
         except OSError as exc:
             sock.close()
-            raise ControlError(
-                f"cannot reach the agent at {self.path}: {exc.strerror or exc}. Is it "
-                "running? (set --control or SWIM_CONTROL to its socket)"
-            ) from exc
+            raise unreachable(self.path, exc, "--control or SWIM_CONTROL") from exc
         return sock
 
     def request(self, op: str, **args: Any) -> Any:
         """Send one request and return its result, or raise ControlError."""
         with self._connect() as sock:
-            sock.sendall(encode_frame(make_request(op, **args)))
+            _send_request(sock, encode_frame(make_request(op, **args)))
             return _result(_first(_frames(sock)))
 
     def stream(self, op: str, **args: Any) -> Iterator[dict[str, Any]]:
@@ -275,7 +289,7 @@ class ControlClient:
         sock = self._connect()
         sock.settimeout(None)
         try:
-            sock.sendall(encode_frame(make_request(op, **args)))
+            _send_request(sock, encode_frame(make_request(op, **args)))
             frames = _frames(sock)
             _result(_first(frames))
             for frame in frames:
@@ -286,6 +300,26 @@ class ControlClient:
             sock.close()
 
 
+def unreachable(path: Path, exc: OSError, setting: str) -> ControlError:
+    """The error for a failed connect: a permission problem says who has access."""
+    if isinstance(exc, PermissionError):
+        return ControlError(
+            f"permission denied on the agent's socket {path}: only root, the agent's user "
+            "and members of the socket's group may use it (`ls -l` shows the group; an "
+            "operator adds users to it: docs/runbook.md, 'Granting training jobs access')"
+        )
+    return ControlError(
+        f"cannot reach the agent at {path}: {exc.strerror or exc}. Is it running? "
+        f"(set {setting} to its socket)"
+    )
+
+
+def _send_request(sock: socket.socket, data: bytes) -> None:
+    # refused before the request went out: the agent's reply is still there to read
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        sock.sendall(data)
+
+
 def _frames(sock: socket.socket) -> Iterator[dict[str, Any]]:
     decoder = FrameDecoder()
     while True:
@@ -293,6 +327,8 @@ def _frames(sock: socket.socket) -> Iterator[dict[str, Any]]:
             data = sock.recv(65536)
         except TimeoutError as exc:
             raise ControlError("the agent did not answer in time") from exc
+        except ConnectionResetError:
+            data = b""  # closed with our request unread (a refusal), after its reply
         if not data:
             return
         yield from decoder.feed(data)

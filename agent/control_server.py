@@ -1,10 +1,16 @@
-"""The agent side of the control API (schema in ``agent.control``): a Unix socket, mode 0600.
+"""The agent side of the control API (schema in ``agent.control``): a Unix socket, mode 0660.
 
-Access: the socket file is mode 0600 (owner only). Where the kernel reports the peer's
-credentials (Linux ``SO_PEERCRED``), a connection from any uid other than the agent's own
-and root is also refused (an error reply, then closed, logged with the peer's uid and pid),
-so a socket whose mode was widened, or one reached through a descriptor passed along,
-still serves only its owner. Elsewhere the file mode is the only check.
+Access (rules in agent/access.py): the socket file is group-owned by ``control_group``
+(default ``swim``) with mode 0660, in a directory that group can traverse (the agent creates
+a missing one 0750 with that group; an existing one is left as it is, with a warning when
+the group cannot pass it: under systemd it is ``RuntimeDirectory=swim``, mode 0750).
+Where the kernel reports the peer's credentials (Linux ``SO_PEERCRED``), a connection from
+anyone but root, the agent's uid and members of the control group (primary or
+supplementary groups) is refused: an error reply, then closed, logged with the peer's uid
+and pid. Each request is then checked against its op's class (``agent.control.OPS``
+``access``): an admin op from a peer that is neither root, the agent's uid nor in
+``admin_group`` gets an error reply naming what it needs, and the connection goes on.
+Both refusals are counted (``info`` stats). Elsewhere the file mode is the only check.
 
 Rules: a connection carries requests one after another; each is answered in order. Every
 request is bounded in size (``MAX_FRAME_BYTES``) and time (a client that sends nothing is
@@ -25,7 +31,6 @@ import logging
 import os
 import socket
 import stat
-import struct
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,7 +38,9 @@ from typing import Any
 import trio
 
 from agent import serf
+from agent.access import Access, Peer, peer_of
 from agent.api import AgentAPI
+from agent.config import AgentConfigError
 from agent.control import (
     MAX_PROBE_NODES,
     OPS,
@@ -57,15 +64,26 @@ STATUSES = tuple(s.name.lower() for s in NodeStateType)
 
 
 class ControlServer:
-    def __init__(self, agent: AgentAPI, path: Path | None = None) -> None:
+    def __init__(
+        self, agent: AgentAPI, path: Path | None = None, access: Access | None = None
+    ) -> None:
         self.agent = agent
         self.path = path or default_control_path()
+        self.access = access if access is not None else Access()
         self._limiter = trio.CapacityLimiter(MAX_CONNECTIONS)
         _version()
+        self._sock: socket.socket | None = None
+
+    def bind(self) -> None:
+        """Create the socket (``serve`` does if this was not called): a configured group the
+        agent cannot use raises ``AgentConfigError``, a live socket there ``ControlError``."""
+        if self._sock is None:
+            self._sock = _bind_unix(self.path, self.access)
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        sock = _bind_unix(self.path)
-        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        self.bind()
+        assert self._sock is not None
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(self._sock))
         log.info("control API on %s", self.path)
         try:
             task_status.started()
@@ -88,7 +106,8 @@ class ControlServer:
                 log.exception("control connection failed")
 
     async def _serve_connection(self, stream: trio.SocketStream) -> None:
-        refusal = _refuse_peer(stream.socket)
+        peer = peer_of(stream.socket)
+        refusal = self.access.connection_refusal(peer)
         if refusal is not None:
             log.warning("control API: %s", refusal)
             await _send(stream, error(refusal))
@@ -111,15 +130,22 @@ class ControlServer:
                 await _send(stream, error(str(exc)))
                 return
             for frame in frames:
-                if not await self._answer(stream, frame):
+                if not await self._answer(stream, frame, peer):
                     return
 
-    async def _answer(self, stream: trio.SocketStream, frame: dict[str, Any]) -> bool:
+    async def _answer(
+        self, stream: trio.SocketStream, frame: dict[str, Any], peer: Peer | None
+    ) -> bool:
         """Answer one request; False when the connection is done (a stream ended)."""
         try:
             op, args = parse_request(frame)
         except ControlError as exc:
             return await _send(stream, error(str(exc)))
+        refusal = self.access.request_refusal(op, peer)
+        if refusal is not None:
+            assert peer is not None  # refusals need credentials
+            log.warning("control API: refused %s from uid %d (pid %d)", op, peer.uid, peer.pid)
+            return await _send(stream, error(refusal))
         if op in STREAMS:
             try:
                 await STREAMS[op](self.agent, stream, args)
@@ -309,33 +335,11 @@ def _version() -> str:
         return "unknown"
 
 
-def peer_credentials(sock: Any) -> tuple[int, int, int] | None:
-    """``(pid, uid, gid)`` of a Unix socket's peer, or None where the platform cannot tell."""
-    opt = getattr(socket, "SO_PEERCRED", None)
-    if opt is None:
-        return None
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i"))
-    except OSError:
-        return None
-    pid, uid, gid = struct.unpack("3i", raw)
-    return pid, uid, gid
-
-
-def _refuse_peer(sock: Any) -> str | None:
-    """Why a connection is refused: its peer is neither the agent's user nor root."""
-    creds = peer_credentials(sock)
-    if creds is None:
-        return None  # no SO_PEERCRED here: the socket's file mode is the check
-    pid, uid, _ = creds
-    if uid in (0, os.geteuid()):
-        return None
-    return f"refused: peer uid {uid} (pid {pid}) is neither the agent's user nor root"
-
-
-def _bind_unix(path: Path) -> socket.socket:
-    """Bind the control socket at ``path`` with mode 0600, replacing a stale one."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+def _bind_unix(path: Path, access: Access) -> socket.socket:
+    """Bind the control socket at ``path``, mode 0660 and the control group (see the module
+    docstring for its directory), replacing a stale one."""
+    made = not path.parent.exists()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise ControlError(f"{path} exists and is not a socket; refusing to replace it")
@@ -354,7 +358,40 @@ def _bind_unix(path: Path) -> socket.socket:
         sock.bind(str(path))
     finally:
         os.umask(old_umask)
-    os.chmod(path, 0o600)
+    try:
+        _give_to_group(path, access, made)
+    except BaseException:
+        sock.close()
+        path.unlink()
+        raise
+    os.chmod(path, 0o660)
     sock.listen(64)
     sock.setblocking(False)
     return sock
+
+
+def _give_to_group(path: Path, access: Access, made_dir: bool) -> None:
+    """chgrp the socket (and a directory the agent made) to the control group. A non-root
+    agent may only give files to its own groups: the default group falls back to the
+    agent's, a configured one is a configuration error."""
+    try:
+        os.chown(path, -1, access.gid)
+    except PermissionError:
+        if not access.defaulted:
+            raise AgentConfigError(
+                f"control_group {access.group!r}: the agent's user ({access.agent_user}) may "
+                "not give its socket to this group; make it a member, or run it as root"
+            ) from None
+        access.own_group(f"the agent's user may not give files to group {access.group!r}")
+        os.chown(path, -1, access.gid)
+    if made_dir:
+        os.chown(path.parent, -1, access.gid)
+    st = path.parent.stat()
+    if not (st.st_mode & 0o001 or (st.st_gid == access.gid and st.st_mode & 0o010)):
+        log.warning(
+            "control socket directory %s (mode %o) cannot be passed by group %r: its members "
+            "cannot reach the socket (give the directory that group and mode 0750)",
+            path.parent,
+            st.st_mode & 0o777,
+            access.group,
+        )

@@ -33,9 +33,11 @@ import trio
 
 import agent.systemd as systemd
 from agent import keyfiles, serf
+from agent.access import Access
 from agent.api import Snapshot
 from agent.config import AgentConfig, AgentConfigError
 from agent.config import load as load_config
+from agent.control import ControlError
 from agent.control_server import ControlServer
 from agent.departed import Departed
 from agent.driver import Driver, now_ms
@@ -108,6 +110,7 @@ class Agent:
         self.metrics: AgentMetrics | None = None  # only with --metrics-addr
         self.metrics_port = 0  # the HTTP server's bound port (metrics and status page)
         self.handlers: HandlerRunner | None = None  # only with event handlers
+        self.access: Access | None = None  # the control socket's rules and refusal counts
         self.driver: Driver | None = None
         self.serf: SerfRuntime | None = None
         self.bound_port = 0
@@ -197,11 +200,17 @@ class Agent:
             cfg.profile,
             ", encrypted" if self.keyring else "",
         )
+        control: ControlServer | None = None
         try:
+            if self._serve_control:
+                # bound before the nursery: a bad group or a socket in use is a plain error
+                self.access = Access(cfg.control_group, cfg.admin_group)
+                control = ControlServer(self, cfg.control, self.access)
+                control.bind()
             async with trio.open_nursery() as nursery:
                 await nursery.start(driver.run)
-                if self._serve_control:
-                    await nursery.start(ControlServer(self, cfg.control).serve)
+                if control is not None:
+                    await nursery.start(control.serve)
                 if cfg.event_handlers:
                     self.handlers = await start_handlers(nursery, self, cfg, driver, serf_runtime)
                 if cfg.metrics_addr is not None:
@@ -342,6 +351,7 @@ class Agent:
                 stats={
                     **driver.stats(),
                     **(self.handlers.stats() if self.handlers else {}),
+                    **(self.access.stats() if self.access else {}),
                     "key_file_warnings": len(self.key_file_warnings),
                 },
                 rtt_ms=dict(driver.probe_rtt_ms),
@@ -418,14 +428,24 @@ async def run_agent(
 ) -> int:
     """Run until SIGTERM/SIGINT (graceful leave) or a leave request; SIGHUP reloads."""
     agent = Agent(config)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(agent.run)
-        if on_ready is not None:
-            await on_ready(agent)
-        if install_signals:
-            nursery.start_soon(_signals, agent)
-        await agent.stopped.wait()
-        nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(agent.run)
+            if on_ready is not None:
+                await on_ready(agent)
+            if install_signals:
+                nursery.start_soon(_signals, agent)
+            await agent.stopped.wait()
+            nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # a start-up error (a port or socket in use, a group the agent cannot use) comes
+        # wrapped in the nurseries' groups; raised alone, swimctl reports it in one line
+        leaf: BaseException = group
+        while isinstance(leaf, BaseExceptionGroup) and len(leaf.exceptions) == 1:
+            leaf = leaf.exceptions[0]
+        if not isinstance(leaf, (AgentConfigError, ControlError, OSError)):
+            raise
+        raise leaf from None
     return 0
 
 

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 for pair in serf:serf ip:iproute2 iptables:iptables promtool:prometheus systemd-analyze:systemd \
-        prometheus-alertmanager:prometheus-alertmanager chromium:chromium \
+        useradd:passwd prometheus-alertmanager:prometheus-alertmanager chromium:chromium \
         slurmctld:slurmctld slurmd:slurmd scontrol:slurm-client munged:munge; do
     cmd=${pair%%:*}; pkg=${pair##*:}
     command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$pkg")

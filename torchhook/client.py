@@ -36,6 +36,7 @@ from agent.control import (
     default_control_path,
     encode_frame,
     make_request,
+    unreachable,
 )
 
 __all__ = [
@@ -139,7 +140,9 @@ class Membership:
         self._decoder = FrameDecoder()
         self._pending: list[dict[str, Any]] = []
         try:
-            self._sock.sendall(encode_frame(make_request("watch", **args)))
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                # refused at once: the agent's reply is still there to read
+                self._sock.sendall(encode_frame(make_request("watch", **args)))
             first = self._next_frame()
             if first.get("ok") is not True:
                 raise ControlError(str(first.get("error", "the agent refused the watch")))
@@ -156,7 +159,10 @@ class Membership:
 
     def _next_frame(self) -> dict[str, Any]:
         while not self._pending:
-            data = self._sock.recv(65536)
+            try:
+                data = self._sock.recv(65536)
+            except ConnectionResetError:
+                data = b""  # closed with our frames unread (a refusal), after its reply
             if not data:
                 raise MembershipClosed(f"the agent at {self.path} closed the watch")
             self._pending = self._decoder.feed(data)
@@ -261,10 +267,7 @@ def _connect(path: Path, timeout_s: float) -> socket.socket:
         sock.connect(str(path))
     except OSError as exc:
         sock.close()
-        raise ControlError(
-            f"cannot reach the agent at {path}: {exc.strerror or exc}. Is it running? "
-            "(set control= or SWIM_CONTROL to its socket)"
-        ) from exc
+        raise unreachable(path, exc, "control= or SWIM_CONTROL") from exc
     return sock
 
 

@@ -1,8 +1,9 @@
 """Security with a keyring (issue 6): input that fails authentication is dropped and counted
 by reason and never changes membership; no plaintext fallback unless
 ``encrypt_verify_incoming = false``; keys rotate (install, use, remove) across a running
-mixed cluster without a false suspicion; the control socket serves only its owner (mode 0600
-and, on Linux, SO_PEERCRED); no key material in logs, metrics, ``info`` or monitor events.
+mixed cluster without a false suspicion; the control socket serves only its owner and its
+group (mode 0660 and, on Linux, SO_PEERCRED; the groups in tests/agent/test_access.py); no
+key material in logs, metrics, ``info`` or monitor events.
 
 In-process agents (trio, loopback) for most checks; the rotation runs real processes (ours
 and serf) and is marked slow. Every process is stopped by pid."""
@@ -308,7 +309,8 @@ async def test_control_socket_refuses_other_users(caplog: pytest.LogCaptureFixtu
         async with cluster(work, 1, encrypt=KEY) as agents:
             sock = work / "n0.sock"
             st = sock.stat()
-            assert st.st_mode & 0o777 == 0o600 and st.st_uid == os.geteuid()
+            assert st.st_mode & 0o777 == 0o660 and st.st_uid == os.geteuid()
+            assert st.st_gid == agents[0].agent.access.gid  # type: ignore[union-attr]
             frame = encode_frame(make_request("info"))
             got = await trio.to_thread.run_sync(_as_uid, NOBODY, sock, frame)
             assert got == "connect:PermissionError"  # the file mode stops it
@@ -331,13 +333,16 @@ async def test_control_socket_refuses_other_users(caplog: pytest.LogCaptureFixtu
 
 
 def test_peer_check_is_skipped_without_peer_credentials() -> None:
-    from agent import control_server
+    from agent.access import Access, peer_of
 
     class NoCreds:
         def getsockopt(self, *args: object) -> bytes:
             raise OSError("not supported")
 
-    assert control_server._refuse_peer(NoCreds()) is None
+    assert peer_of(NoCreds()) is None
+    access = Access()
+    assert access.connection_refusal(None) is None
+    assert access.request_refusal("force_leave", None) is None
 
 
 # --- (e) no key material in logs, metrics, info or monitor events --------------------------

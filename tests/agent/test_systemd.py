@@ -21,6 +21,7 @@ from agent.systemd import notify, watchdog_interval_s
 
 PACKAGING = Path(__file__).resolve().parents[2] / "packaging"
 UNIT = PACKAGING / "swim-agent.service"
+SYSUSERS = UNIT.with_name("swim-sysusers.conf")
 
 
 @pytest.fixture
@@ -183,7 +184,13 @@ def test_unit_settings() -> None:
     }
     for key, val in expected.items():
         assert service.get(key) == val, key
-    assert service.get("DynamicUser") == "yes" or service.get("User") == "swim"
+    # the access model (agent/access.py): a static user and group that other users can be
+    # made members of, and a runtime directory that group may pass to reach the socket
+    assert "DynamicUser" not in service
+    assert (service.get("User"), service.get("Group")) == ("swim", "swim")
+    assert service.get("RemoveIPC") == "yes"  # what DynamicUser= implied
+    mode = int(service["RuntimeDirectoryMode"], 8)
+    assert mode & 0o010 and not mode & 0o007, "group may pass /run/swim, others may not"
     assert units["Unit"]["After"] == ["network-online.target"]
     assert units["Unit"]["Wants"] == ["network-online.target"]
     assert units["Install"]["WantedBy"] == ["multi-user.target"]
@@ -273,3 +280,30 @@ def test_verify_catches_mistakes(tmp_path: Path) -> None:
     if "ProtectSytem" not in output:
         pytest.skip(f"systemd-analyze verify reports nothing here: {output.strip()[:500]}")
     assert "swim-agent.service" in output
+
+
+def test_sysusers_creates_the_units_user_and_group(tmp_path: Path) -> None:
+    """packaging/swim-sysusers.conf, applied by the real systemd-sysusers to an empty root,
+    creates the user and group the unit runs as: a system account without a login."""
+    if shutil.which("systemd-sysusers") is None:
+        pytest.skip("systemd-sysusers not installed (Debian package 'systemd')")
+    (tmp_path / "etc").mkdir()
+    result = subprocess.run(
+        ["systemd-sysusers", f"--root={tmp_path}", str(SYSUSERS)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    service = {k: v[-1] for k, v in _settings(UNIT.read_text())["Service"].items()}
+    users, groups = _entries(tmp_path / "etc/passwd"), _entries(tmp_path / "etc/group")
+    user, group = users[service["User"]], groups[service["Group"]]
+    assert user[3] == group[2], "the user's primary group is the unit's group"
+    assert int(user[2]) < 1000, "a system uid"
+    assert user[6] == "/usr/sbin/nologin"
+
+
+def _entries(path: Path) -> dict[str, list[str]]:
+    """An /etc/passwd or /etc/group file: its colon-separated fields by name."""
+    return {f[0]: f for f in (line.split(":") for line in path.read_text().splitlines()) if f[0]}
