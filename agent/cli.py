@@ -35,6 +35,15 @@ from agent.config import AgentConfigError, load, parse_tag_args
 from agent.control import ControlError
 from swim import PROFILES
 
+_version_option = click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=print_version,
+    help="Show the version and the protocol versions spoken, then exit.",
+)
+
 
 @click.group(context_settings=CONTEXT)
 @click.option(
@@ -43,14 +52,7 @@ from swim import PROFILES
     type=CONTROL_PATH,
     help="The agent's control socket.",
 )
-@click.option(
-    "--version",
-    is_flag=True,
-    expose_value=False,
-    is_eager=True,
-    callback=print_version,
-    help="Show the version and the protocol versions spoken, then exit.",
-)
+@_version_option
 @click.pass_context
 def main(ctx: click.Context, control: Path | None) -> None:
     """Gossip membership and failure detection for GPU clusters (SWIM + Lifeguard)."""
@@ -153,14 +155,7 @@ def _run_agent(control: Path | None, flags: dict[str, Any]) -> None:
 @click.command(context_settings=CONTEXT)
 @_agent_options
 @click.option("--control", type=click.Path(path_type=Path), envvar="SWIM_CONTROL")
-@click.option(
-    "--version",
-    is_flag=True,
-    expose_value=False,
-    is_eager=True,
-    callback=print_version,
-    help="Show the version and the protocol versions spoken, then exit.",
-)
+@_version_option
 def agent_main(control: Path | None, **flags: Any) -> None:
     """swim-agent: the daemon (same as ``swimctl agent``)."""
     _run_agent(control, flags)
