@@ -179,6 +179,25 @@ STAT_SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("stall_datagrams", "stall datagrams"),
         ),
     ),
+    (
+        "Event handlers",
+        (
+            ("handler_runs", "runs"),
+            ("handler_failures", "failures"),
+            ("handler_timeouts", "timeouts"),
+            ("handler_dropped", "dropped"),
+            ("handler_coalesced", "coalesced"),
+            ("handler_queued", "queued"),
+        ),
+    ),
+    (
+        "Access",
+        (
+            ("control_refused_connections", "refused connections"),
+            ("control_refused_requests", "refused requests"),
+            ("key_file_warnings", "key file warnings"),
+        ),
+    ),
 )
 """``info``'s ``stats`` grouped for reading, with their labels; a stat not named here goes
 under "Other" with its key as the label."""

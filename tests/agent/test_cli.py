@@ -306,7 +306,16 @@ def test_info_text_in_sections_and_the_agents_version(agents: list[LocalAgent]) 
     assert result.exit_code == 0, result.output
     text = result.stdout
     titles = [line for line in text.splitlines() if line and not line.startswith(" ")]
-    assert titles == ["Agent", "Members", "Tags", "Traffic", "Probes", "Suspicion", "Agent loop"]
+    assert titles == [
+        "Agent",
+        "Members",
+        "Tags",
+        "Traffic",
+        "Probes",
+        "Suspicion",
+        "Agent loop",
+        "Access",
+    ]
     rows = {line.split("  ")[1].strip(): line for line in text.splitlines() if line[:2] == "  "}
     assert rows["node"].split() == ["node", "agent-0"]
     assert rows["version"].split() == ["version", version(DISTRIBUTION)]
