@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.procs import stop, until
+from bench import detection_results, results
 from bench.procs import SERF
 from bench.watched import CLK_TCK, PATTERNS, PortCounters, Proc, cpu_ticks, rss_mib, start
 from swim import PROFILES
@@ -100,6 +101,43 @@ class Result:
     def spread(self, attr: str) -> str:
         values = [v for k in self.kills if (v := getattr(k, attr)) is not None]
         return f"{min(values):.2f}–{max(values):.2f}" if values else "n/a"
+
+    def stat(self, attr: str, p99: bool = True) -> dict[str, float] | None:
+        """Median, range and (``p99``) nearest-rank p99 over the kills, for the result file."""
+        values = [v for k in self.kills if (v := getattr(k, attr)) is not None]
+        if not values:
+            return None
+        return results.stat(
+            self.median(attr),
+            lo=min(values),
+            hi=max(values),
+            p99=self.p99(attr) if p99 else None,
+        )
+
+    def row(self) -> dict[str, object]:
+        """This cluster's row of the result file (bench/detection_results.py ``Row``)."""
+        return {
+            "impl": self.impl,
+            "profile": self.profile,
+            "n": self.n,
+            "kills": len(self.kills),
+            "converge_s": self.converge_s,
+            "converge_ready_s": self.converge_ready_s,
+            "first_suspect_s": self.stat("first_suspect_s"),
+            "first_dead_s": self.stat("first_dead_s", p99=False),
+            "last_dead_s": self.stat("last_dead_s"),
+            "suspicion_s": self.stat("suspicion_s"),
+            "spread_s": self.stat("spread_s"),
+            "false_dead": self.false_dead,
+            "false_suspect": self.false_suspect,
+            "startup_false_dead": self.startup_false_dead,
+            "startup_false_suspect": self.startup_false_suspect,
+            "cpu_ms": self.cpu_ms_per_s,
+            "rss_mib_mean": self.rss_mib_mean,
+            "rss_mib_max": self.rss_mib_max,
+            "pkts": self.pkts_per_s,
+            "bytes": self.bytes_per_s,
+        }
 
 
 class NotConverged(Exception):
@@ -357,7 +395,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=5, help="SIGKILLs per cluster")
     parser.add_argument("--runs", help="IMPL:PROFILE,... (default: serf:P,swim:P for --profile P)")
     parser.add_argument("--out", type=Path, help="append the report to this markdown file")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=results.DIR,
+        help="write the result file under this folder (bench/results.py)",
+    )
+    parser.add_argument("--no-results", action="store_true", help="write no result file")
     args = parser.parse_args(argv)
+    started = results.machine()
     if SERF is None:
         print("serf is not installed (scripts/setup.sh installs it)", file=sys.stderr)
         return 2
@@ -366,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     sizes = [int(x) for x in args.sizes.split(",")]
-    results = []
+    measured: list[Result] = []
     failures: list[str] = []
     for n in sizes:
         for impl, profile in runs:
@@ -383,10 +429,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"   {exc}", file=sys.stderr, flush=True)
                     continue
                 print(f"   {result}", file=sys.stderr, flush=True)
-                results.append(result)
+                measured.append(result)
                 break
     command = "python -m bench.compare_serf " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = report(results, runs, command.strip())
+    text = report(measured, runs, command.strip())
     if failures:
         text += "\nRuns that did not converge (retried once):\n\n"
         text += "".join(f"- {f}\n" for f in failures)
@@ -394,6 +440,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         with args.out.open("a") as fh:
             fh.write("\n" + text)
+    if measured and not args.no_results:
+        built = detection_results.build(
+            [r.row() for r in measured],
+            runs,
+            sizes,
+            kills=args.kills,
+            settle_s=args.settle_s,
+            window_s=args.window_s,
+        )
+        notes = [f"Did not converge (retried once): {f}" for f in failures]
+        path = results.write(
+            command=results.command_line(
+                "bench.compare_serf", argv if argv is not None else sys.argv[1:]
+            ),
+            machine_info=started,
+            notes=notes,
+            directory=args.results,
+            **built,
+        )
+        print(f"result: {path}", file=sys.stderr)
     return 0
 
 
