@@ -15,12 +15,16 @@ For each N it starts a cluster of each implementation on loopback and measures:
 Log lines are timestamped by reader threads as they arrive (serf's own log timestamps
 have one-second resolution), so both sides are timed the same way.
 
-    python -m bench.compare_serf [--sizes 8,32,64] [--profile lan] [--out BENCHMARKS.md]
+    python -m bench.compare_serf [--sizes 8,32,64] [--profile lan] [--out REPORT.md]
     python -m bench.compare_serf --sizes 64 --runs serf:local,swim:fast,swim:lan --kills 20
 
 ``--runs`` lists implementation:profile pairs, run one after another for each N (serf knows
 lan, wan and local; ``fast`` is ours); the first is the baseline of the ratio table.
 ``--profile P`` is short for ``--runs serf:P,swim:P``.
+
+Every run writes its result file under results/ (bench/detection_results.py; ``--results
+DIR``, ``--no-results``); ``python -m bench.render`` then renders BENCHMARKS.md from the
+newest result of each question. ``--out`` appends the Markdown report to a file of your own.
 """
 
 from __future__ import annotations
@@ -249,11 +253,11 @@ def run_one(
                 bytes_ = statistics.mean(
                     (net1[p.port][1] - net0[p.port][1]) / elapsed for p in procs
                 )
-            results = []
+            timed: list[Kill] = []
             alive = list(procs)
             killed_at: dict[str, float] = {}
             for _ in range(min(kills, n - 2)):
-                results.append(_kill_one(alive, killed_at))
+                timed.append(_kill_one(alive, killed_at))
                 time.sleep(pause_s)
             false_dead, false_suspect = _false_events(procs, killed_at, steady_from)
             startup = _false_events(procs, killed_at, 0.0, steady_from)
@@ -268,7 +272,7 @@ def run_one(
                 max(rss),
                 pkts,
                 bytes_,
-                results,
+                timed,
                 false_dead,
                 false_suspect,
                 *startup,
@@ -395,13 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=5, help="SIGKILLs per cluster")
     parser.add_argument("--runs", help="IMPL:PROFILE,... (default: serf:P,swim:P for --profile P)")
     parser.add_argument("--out", type=Path, help="append the report to this markdown file")
-    parser.add_argument(
-        "--results",
-        type=Path,
-        default=results.DIR,
-        help="write the result file under this folder (bench/results.py)",
-    )
-    parser.add_argument("--no-results", action="store_true", help="write no result file")
+    results.add_arguments(parser)
     args = parser.parse_args(argv)
     started = results.machine()
     if SERF is None:
@@ -440,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         with args.out.open("a") as fh:
             fh.write("\n" + text)
-    if measured and not args.no_results:
+    if measured:
         built = detection_results.build(
             [r.row() for r in measured],
             runs,
@@ -450,16 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             window_s=args.window_s,
         )
         notes = [f"Did not converge (retried once): {f}" for f in failures]
-        path = results.write(
-            command=results.command_line(
-                "bench.compare_serf", argv if argv is not None else sys.argv[1:]
-            ),
-            machine_info=started,
-            notes=notes,
-            directory=args.results,
-            **built,
-        )
-        print(f"result: {path}", file=sys.stderr)
+        results.record(args, "bench.compare_serf", argv, started, built, notes)
     return 0
 
 

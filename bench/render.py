@@ -150,7 +150,7 @@ def figure_text(f: Mapping[str, Any]) -> str:
     out = f"**{value_text(f)}**"
     extra = []
     d, unit = f["digits"], f["unit"]
-    if f.get("spread") is not None:
+    if f.get("spread") is not None and f["spread"][0] != f["spread"][1]:
         lo, hi = f["spread"]
         rng = _with_unit(f"{number(lo, d)}–{number(hi, d)}", unit)
         extra.append(rng + (f" over {f['runs']} runs" if f.get("runs") else ""))

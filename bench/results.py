@@ -37,11 +37,13 @@ current answer to every question.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,12 +52,14 @@ __all__ = [
     "DIR",
     "FORMAT",
     "Figure",
+    "add_arguments",
     "column",
     "command_line",
     "commit",
     "figure",
     "machine",
     "newest",
+    "record",
     "stat",
     "validate",
     "write",
@@ -373,3 +377,37 @@ def newest(directory: Path = DIR) -> dict[str, dict[str, Any]]:
         if data["question"] not in best or key > best[data["question"]][0]:
             best[data["question"]] = (key, data)
     return {q: d for q, (_, d) in sorted(best.items())}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """A benchmark's ``--results DIR`` (default results/) and ``--no-results``."""
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=DIR,
+        help="write the run's result file under this folder (bench/results.py)",
+    )
+    parser.add_argument("--no-results", action="store_true", help="write no result file")
+
+
+def record(
+    args: argparse.Namespace,
+    module: str,
+    argv: Sequence[str] | None,
+    machine_info: Mapping[str, Any],
+    built: Mapping[str, Any],
+    notes: Iterable[str] = (),
+) -> Path | None:
+    """Write a benchmark's result (``built``: question, title, method, figures and
+    optionally peers, ratios, tables) unless ``--no-results``; say where on stderr."""
+    if args.no_results:
+        return None
+    path = write(
+        command=command_line(module, sys.argv[1:] if argv is None else argv),
+        machine_info=machine_info,
+        notes=[*built.get("notes", ()), *notes],
+        directory=args.results,
+        **{k: v for k, v in built.items() if k != "notes"},
+    )
+    print(f"result: {path}", file=sys.stderr, flush=True)
+    return path

@@ -9,6 +9,7 @@ step-efficiency run, its same-run ratios, and every kill of each setup.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -65,7 +66,7 @@ def recovery(
     figures: dict[str, Any] = {}
     table_rows = []
     for (mode, fault), runs in groups.items():
-        key = f"{MODES.get(mode, mode)}-{fault}"
+        key = f"{MODES.get(mode) or re.sub(r'[^a-z0-9]+', '-', mode.lower()).strip('-')}-{fault}"
         total = _stat([r["total_s"] for r in runs])
         window = float(runs[0].get("window_s") or 40.0)
         none = f"none within {window:.0f} s"
