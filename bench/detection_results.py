@@ -106,7 +106,7 @@ def build(
                         {"label": f"swim `fast` / swim `lan`, {n} agents, {what}", "value": value}
                     )
 
-    def s(v: Mapping[str, float] | None) -> dict[str, float] | None:
+    def median_p99(v: Mapping[str, float] | None) -> dict[str, float] | None:
         return None if v is None else {k: v[k] for k in ("median", "p99") if k in v}
 
     clusters = [
@@ -162,10 +162,10 @@ def build(
                     "impl": r["impl"],
                     "profile": r["profile"],
                     "n": r["n"],
-                    "to_suspicion": s(r["first_suspect_s"]),
-                    "suspicion": s(r["suspicion_s"]),
-                    "spread": s(r["spread_s"]),
-                    "total": s(r["last_dead_s"]),
+                    "to_suspicion": median_p99(r["first_suspect_s"]),
+                    "suspicion": median_p99(r["suspicion_s"]),
+                    "spread": median_p99(r["spread_s"]),
+                    "total": median_p99(r["last_dead_s"]),
                 }
                 for r in rows
             ],

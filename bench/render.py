@@ -58,9 +58,9 @@ TOPICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "Training recovery",
         "How long training stops when a node fails, by fault (SIGKILL, SIGSTOP, inside "
         "backward) and by strategy (in-process DDP and HSDP on swim, torchrun with the swim "
-        "rendezvous, stock torchrun with c10d). FSDP recovers through the same path as "
-        "DDP (a new group, then resharding from the survivors) and has no timed benchmark "
-        "yet.",
+        "rendezvous, stock torchrun with c10d). Pure FSDP, which keeps no second copy of "
+        "a shard, recovers by reloading the newest complete checkpoint, resharded "
+        "(docs/training.md); it has no timed benchmark yet.",
         ("training-recovery-", "torchrun-recovery-"),
     ),
     (
@@ -226,7 +226,7 @@ def section(r: Mapping[str, Any]) -> list[str]:
     if r["peers"]:
         lines += ["Same run: " + ", ".join(r["peers"]) + ".", ""]
     if r["ratios"]:
-        lines += ["Same-run ratios (below 1: the first is faster or cheaper):", ""]
+        lines += ["Same-run ratios, the first over the second:", ""]
         lines += [f"- {ratio_text(x)}" for x in r["ratios"]]
         lines.append("")
     for t in r["tables"]:
@@ -282,7 +282,7 @@ class Headline:
     label: str
     question: str
     figures: tuple[str, ...]
-    peers: tuple[tuple[str, str], ...] = ()
+    peers: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 DET64 = "detection-64-serf-local-swim-fast-swim-lan"
@@ -290,43 +290,43 @@ DETLAN = "detection-8-32-64-serf-lan-swim-lan"
 TRAIN = "training-recovery-3x2-fast"
 HEADLINES: tuple[Headline, ...] = (
     Headline(
-        "`fast`: a crashed agent dead at every survivor, 64 agents",
+        "`fast`: a crashed agent dead at every survivor (median), 64 agents",
         DET64,
         ("swim-fast-64.last_dead_s",),
-        (("serf `local`", "serf-local-64.last_dead_s"), ("`lan`", "swim-lan-64.last_dead_s")),
+        (("serf `local`", ("serf-local-64.last_dead_s",)), ("`lan`", ("swim-lan-64.last_dead_s",))),
     ),
     Headline(
         "`fast`: CPU per agent, 64 agents",
         DET64,
         ("swim-fast-64.cpu_ms",),
-        (("serf `local`", "serf-local-64.cpu_ms"), ("`lan`", "swim-lan-64.cpu_ms")),
+        (("serf `local`", ("serf-local-64.cpu_ms",)), ("`lan`", ("swim-lan-64.cpu_ms",))),
     ),
     Headline(
-        "`lan` against serf `lan`, 64 agents: dead everywhere, CPU",
+        "`lan` against serf `lan`, 64 agents: dead everywhere (median), CPU",
         DETLAN,
         ("swim-lan-64.last_dead_s", "swim-lan-64.cpu_ms"),
-        (("serf `lan`", "serf-lan-64.last_dead_s"), ("serf `lan`", "serf-lan-64.cpu_ms")),
+        (("serf `lan`", ("serf-lan-64.last_dead_s", "serf-lan-64.cpu_ms")),),
     ),
     Headline(
-        "Training, in-process DDP: node SIGKILLed → first step without it",
+        "Training, in-process DDP: node SIGKILLed → first step without it (median)",
         TRAIN,
         ("in-process-ddp-kill.total_s",),
         (
-            ("torchrun + swim", "torchrun-swim-kill.total_s"),
-            ("torchrun + c10d", "torchrun-c10d-kill.total_s"),
+            ("torchrun + swim", ("torchrun-swim-kill.total_s",)),
+            ("torchrun + c10d", ("torchrun-c10d-kill.total_s",)),
         ),
     ),
     Headline(
-        "Training, in-process DDP: node SIGSTOPped → first step without it",
+        "Training, in-process DDP: node SIGSTOPped → first step without it (median)",
         TRAIN,
         ("in-process-ddp-stop.total_s",),
         (
-            ("torchrun + swim", "torchrun-swim-stop.total_s"),
-            ("torchrun + c10d", "torchrun-c10d-stop.total_s"),
+            ("torchrun + swim", ("torchrun-swim-stop.total_s",)),
+            ("torchrun + c10d", ("torchrun-c10d-stop.total_s",)),
         ),
     ),
     Headline(
-        "Training, in-process HSDP: node SIGKILLed inside backward",
+        "Training, in-process HSDP: node SIGKILLed inside backward (median)",
         TRAIN,
         (
             "in-process-hsdp-kill-in-backward.total_s",
@@ -338,12 +338,12 @@ HEADLINES: tuple[Headline, ...] = (
         "step-efficiency-3x2-fast",
         ("in-process.efficiency",),
         (
-            ("torchrun + swim", "torchrun-swim.efficiency"),
-            ("torchrun + c10d", "torchrun-c10d.efficiency"),
+            ("torchrun + swim", ("torchrun-swim.efficiency",)),
+            ("torchrun + c10d", ("torchrun-c10d.efficiency",)),
         ),
     ),
     Headline(
-        "Simulator: 10,000 members for 60 simulated seconds",
+        "Simulator: 10,000 members for 60 simulated seconds (median wall time)",
         "sim-scale-10000",
         ("wall_s",),
     ),
@@ -366,7 +366,12 @@ def headline_block(found: Mapping[str, Mapping[str, Any]]) -> str:
             continue
         figs = r["figures"]
         main = ", ".join(_short(figs[k]) for k in h.figures)
-        peers = "; ".join(f"{name} {_short(figs[k])}" for name, k in h.peers) or "-"
+        peers = (
+            "; ".join(
+                f"{name} {', '.join(_short(figs[k]) for k in keys)}" for name, keys in h.peers
+            )
+            or "-"
+        )
         link = f"BENCHMARKS.md#{slug(r['title'])}"
         lines.append(f"| [{h.label}]({link}) | **{main}** | {peers} |")
     return "\n".join(lines) + "\n"

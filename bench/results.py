@@ -71,7 +71,7 @@ FORMAT = 1
 QUESTION = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(?:T\d{2}:\d{2}:\d{2}Z)?$")
 STAT_KEYS = frozenset({"median", "min", "max", "p99", "mean"})
-TOP_KEYS = {
+TOP_KEYS: dict[str, type | tuple[type, ...]] = {
     "format": int,
     "question": str,
     "title": str,
@@ -194,8 +194,8 @@ def command_line(module: str, argv: Sequence[str]) -> str:
 def _check_cell(where: str, cell: object, errors: list[str]) -> None:
     if cell is None or isinstance(cell, str | bool) or _number(cell):
         return
-    stats = isinstance(cell, dict) and cell and set(cell) <= STAT_KEYS
-    if stats and all(_number(v) for v in cell.values()):  # type: ignore[union-attr]
+    statistic = isinstance(cell, dict) and cell and set(cell) <= STAT_KEYS
+    if statistic and all(_number(v) for v in cell.values()):  # type: ignore[attr-defined]
         return
     errors.append(
         f"{where}: a cell is a number, a string, a boolean, null or a statistic, not {cell!r}"

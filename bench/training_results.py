@@ -245,9 +245,10 @@ def efficiency(
     ratios = []
     ours = by.get("in-process")
     for other in ("torchrun-swim", "torchrun-c10d"):
-        r = by.get(other)
-        if ours is None or r is None:
+        theirs = by.get(other)
+        if ours is None or theirs is None:
             continue
+        r = theirs
         for key, what in (
             ("efficiency", "steps"),
             ("time_efficiency", "time"),
