@@ -30,7 +30,8 @@ case "$cmd" in
         ;;
     bench)
         scripts/setup.sh
-        exec .venv/bin/python -m bench.compare_serf --out BENCHMARKS.md "$@"
+        .venv/bin/python -m bench.compare_serf "$@"
+        exec .venv/bin/python -m bench.render
         ;;
     *) echo "usage: $0 demo|simdemo|test|lint|bench|setup" >&2; exit 2 ;;
 esac

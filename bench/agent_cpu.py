@@ -39,10 +39,13 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agent.demo import agent_command
 from agent.procs import free_port, stop, until
+from bench import results as result_files
 
+ROOT = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 JOINED = re.compile(rb"member (\S+) joined")
 
@@ -219,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-agent", type=int, default=0, metavar="SECONDS")
     parser.add_argument("--flame", type=Path, default=Path("bench/profiles/flame.svg"))
     parser.add_argument("--summarize", type=Path, help="print the top functions of a .txt")
+    result_files.add_arguments(parser)
     args = parser.parse_args(argv)
+    started = result_files.machine()
     if args.summarize:
         print(summarize(args.summarize))
         return 0
@@ -258,7 +263,88 @@ def main(argv: list[str] | None = None) -> int:
                     f"ratio of medians to {trees[0]} {_ratio(med, base):.2f}, per repetition "
                     + ", ".join(f"{r:.2f}" for r in paired)
                 )
+    built = as_result(results, trees, sizes, profiles, args)
+    argv_ = list(sys.argv[1:] if argv is None else argv)
+    for i, a in enumerate(argv_):  # scratch checkouts by their commit, not their path
+        if argv_[i - 1] == "--trees" or a.startswith("--trees="):
+            named = ",".join(_tree_name(t) for t in trees)
+            argv_[i] = f"--trees={named}" if a.startswith("--trees=") else named
+    result_files.record(args, "bench.agent_cpu", argv_, started, built)
     return 0
+
+
+def _tree_name(tree: Path) -> str:
+    """``.`` for this checkout, ``../swim-<commit>`` for another (a ``git worktree``)."""
+    if tree == ROOT:
+        return "."
+    return f"../swim-{result_files.commit(tree) or tree.name}"
+
+
+def as_result(
+    measured: dict[tuple[int, str, Path], list[float]],
+    trees: list[Path],
+    sizes: list[int],
+    profiles: list[str],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Medians per tree, size and profile, and each tree's ratio to the first."""
+    figures: dict[str, Any] = {}
+    ratios: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    for n in sizes:
+        for profile in profiles:
+            base = statistics.median(measured[(n, profile, trees[0])])
+            for i, tree in enumerate(trees):
+                runs = measured[(n, profile, tree)]
+                med = statistics.median(runs)
+                name = _tree_name(tree)
+                figures[f"{n}-{profile}-tree{i}.cpu_ms"] = result_files.figure(
+                    f"{n} agents, `{profile}`, tree {name}: CPU per agent, median",
+                    med,
+                    "ms per agent-second",
+                    spread=[min(runs), max(runs)],
+                    runs=len(runs),
+                )
+                rows.append({"n": n, "profile": profile, "tree": name, "cpu": med})
+                if i:
+                    ratios.append(
+                        {
+                            "label": f"{name} / {_tree_name(trees[0])}, {n} agents, `{profile}`",
+                            "value": round(_ratio(med, base), 2),
+                        }
+                    )
+    return {
+        "question": "agent-cpu-"
+        + "-".join(str(n) for n in sizes)
+        + "-"
+        + "-".join(profiles)
+        + f"-{len(trees)}-trees",
+        "title": f"Agent CPU, {len(trees)} checkouts alternating: "
+        + ", ".join(str(n) for n in sizes)
+        + " agents, "
+        + ", ".join(f"`{p}`" for p in profiles),
+        "method": (
+            "Clusters of N agents on loopback run the agent code of each checkout "
+            f"({', '.join(_tree_name(t) for t in trees)}), the order alternating over "
+            f"{args.reps} repetitions; CPU is read over a "
+            f"{args.window_s:g} s window after a {args.settle_s:g} s settle."
+        ),
+        "figures": figures,
+        "peers": [_tree_name(t) for t in trees],
+        "ratios": ratios,
+        "tables": [
+            {
+                "caption": "Median CPU ms per agent-second",
+                "columns": [
+                    result_files.column("n", "N"),
+                    result_files.column("profile", "profile"),
+                    result_files.column("tree", "checkout"),
+                    result_files.column("cpu", "CPU ms/agent-s"),
+                ],
+                "rows": rows,
+            }
+        ],
+    }
 
 
 if __name__ == "__main__":

@@ -15,12 +15,16 @@ For each N it starts a cluster of each implementation on loopback and measures:
 Log lines are timestamped by reader threads as they arrive (serf's own log timestamps
 have one-second resolution), so both sides are timed the same way.
 
-    python -m bench.compare_serf [--sizes 8,32,64] [--profile lan] [--out BENCHMARKS.md]
+    python -m bench.compare_serf [--sizes 8,32,64] [--profile lan] [--out REPORT.md]
     python -m bench.compare_serf --sizes 64 --runs serf:local,swim:fast,swim:lan --kills 20
 
 ``--runs`` lists implementation:profile pairs, run one after another for each N (serf knows
 lan, wan and local; ``fast`` is ours); the first is the baseline of the ratio table.
 ``--profile P`` is short for ``--runs serf:P,swim:P``.
+
+Every run writes its result file under results/ (bench/detection_results.py; ``--results
+DIR``, ``--no-results``); ``python -m bench.render`` then renders BENCHMARKS.md from the
+newest result of each question. ``--out`` appends the Markdown report to a file of your own.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.procs import stop, until
+from bench import detection_results, results
 from bench.procs import SERF
 from bench.watched import CLK_TCK, PATTERNS, PortCounters, Proc, cpu_ticks, rss_mib, start
 from swim import PROFILES
@@ -100,6 +105,43 @@ class Result:
     def spread(self, attr: str) -> str:
         values = [v for k in self.kills if (v := getattr(k, attr)) is not None]
         return f"{min(values):.2f}–{max(values):.2f}" if values else "n/a"
+
+    def stat(self, attr: str, p99: bool = True) -> dict[str, float] | None:
+        """Median, range and (``p99``) nearest-rank p99 over the kills, for the result file."""
+        values = [v for k in self.kills if (v := getattr(k, attr)) is not None]
+        if not values:
+            return None
+        return results.stat(
+            self.median(attr),
+            lo=min(values),
+            hi=max(values),
+            p99=self.p99(attr) if p99 else None,
+        )
+
+    def row(self) -> dict[str, object]:
+        """This cluster's row of the result file (bench/detection_results.py ``Row``)."""
+        return {
+            "impl": self.impl,
+            "profile": self.profile,
+            "n": self.n,
+            "kills": len(self.kills),
+            "converge_s": self.converge_s,
+            "converge_ready_s": self.converge_ready_s,
+            "first_suspect_s": self.stat("first_suspect_s"),
+            "first_dead_s": self.stat("first_dead_s", p99=False),
+            "last_dead_s": self.stat("last_dead_s"),
+            "suspicion_s": self.stat("suspicion_s"),
+            "spread_s": self.stat("spread_s"),
+            "false_dead": self.false_dead,
+            "false_suspect": self.false_suspect,
+            "startup_false_dead": self.startup_false_dead,
+            "startup_false_suspect": self.startup_false_suspect,
+            "cpu_ms": self.cpu_ms_per_s,
+            "rss_mib_mean": self.rss_mib_mean,
+            "rss_mib_max": self.rss_mib_max,
+            "pkts": self.pkts_per_s,
+            "bytes": self.bytes_per_s,
+        }
 
 
 class NotConverged(Exception):
@@ -211,11 +253,11 @@ def run_one(
                 bytes_ = statistics.mean(
                     (net1[p.port][1] - net0[p.port][1]) / elapsed for p in procs
                 )
-            results = []
+            timed: list[Kill] = []
             alive = list(procs)
             killed_at: dict[str, float] = {}
             for _ in range(min(kills, n - 2)):
-                results.append(_kill_one(alive, killed_at))
+                timed.append(_kill_one(alive, killed_at))
                 time.sleep(pause_s)
             false_dead, false_suspect = _false_events(procs, killed_at, steady_from)
             startup = _false_events(procs, killed_at, 0.0, steady_from)
@@ -230,7 +272,7 @@ def run_one(
                 max(rss),
                 pkts,
                 bytes_,
-                results,
+                timed,
                 false_dead,
                 false_suspect,
                 *startup,
@@ -357,7 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=5, help="SIGKILLs per cluster")
     parser.add_argument("--runs", help="IMPL:PROFILE,... (default: serf:P,swim:P for --profile P)")
     parser.add_argument("--out", type=Path, help="append the report to this markdown file")
+    results.add_arguments(parser)
     args = parser.parse_args(argv)
+    started = results.machine()
     if SERF is None:
         print("serf is not installed (scripts/setup.sh installs it)", file=sys.stderr)
         return 2
@@ -366,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     sizes = [int(x) for x in args.sizes.split(",")]
-    results = []
+    measured: list[Result] = []
     failures: list[str] = []
     for n in sizes:
         for impl, profile in runs:
@@ -383,10 +427,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"   {exc}", file=sys.stderr, flush=True)
                     continue
                 print(f"   {result}", file=sys.stderr, flush=True)
-                results.append(result)
+                measured.append(result)
                 break
     command = "python -m bench.compare_serf " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = report(results, runs, command.strip())
+    text = report(measured, runs, command.strip())
     if failures:
         text += "\nRuns that did not converge (retried once):\n\n"
         text += "".join(f"- {f}\n" for f in failures)
@@ -394,6 +438,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         with args.out.open("a") as fh:
             fh.write("\n" + text)
+    if measured:
+        built = detection_results.build(
+            [r.row() for r in measured],
+            runs,
+            sizes,
+            kills=args.kills,
+            settle_s=args.settle_s,
+            window_s=args.window_s,
+        )
+        notes = [f"Did not converge (retried once): {f}" for f in failures]
+        results.record(args, "bench.compare_serf", argv, started, built, notes)
     return 0
 
 

@@ -26,6 +26,8 @@ of the machine as one group, so the loaders take at most its share from other wo
 
     sudo python -m bench.cpu_weight                      # 5 cases x 60 s, ~6 minutes
     sudo python -m bench.cpu_weight --cases equal,low --window-s 30
+
+It also writes a result file under results/ (``--results DIR``, ``--no-results``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from typing import Any
 from agent.control import ControlClient, ControlError
 from agent.demo import agent_command
 from agent.procs import free_port, stop, until
+from bench import results
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -121,7 +124,9 @@ def _all_alive(clients: list[ControlClient], n: int) -> bool:
         return False
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every case's row: its counters per minute and the agents' CPU in cores."""
+    rows: list[dict[str, Any]] = []
     procs: list[subprocess.Popen[Any]] = []
     workdir = Path(tempfile.mkdtemp(prefix="swim-cpuw-"))
     with cgroups() as (loaders_cg, agents_cg):
@@ -184,11 +189,53 @@ def run(args: argparse.Namespace) -> None:
                     + f" | {cores:.2f} |",
                     flush=True,
                 )
+                rows.append(
+                    {"case": name, "shares": shares, "nice": case.nice, "cores": cores}
+                    | dict(zip(COUNTERS, rates, strict=True))
+                )
         finally:
             stop(*procs, sig=signal.SIGKILL)
             for path in workdir.iterdir():
                 path.unlink()
             workdir.rmdir()
+    return rows
+
+
+def as_result(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    per_minute = [results.column(k, f"{k.replace('_', ' ')}/min", 1) for k in COUNTERS]
+    return {
+        "question": "cpu-weight",
+        "title": "The agent's CPU share on a saturated host",
+        "method": (
+            f"{args.agents} `fast` agents on loopback, {args.loaders} busy loops in a cgroup at "
+            "the default cpu.shares 1024 (cgroup v1); each case moves the agents to the cgroup "
+            f"and nice it names, lets them settle {args.settle_s:g} s and counts, over "
+            f"{args.window_s:g} s, what their `info` counters say (summed over the agents). "
+            "Every agent is alive throughout, so every suspicion and death is false."
+        ),
+        "figures": {
+            f"{r['case']}.suspicions": results.figure(
+                f"{r['case']} (shares {r['shares']}, nice {r['nice']}): false suspicions",
+                r["suspicions_raised"],
+                "per minute",
+                1,
+            )
+            for r in rows
+        },
+        "tables": [
+            {
+                "caption": "Each case, per minute",
+                "columns": [
+                    results.column("case", "case"),
+                    results.column("shares", "agents' cpu.shares"),
+                    results.column("nice", "nice"),
+                    *per_minute,
+                    results.column("cores", "agents' CPU (cores)"),
+                ],
+                "rows": rows,
+            }
+        ],
+    }
 
 
 def main() -> None:
@@ -199,14 +246,18 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=60.0)
     parser.add_argument("--settle-s", type=float, default=5.0)
     parser.add_argument("--cases", default=",".join(CASES), help=", ".join(CASES))
+    results.add_arguments(parser)
     args = parser.parse_args()
+    started = results.machine()
     # clean up on SIGTERM and SIGINT too (a shell's background job ignores SIGINT)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     unknown = set(args.cases.split(",")) - set(CASES)
     if unknown:
         parser.error(f"unknown case(s) {', '.join(sorted(unknown))}; known: {', '.join(CASES)}")
-    run(args)
+    rows = run(args)
+    if rows:
+        results.record(args, "bench.cpu_weight", None, started, as_result(rows, args))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,9 @@ checkpoint: its efficiency counts steps executed, as if each restart resumed for
 
     python -m bench.step_efficiency [--minutes 10] [--every-s 60] [--baseline-s 120]
                                     [--setups in-process,torchrun-c10d]
+
+Its result file goes under results/ (bench/training_results.py; ``--results DIR``,
+``--no-results``), the same question as bench/torch_recovery.py's efficiency part.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.procs import until
-from bench import torchrun_recovery
+from bench import results as result_files
+from bench import torchrun_recovery, training_results
 from bench.clusters import Cluster, InProcess, Record, Torchrun, say
 from bench.torchrun_recovery import worker_of
 
@@ -381,9 +385,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     add_arguments(parser)
     parser.add_argument("--setups", default="in-process,torchrun-c10d")
+    result_files.add_arguments(parser)
     args = parser.parse_args(argv)
+    started = result_files.machine()
     results = run_all(args, [s for s in args.setups.split(",") if s], workdir=args.workdir)
     print(report(results))
+    if results:
+        built = training_results.efficiency(results, nodes=3, ranks=2, profile="fast")
+        result_files.record(args, "bench.step_efficiency", argv, started, built)
     return 0
 
 

@@ -25,7 +25,11 @@ last call), as in that module.
     python -m bench.torch_recovery [--nodes 3 --ranks-per-node 2 --profile fast --repeats 5]
         [--torchrun-repeats 3] [--no-torchrun] [--minutes 10 --every-s 60 --baseline-s 120]
         [--no-efficiency] [--efficiency-setups in-process,torchrun-c10d,torchrun-swim]
-        [--workdir DIR] [--out BENCHMARKS.md]
+        [--workdir DIR] [--out REPORT.md] [--results DIR | --no-results]
+
+It writes two result files under results/ (bench/training_results.py): the recovery rows and,
+unless ``--no-efficiency``, the step efficiency; ``python -m bench.render`` renders them
+into BENCHMARKS.md. ``--out`` writes the Markdown report to a file of your own.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from typing import Any
 
 from agent.procs import until
 from agent.training_nodes import TrainingNode, start_nodes
-from bench import step_efficiency, torchrun_recovery
+from bench import results, step_efficiency, torchrun_recovery, training_results
 from bench.torch_recovery_report import report, table, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,8 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         help=f"of {','.join(step_efficiency.SETUPS)}",
     )
     step_efficiency.add_arguments(parser)  # --minutes --every-s --baseline-s --step-sleep
-    parser.add_argument("--out", type=Path, default=None, help="write the section there")
+    parser.add_argument("--out", type=Path, default=None, help="write the report there")
+    results.add_arguments(parser)
     args = parser.parse_args(argv)
+    started = results.machine()
     command = "python -m bench.torch_recovery " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
@@ -287,6 +293,19 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out is not None:
         write_section(args.out, text)
+    shape = {"nodes": args.nodes, "ranks": args.ranks_per_node, "profile": args.profile}
+    if rows:
+        built = training_results.recovery(rows, step_sleep_s=STEP_SLEEP_S, **shape)
+        notes = [f"Never trained at full size (retried once): {f}" for f in failures]
+        results.record(args, "bench.torch_recovery", argv, started, built, notes)
+    if efficiency:
+        results.record(
+            args,
+            "bench.torch_recovery",
+            argv,
+            started,
+            training_results.efficiency(efficiency, **shape),
+        )
     return 0
 
 

@@ -14,6 +14,8 @@ survivors wait out gloo's 30 min collective timeout (pytorch/pytorch#111646; doc
 §7). The observation window here is bounded accordingly.
 
     python -m bench.torchrun_recovery [--nproc-per-node 1] [--window-s 40] [--c10d-kill-window-s 90]
+
+Its result file goes under results/ (``--results DIR``, ``--no-results``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any, Literal
 
 from agent.demo import agent_command
 from agent.procs import free_port, stop, until
+from bench import results, training_results
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "examples" / "torchrun_train.py"
@@ -344,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
         help="c10d needs keep-alive expiry (15 s) + last call (30 s) after a crash",
     )
     parser.add_argument("--repeats", type=int, default=1)
+    results.add_arguments(parser)
     args = parser.parse_args(argv)
+    started = results.machine()
     runs: list[tuple[Backend, str]] = [("swim", "local"), ("swim", "lan"), ("c10d", "local")]
     rows = []
     for backend, profile in runs:
@@ -359,7 +364,41 @@ def main(argv: list[str] | None = None) -> int:
                 print(row, file=sys.stderr, flush=True)
                 rows.append(row)
     print(table(rows))
+    if rows:
+        results.record(args, "bench.torchrun_recovery", argv, started, as_result(rows, args))
     return 0
+
+
+def as_result(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The result file's content (bench/training_results.py's table, one mode per backend
+    and profile)."""
+    runs = [
+        {
+            "mode": f"torchrun + swim (`{r['profile']}`)"
+            if r["backend"] == "swim"
+            else "torchrun + c10d (stock)",
+            "fault": r["scenario"],
+            "verdict_s": None,
+            "resume_s": None,
+            "total_s": r["recovery_s"],
+            "startup_s": r["startup_s"],
+            "window_s": r["window_s"],
+        }
+        for r in rows
+    ]
+    n = args.nproc_per_node
+    built = training_results.recovery(runs, nodes=3, ranks=n, profile="local", step_sleep_s=0.05)
+    return built | {
+        "question": f"torchrun-recovery-3x{n}",
+        "title": f"torchrun after a node fault, swim rendezvous against c10d: 3 nodes × {n}",
+        "method": (
+            f"Three nodes on loopback, each a torchrun (`--nnodes=2:3 --nproc-per-node={n}`) "
+            "running examples/torchrun_train.py and, for swim, an agent; a whole node is "
+            "SIGKILLed or SIGSTOPped and the time to the first step of a new group without it "
+            f"is read from the workers' step logs (world {3 * n} → {2 * n}). Stock c10d is "
+            f"watched for {args.window_s:g} s ({args.c10d_kill_window_s:g} s after a SIGKILL)."
+        ),
+    }
 
 
 if __name__ == "__main__":

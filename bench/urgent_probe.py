@@ -16,6 +16,8 @@ reports made slower at the last survivor.
 
     .venv/bin/python -m bench.urgent_probe [--sizes 3,16,64] [--seeds 25] [--report-ms 20]
         [--reporters K]
+
+It also writes a result file under results/ (``--results DIR``, ``--no-results``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bench import results
 from simulations.model.world import World
 from swim import Config, EventKind, MemberEvent
 
@@ -98,7 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=25)
     parser.add_argument("--report-ms", type=int, default=20)
     parser.add_argument("--reporters", type=int, default=0, help="0: every survivor")
+    results.add_arguments(parser)
     args = parser.parse_args(argv)
+    started = results.machine()
+    figures: dict[str, results.Figure] = {}
+    ratios: list[dict[str, object]] = []
+    rows: list[dict[str, object]] = []
     print(
         "| n | reports | first suspect (ms) | first dead (ms) | dead at last survivor (ms) "
         "| runs slower with reports |"
@@ -126,6 +134,63 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"| {_median([r.first_dead_ms for r in runs])} "
                 f"| {_median([r.last_dead_ms for r in runs])} | {extra} |"
             )
+            rows.append(
+                {
+                    "n": n,
+                    "reports": label,
+                    "first_suspect": statistics.median([r.first_suspect_ms for r in runs]),
+                    "first_dead": statistics.median([r.first_dead_ms for r in runs]),
+                    "last_dead": statistics.median([r.last_dead_ms for r in runs]),
+                    "slower": extra or None,
+                }
+            )
+        if fast:
+            last = [r.last_dead_ms for r in fast]
+            figures[f"n{n}.last_dead_ms"] = results.figure(
+                f"n = {n}, with reports: crash → dead everywhere, median",
+                statistics.median(last),
+                "ms",
+                0,
+                spread=[min(last), max(last)],
+                runs=len(last),
+            )
+            before = statistics.median([r.last_dead_ms for r in base])
+            ratios.append(
+                {
+                    "label": f"with / without reports, n = {n}, dead everywhere",
+                    "value": round(statistics.median(last) / before, 2),
+                }
+            )
+    if figures:
+        built = {
+            "question": f"urgent-probe-{'-'.join(args.sizes.split(','))}-{args.reporters or 'all'}",
+            "title": f"Urgent probes on a trainer's report, simulated: n = {args.sizes}, "
+            + (f"{args.reporters} reporters" if args.reporters else "every survivor reports"),
+            "method": (
+                f"`fast`, bootstrapped clusters on the simulator's clock, 1–5 ms latency, no "
+                f"loss; {args.seeds} seeds per size, each paired: the same victim and crash "
+                f"with and without {who} reporting the victim {args.report_ms} ms after the "
+                "crash (its agent then probes it at once)."
+            ),
+            "figures": figures,
+            "peers": ["the same seeds without reports"],
+            "ratios": ratios,
+            "tables": [
+                {
+                    "caption": "Medians over the seeds, ms from the crash",
+                    "columns": [
+                        results.column("n", "n"),
+                        results.column("reports", "reports"),
+                        results.column("first_suspect", "first suspicion", 0),
+                        results.column("first_dead", "first death", 0),
+                        results.column("last_dead", "dead everywhere", 0),
+                        results.column("slower", "runs slower with reports"),
+                    ],
+                    "rows": rows,
+                }
+            ],
+        }
+        results.record(args, "bench.urgent_probe", argv, started, built)
     return 0
 
 

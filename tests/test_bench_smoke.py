@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import agent_cpu, compare_serf
+from bench import agent_cpu, compare_serf, render, results
 from bench.procs import SERF
 
 
@@ -30,9 +30,25 @@ def test_benchmark_produces_a_report(tmp_path: Path) -> None:
             "1",
             "--out",
             str(out),
+            "--results",
+            str(tmp_path / "results"),
         ]
     )
     assert rc == 0
+    (written,) = results.files(tmp_path / "results")  # the run's result file (bench/results.py)
+    found = results.newest(tmp_path / "results")
+    assert written.parent.name == "detection-3-serf-local-swim-fast" and list(found) == [
+        written.parent.name
+    ]
+    current = found[written.parent.name]
+    assert current["command"] == (
+        "python -m bench.compare_serf --sizes 3 --runs serf:local,swim:fast --settle-s 1 "
+        "--window-s 2 --kills 1"
+    )
+    assert current["figures"]["swim-fast-3.last_dead_s"]["value"] is not None
+    assert "### Detection, CPU and traffic at 3 agents: serf `local` and swim `fast`" in (
+        render.render(found)
+    )
     text = out.read_text()
     assert "| serf | local | 3 |" in text and "| swim | fast | 3 |" in text
     assert "| swim `fast` | 3 |" in text.split("Ratios to serf `local`")[1]
@@ -61,7 +77,7 @@ def test_runs_are_checked() -> None:
 
 
 def test_agent_cpu_measures_a_tiny_cluster_and_summarizes_a_profile(
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """bench/agent_cpu.py end to end: two agents of this checkout, one short window; and
     the committed profile's summary (no numbers asserted)."""
@@ -69,10 +85,12 @@ def test_agent_cpu_measures_a_tiny_cluster_and_summarizes_a_profile(
     rc = agent_cpu.main(
         [
             *("--trees", str(root), "--sizes", "2", "--profiles", "fast", "--reps", "1"),
-            *("--settle-s", "0.5", "--window-s", "1"),
+            *("--settle-s", "0.5", "--window-s", "1", "--results", str(tmp_path)),
         ]
     )
     assert rc == 0
     assert "N=2 fast" in capsys.readouterr().out
+    (current,) = results.newest(tmp_path).values()
+    assert current["command"].startswith("python -m bench.agent_cpu --trees . --sizes 2")
     assert agent_cpu.main(["--summarize", str(root / "bench/profiles/fast64-new.txt")]) == 0
     assert "| self, by package % |" in capsys.readouterr().out
