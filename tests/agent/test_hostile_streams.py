@@ -1,4 +1,4 @@
-"""Hostile streams cannot stall an agent (issue 16, Build 1 / Show 1).
+"""Hostile streams cannot stall an agent.
 
 A real 3-agent cluster (``agent.demo.start_cluster``, the ``fast`` profile, real processes
 on loopback). An attacker in this process opens ``CONNECTIONS`` TCP connections at once to
