@@ -1,7 +1,7 @@
 """The report of bench/torch_recovery.py: its Markdown section for BENCHMARKS.md.
 
-Tables of the recovery rows (medians and maxima over the repeats, issue 14's targets next to
-them), same-run ratios, the step-efficiency part (bench/step_efficiency.py's report), every
+Tables of the recovery rows (medians and maxima over the repeats, the recovery targets next
+to them), same-run ratios, the step-efficiency part (bench/step_efficiency.py's report), every
 run, and ``write_section``, which replaces the section in a file or appends it.
 """
 
@@ -20,7 +20,7 @@ from bench import step_efficiency
 __all__ = ["SECTION", "report", "table", "write_section"]
 
 SECTION = "Training recovery: 3 nodes × 2 ranks (issue 14)"
-# issue 14's targets: reported next to the numbers, nothing is tuned to them
+# the recovery targets: reported next to the numbers, nothing is tuned to them
 TARGET_KILL_S = 0.6  # SIGKILL of a node (boundary or in backward) → first step, median
 TARGET_STOP_S = 1.2  # SIGSTOP of a node → first step, median
 TARGET_RESUME_S = 0.15  # verdict → first step at the reduced world, from world 6
@@ -205,7 +205,7 @@ rank's); *verdict → first step*: to the first step completed at world {reduced
 world {full} + 1 − first step at world {reduced}. Cells are median / max over
 {args.repeats} runs{tr_runs}. torchrun: 3 nodes ×
 `--nproc-per-node=2` (bench/torchrun_recovery.py), only the total is observable (n/o);
-c10d is watched for 40 s (90 s after a SIGKILL). Targets (issue 14): SIGKILL → first step
+c10d is watched for 40 s (90 s after a SIGKILL). Targets: SIGKILL → first step
 median ≤ {TARGET_KILL_S} s, SIGSTOP ≤ {TARGET_STOP_S} s, verdict → first step ≤
 {TARGET_RESUME_S} s, HSDP node loss 0 steps rolled back.
 
@@ -237,7 +237,7 @@ Each step sleeps {e["step_sleep"]} s, so that a step is dominated by this "compu
 step is and the 2 cores are not the bottleneck (the failure-free s/step shows the overhead
 on top). Three ways to count what is kept (target ≥ {target}):
 
-- *step efficiency* (issue 14's definition): global steps completed in the faulty window /
+- *step efficiency* (the targets' definition): global steps completed in the faulty window /
   (failure-free steps/s × window). On this machine it can exceed 100 %: a step at world
   {reduced} is faster than one at world {full} (fewer processes on 2 cores; the s/step by world
   column), which real GPUs with a fixed global batch would not give.

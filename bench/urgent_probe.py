@@ -1,7 +1,7 @@
 """Crash to dead everywhere, with and without urgent probes (``Node.probe_now``), on the
 simulator's virtual clock.
 
-A model of issue 14's fast path: a SIGKILLed trainer shows up in the survivors' collectives
+A model of the training hook's fast path: a SIGKILLed trainer shows up in the survivors' collectives
 (gloo/NCCL connection errors) tens of milliseconds after the crash. Here every survivor
 reports the victim ``--report-ms`` after the crash and its agent probes it at once; the
 real trainer reports when its own collective errors, which this does not simulate

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Reproduce every number in simulations/RESULTS.md (one core; ~1 hour in all).
 # Usage: simulations/results.sh [STEP ...]   (steps: scale steady crash dissemination loss
-# slow; default: all; frontier, baseline, tuning and lossy-tcp run only when
-# named; baseline and tuning also feed docs/tuning.md via simulations.params). Outputs
+# slow; default: all; dissemination-100k, frontier, switches, budget, baseline, tuning,
+# tuning-fast and lossy-tcp run only when named; baseline, tuning and tuning-fast also feed
+# docs/tuning.md via simulations.params). Outputs
 # (CSV, PNG, markdown, and the console log with the seed and trace hash) go to
 # simulations/results/<step>/.
 set -euo pipefail
@@ -45,6 +46,8 @@ for step in "${steps[@]}"; do
             sim crash/n$n --scenario crash --nodes $n --set crashes=20 --seed 1
         done ;;
     dissemination) sim dissemination --scenario dissemination --nodes 10000 --seed 1 ;;
+    dissemination-100k)  # not in the default set (~15 min, 2.4 GiB): the curve to 100,000
+        sim dissemination-100k --scenario dissemination --nodes 100000 --seed 1 ;;
     loss)
         for n in 30 1000 10000; do
             sim loss/n$n --scenario loss --nodes $n --seed 1
@@ -59,12 +62,32 @@ for step in "${steps[@]}"; do
         front frontier-n1000 --nodes 1000 --seeds 1 --crashes 3 \
             --variants lan,local,fast,fast/static-timeout,fast/memberlist-suspicion,fast/no-verify \
             --conditions clean,loss10,slow4,worst ;;
+    switches)  # ~50 min: the four faster-detection switches alone and together (§9)
+        front frontier-switches-n64 --nodes 64 --seeds 1,2 --crashes 8 \
+            --variants lan,fast/before-switches,fast/ring,fast/early,fast/cross,fast/confirmed,fast/all
+        front frontier-verify-n64 --nodes 64 --seeds 1,2 --crashes 8 --variants fast,fast/verify-2
+        front frontier-verify-worst-n64 --nodes 64 --crashes 8 --variants fast,fast/verify-2 \
+            --conditions worst --seeds 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16
+        front frontier-switches-n1000 --nodes 1000 --seeds 1 --crashes 3 \
+            --variants fast,fast/all --conditions clean,loss10,slow4,worst ;;
+    budget)  # ~15 min: where a detection's time goes (§8)
+        front budget-n64 --nodes 64 --seeds 1,2,3 --variants lan,fast \
+            --conditions clean,loss10 --crashes 10
+        front budget-n1000 --nodes 1000 --seeds 1,2 --variants lan,fast \
+            --conditions clean --crashes 5 ;;
     baseline)  # ~85 min (n = 1,000 heartbeats): all-to-all heartbeat + Phi vs SWIM (§6)
         scaling baseline --nodes 10,100,1000 --variants lan,fast,heartbeat,heartbeat/fast \
             --conditions clean,loss1,loss10,slow1 --crashes 3,8,3 --seeds 1,2,3,4,5:1,2:1 ;;
     tuning)  # ~60 min (n = 10,000): docs/tuning.md §3
         scaling tuning --nodes 10,100,1000,10000 --variants lan,wan,local,fast \
             --conditions clean,loss1,loss10 --crashes 3,8,3,2 --seeds 1,2,3,4,5:1,2:1:1 ;;
+    tuning-fast)  # ~70 min (n = 10,000): the fast rows of docs/tuning.md §3
+        scaling tuning-fast --nodes 10,100,1000 --variants fast \
+            --conditions clean,loss1,loss10 --crashes 3,8,3 --seeds 1,2,3,4,5:1,2:1
+        scaling tuning-fast-10k --nodes 10000 --variants fast \
+            --conditions clean,loss1,loss10 --crashes 2 --seeds 1
+        scaling tuning-fast-lossy-tcp --nodes 10,100,1000 --variants fast \
+            --conditions loss1,loss10 --crashes 3,8,3 --seeds 1,2,3,4,5:1,2:1 --lossy-tcp ;;
     lossy-tcp)  # ~1 min: RESULTS.md §7, TCP that can fail (n ≤ 100)
         scaling lossy-tcp --nodes 10,100 --variants lan,wan,local,fast \
             --conditions loss1,loss10 --crashes 3,8 --seeds 1,2,3,4,5:1,2 --lossy-tcp ;;

@@ -155,7 +155,7 @@ class Config:
     (simulations/RESULTS.md §9). Copies cost only small packets, on a path that runs only
     for a suspicion nobody confirmed."""
 
-    # Faster detection (issue 17; ours, all off in lan/wan/local; measured in
+    # Faster detection (ours, all off in lan/wan/local, on in fast; measured in
     # simulations/RESULTS.md §9). Each shortens one phase of the detection budget.
     coordinated_probes: bool = False
     """Probe targets from a schedule every member computes alike instead of each member's
@@ -261,7 +261,7 @@ class Config:
         per-peer timeouts (20–125 ms), 3 indirect checks, gossip every 50 ms to 4 members,
         a suspicion window derived from dissemination time (0.85 s at 64 members, up to
         β = 4 times that without confirmations, half of it with k confirmations) and a
-        last-chance ping to a suspect nobody confirmed; since issue 17 also probe rounds
+        last-chance ping to a suspect nobody confirmed; and probe rounds
         coordinated across members, probes that end when every path failed, and four
         cross-checks of each fresh accusation. A crash is dead everywhere in ~0.7 s at 64
         members (simulator; p99 ≤ 1.3 s up to 20 % loss); a member that stalls for more

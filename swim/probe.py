@@ -49,7 +49,7 @@ earlier. It is evidence, not a verdict:
 - O(1) work per request: a table lookup, a scan of at most ``MAX_URGENT_PROBES`` probes, and
   a time-ordered history of urgent starts that is trimmed from its old end.
 
-Faster detection (issue 17; ``Config`` switches, on in ``fast``): ``coordinated_probes``
+Faster detection (``Config`` switches, on in ``fast``): ``coordinated_probes``
 takes the round-robin target from ``swim.schedule`` for round (now + wall-clock offset)
 // interval; ``early_probe_conclusion`` ends round-robin probes like urgent ones; with
 ``suspicion_cross_checks`` a member that first hears an accusation probes the suspect at

@@ -8,7 +8,7 @@ arXiv:1707.00788 §IV-B; docs/design.md §5.3):
   the timer is re-armed for ``formulas.remaining_suspicion_time_ms`` (log-decay from max
   towards min), counted from when the suspicion began. With k = 0 the timer runs for min.
 - Confirmations stop counting at k; a repeated accuser never counts twice.
-- With ``confirmed_suspicion_safety_mult`` (ours, issue 17) the k-th confirmation may end
+- With ``confirmed_suspicion_safety_mult`` (ours) the k-th confirmation may end
   the window below min, at ``confirmed_window_ms``: k + 1 members that each failed to
   reach the suspect directly, through helpers and over TCP are stronger evidence than one,
   so the window need only cover the refutation's own travel (safety 1), not a margin on

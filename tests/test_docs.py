@@ -1,6 +1,6 @@
 """The repository documents itself: nothing points outside it, and design references resolve.
 
-Rules (issue 15, docs/design.md):
+Rules (docs/design.md):
 - No tracked text file mentions a document that a clone does not contain: the design and
   research notes the project started from lived beside the repository, not in it. Cite
   docs/design.md (by section) or the public source instead.

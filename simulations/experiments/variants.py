@@ -7,22 +7,26 @@ from __future__ import annotations
 
 from typing import Any
 
-ALL_17: dict[str, Any] = {
+DETECTION_SWITCHES: dict[str, Any] = {
     "coordinated_probes": True,
     "early_probe_conclusion": True,
     "suspicion_cross_checks": 4,
     "confirmed_suspicion_safety_mult": 1,
 }
-"""Issue 17's four switches together (``fast``'s since issue 17)."""
+"""The four faster-detection switches together, as ``fast`` turns them on: the coordinated
+probe ring, early conclusion of failed probes, cross-checks of fresh accusations and the
+confirmed suspicion window."""
 
-BEFORE_17: dict[str, Any] = {
+BEFORE_DETECTION_SWITCHES: dict[str, Any] = {
     "coordinated_probes": False,
     "early_probe_conclusion": False,
     "suspicion_cross_checks": 0,
     "confirmed_suspicion_safety_mult": 0,
     "suspicion_verify_copies": 2,
 }
-"""``fast`` as it was before issue 17 (issue 7's profile)."""
+"""``fast`` as it was before those switches: the adaptive timeouts, the derived window and two
+last-chance copies, nothing more (the profile the frontier of simulations/RESULTS.md §5
+measured)."""
 
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "lan": ("lan", {}),
@@ -36,13 +40,21 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "fast/beta-6": ("fast", {"suspicion_max_timeout_mult": 6}),
     "fast/no-lhm": ("fast", {"lifeguard_lhm": False}),
     "fast/no-verify": ("fast", {"verify_unconfirmed_suspicion": False}),
-    "fast/ring": ("fast", {"coordinated_probes": True}),
-    "fast/early": ("fast", {"early_probe_conclusion": True}),
-    "fast/cross": ("fast", {"suspicion_cross_checks": 4}),
-    "fast/confirmed": ("fast", {"suspicion_cross_checks": 4, "confirmed_suspicion_safety_mult": 1}),
-    "fast/all": ("fast", ALL_17),
-    "fast/all+verify": ("fast", {**ALL_17, "verify_confirmed_suspicion": True}),
-    "fast/before-17": ("fast", BEFORE_17),
+    # one faster-detection switch at a time, on the profile before them
+    "fast/ring": ("fast", {**BEFORE_DETECTION_SWITCHES, "coordinated_probes": True}),
+    "fast/early": ("fast", {**BEFORE_DETECTION_SWITCHES, "early_probe_conclusion": True}),
+    "fast/cross": ("fast", {**BEFORE_DETECTION_SWITCHES, "suspicion_cross_checks": 4}),
+    "fast/confirmed": (
+        "fast",
+        {
+            **BEFORE_DETECTION_SWITCHES,
+            "suspicion_cross_checks": 4,
+            "confirmed_suspicion_safety_mult": 1,
+        },
+    ),
+    "fast/all": ("fast", DETECTION_SWITCHES),
+    "fast/all+verify": ("fast", {**DETECTION_SWITCHES, "verify_confirmed_suspicion": True}),
+    "fast/before-switches": ("fast", BEFORE_DETECTION_SWITCHES),
     "fast/verify-2": ("fast", {"suspicion_verify_copies": 2}),
 }
 """Name -> (preset, overrides): ``Config.profile(preset, **overrides)``."""

@@ -14,7 +14,7 @@ flood of valid node states under a header claiming 65,536 nodes) hit the target:
 - afterwards both agents still see each other alive with unchanged incarnations, and the
   target never suspected the peer (nor the peer the target).
 
-Figures are printed (run with ``-s``); see RELIABILITY.md "Fuzzing and hostile blast".
+Figures are printed (run with ``-s``); see RELIABILITY.md "Hostile input".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile streams cannot stall an agent (issue 16, Build 1 / Show 1).
+"""Hostile streams cannot stall an agent.
 
 A real 3-agent cluster (``agent.demo.start_cluster``, the ``fast`` profile, real processes
 on loopback). An attacker in this process opens ``CONNECTIONS`` TCP connections at once to
@@ -20,7 +20,7 @@ plaintext streams. Meanwhile the victim's control API is asked ``info`` every
 - the victim's RSS (/proc/<pid>/status VmRSS) stays below ``RSS_BOUND_MIB``;
 - the victim counts the streams it cut, by reason (``stats.dropped``), for every kind sent.
 
-Figures are printed (run with ``-s``); see RELIABILITY.md "Hostile streams".
+Figures are printed (run with ``-s``); see RELIABILITY.md "Hostile input".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Security with a keyring (issue 6): input that fails authentication is dropped and counted
+"""Security with a keyring: input that fails authentication is dropped and counted
 by reason and never changes membership; no plaintext fallback unless
 ``encrypt_verify_incoming = false``; keys rotate (install, use, remove) across a running
 mixed cluster without a false suspicion; the control socket serves only its owner and its

@@ -3,8 +3,9 @@
 Rules: every row is (label, how to run it, the trace hash it gave when pinned). A change
 that moves a hash changes what the simulated protocol does (or what the world records);
 it is either a bug or a behaviour change to state in the commit that re-pins the row. The
-hashes were computed at commit bd40ed1 (before issue 15 regrouped ``simulations/``), with
-``PYTHONHASHSEED`` irrelevant (``test_world`` checks that).
+hashes were computed at commit bd40ed1 (before ``simulations/`` was regrouped into
+``model``, ``experiments`` and ``reports``), with ``PYTHONHASHSEED`` irrelevant (``test_world``
+checks that).
 
 Pinned: every registered scenario's CI variant at seed 3 (``slow-members`` in both the
 ``full`` and the ``swim`` Lifeguard modes, ``churn`` with all four event rates, ``scale``
@@ -12,10 +13,10 @@ at 150 nodes), ``crash`` at seed 9, the bare world's crash run at seed 7 (snapsh
 bootstrap and join fallback), the frontier's CI sweep and one of its runs, and the
 all-to-all heartbeat baseline in a clean and a lossy frontier cell.
 
-Re-pinned on purpose (issue 17): ``fast`` turned on the coordinated probe ring, early
+Re-pinned on purpose once: ``fast`` turned on the coordinated probe ring, early
 conclusion of round-robin probes, cross-checks and the confirmed window, which moved the
 frontier CI sweep (``4b32e0a1…`` → ``6113bc69…``) and the fast run (``d6d6b7ec…`` →
-``1da77eed…``); the old fast run is still pinned, unchanged, as ``fast/before-17``.
+``1da77eed…``); the old fast run is still pinned, unchanged, as ``fast/before-switches``.
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ PINS: list[tuple[str, Callable[[], str], str]] = [
         "1da77eed6d84fd459f741b267843d598",
     ),
     (
-        "frontier fast/before-17 clean n 16 seed 2",
-        _frontier_run("fast/before-17", "clean", 16, 2),
+        "frontier fast/before-switches clean n 16 seed 2",
+        _frontier_run("fast/before-switches", "clean", 16, 2),
         "d6d6b7ecdb942ba0827d03f692068a45",
     ),
     (

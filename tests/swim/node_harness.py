@@ -7,17 +7,17 @@ from __future__ import annotations
 import random
 from typing import TypeVar
 
-from simulations.experiments.variants import BEFORE_17
+from simulations.experiments.variants import BEFORE_DETECTION_SWITCHES
 from swim import Address, Config, Member, Node, Output, Packet, Timer, wire
 from swim.messages import Ack, Alive, Message, Ping
 from swim.security import Keyring
 from swim.timers import GossipTick, ProbeTick
 
 PORT = 7946
-FAST_WITHOUT_ISSUE_17: dict[str, object] = dict(BEFORE_17)
-"""Overrides that turn ``Config.fast()`` back into the fast profile before issue 17's
-detection switches (the frontier's ``fast/before-17``), for tests about what those
-switches would blur (RTT sampling order, the Lifeguard window, urgent probes against the
+FAST_WITHOUT_DETECTION_SWITCHES: dict[str, object] = dict(BEFORE_DETECTION_SWITCHES)
+"""Overrides that turn ``Config.fast()`` back into the fast profile before its
+faster-detection switches (the frontier's ``fast/before-switches``), for tests about what
+those switches would blur (RTT sampling order, the Lifeguard window, urgent probes against the
 plain round robin)."""
 T = TypeVar("T")
 TimerT = TypeVar("TimerT", bound=Timer)

@@ -1,4 +1,4 @@
-"""Issue 17's switches for faster detection, through swim.Node's public API on explicit
+"""The faster-detection switches (on in `fast`), through swim.Node's public API on explicit
 time (and ``swim.schedule.ProbeRing``, which is pure):
 
 - ``coordinated_probes``: every member computes the same rotation of the name-sorted ring
@@ -34,7 +34,14 @@ from swim.timers import (
     SuspicionTimeout,
     SuspicionVerify,
 )
-from tests.swim.node_harness import FAST_WITHOUT_ISSUE_17, Peer, addr, alive, decode, make_peer
+from tests.swim.node_harness import (
+    FAST_WITHOUT_DETECTION_SWITCHES,
+    Peer,
+    addr,
+    alive,
+    decode,
+    make_peer,
+)
 
 ALIVE, SUSPECT = NodeStateType.ALIVE, NodeStateType.SUSPECT
 NAMES = ("b", "c", "d", "e", "f", "g")
@@ -83,7 +90,7 @@ def test_the_ring_adds_and_discards_idempotently_and_keeps_the_local_member() ->
 
 def _fast(**overrides: object) -> Config:
     """``fast`` with all four switches off but those a test is about."""
-    return Config.fast(**{**FAST_WITHOUT_ISSUE_17, **overrides})
+    return Config.fast(**{**FAST_WITHOUT_DETECTION_SWITCHES, **overrides})
 
 
 def _group(**overrides: object) -> Peer:

@@ -20,7 +20,7 @@ from swim.messages import Ack, IndirectPing, Ping, Suspect
 from swim.rtt import RttTable
 from swim.timers import ProbeTimeout, RelayTimeout, SuspicionTimeout, SuspicionVerify
 from tests.swim.node_harness import (
-    FAST_WITHOUT_ISSUE_17,
+    FAST_WITHOUT_DETECTION_SWITCHES,
     PORT,
     Peer,
     addr,
@@ -246,7 +246,7 @@ def test_probe_timeout_adapts_to_the_targets_measured_rtt() -> None:
 
 def test_a_late_direct_ack_is_a_sample_but_an_indirect_one_is_not() -> None:
     # the plain round robin: the harness acks h's probes before b's, so h's RTTs are pooled
-    c = Config.fast(disable_tcp_pings=True, rtt_min_samples=1, **FAST_WITHOUT_ISSUE_17)
+    c = Config.fast(disable_tcp_pings=True, rtt_min_samples=1, **FAST_WITHOUT_DETECTION_SWITCHES)
     for via in ("direct", "indirect"):
         a = make_peer("a", 1, config=c)
         a.learn(alive("b", 2), alive("h", 3))
@@ -282,7 +282,8 @@ def test_relay_uses_its_own_rtt_estimate_of_the_target() -> None:
 
 
 def test_derived_suspicion_window_replaces_memberlists() -> None:
-    c = Config.fast(**FAST_WITHOUT_ISSUE_17)  # Lifeguard's window, without the confirmed one
+    # Lifeguard's window, without the confirmed one
+    c = Config.fast(**FAST_WITHOUT_DETECTION_SWITCHES)
     o = make_peer("o", 1, config=c)
     o.learn(*(alive(name, i + 2) for i, name in enumerate("bcdefg")))
     n = o.node.num_members()

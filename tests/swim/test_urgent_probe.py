@@ -29,7 +29,7 @@ from swim.messages import Ack, Dead, IndirectPing, Nack, Ping, Suspect
 from swim.probe import MAX_URGENT_PROBES
 from swim.timers import ProbeDeadline, ProbeTick, ProbeTimeout
 from tests.swim.node_harness import (
-    FAST_WITHOUT_ISSUE_17,
+    FAST_WITHOUT_DETECTION_SWITCHES,
     PORT,
     Peer,
     addr,
@@ -274,9 +274,9 @@ class _Crash:
     urgent_failed_before: dict[int, int]
 
 
-FAST = Config.fast(**FAST_WITHOUT_ISSUE_17)
-"""Urgent probes against the plain round robin (issue 17's switches would blur which probe
-raised a suspicion: a cross-check, a coordinated round, an early conclusion)."""
+FAST = Config.fast(**FAST_WITHOUT_DETECTION_SWITCHES)
+"""Urgent probes against the plain round robin (the faster-detection switches would blur
+which probe raised a suspicion: a cross-check, a coordinated round, an early conclusion)."""
 
 
 def _crash(seed: int, *, report: bool) -> _Crash:
