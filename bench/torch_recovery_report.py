@@ -19,7 +19,7 @@ from bench import step_efficiency
 
 __all__ = ["SECTION", "report", "table", "write_section"]
 
-SECTION = "Training recovery: 3 nodes × 2 ranks (issue 14)"
+SECTION = "Training recovery: 3 nodes × 2 ranks"
 # the recovery targets: reported next to the numbers, nothing is tuned to them
 TARGET_KILL_S = 0.6  # SIGKILL of a node (boundary or in backward) → first step, median
 TARGET_STOP_S = 1.2  # SIGSTOP of a node → first step, median
