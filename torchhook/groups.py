@@ -217,12 +217,14 @@ class ProcessGroups:
         token: str,
         rank: int,
         *,
+        beat: Callable[[], None] = lambda: None,
         timeout_s: float = SHRINK_TIMEOUT_S,
     ) -> None:
         """Drop ``exclude`` (old global ranks) from the default group in place; ``store``,
         ``token`` and ``rank`` are this formation's (fresh store, new group, new rank).
         Returns once every survivor holds the shrunk group; else raises ``ShrinkFailed``
-        with no group held (the module docstring lists the torch facts this works around)."""
+        with no group held (the module docstring lists the torch facts this works around).
+        ``beat`` runs between waits (the trainer's heartbeat)."""
         old = c10d._get_default_group()
         survivors = old.size() - len(exclude)
         name, _ = c10d._world.pg_map[old]
@@ -239,13 +241,11 @@ class ProcessGroups:
 
         thread = threading.Thread(target=run, name="torchhook-shrink", daemon=True)
         thread.start()
-        thread.join(timeout_s)
-        if thread.is_alive():
+        if not _join(thread, timeout_s, beat):
             log.warning("shrink still running after %.1f s: aborting its parent", timeout_s)
             with contextlib.suppress(RuntimeError):
                 old.abort()
-            thread.join(SHRINK_GRACE_S)
-            if thread.is_alive():
+            if not _join(thread, SHRINK_GRACE_S, beat):
                 self._outcome(store, token, rank, ok=False)
                 raise ShrinkStuck(
                     f"a shrink of the process group did not end {SHRINK_GRACE_S} s after its "
@@ -262,7 +262,7 @@ class ProcessGroups:
             log.warning("shrink failed: %s", error)
         del error  # the exception's frames would pin the old group
         done.clear()
-        if self._outcome(store, token, rank, ok=ok) and self._all_ok(store, token, survivors):
+        if self._outcome(store, token, rank, ok=ok) and _all_ok(store, token, survivors, beat):
             self.shrinks += 1
             return
         if self.held:
@@ -274,15 +274,6 @@ class ProcessGroups:
         with contextlib.suppress(RuntimeError):
             store.set(f"shrink/{token}/{rank}", "1" if ok else "0")
         return ok
-
-    @staticmethod
-    def _all_ok(store: Store, token: str, survivors: int) -> bool:
-        keys = [f"shrink/{token}/{r}" for r in range(survivors)]
-        try:
-            store.wait(keys, timedelta(seconds=SHRINK_TIMEOUT_S))
-            return all(store.get(k) == b"1" for k in keys)
-        except RuntimeError:  # a rank that never answered, or the store's host died
-            return False
 
     def mesh(self, shape: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
         """A device mesh over the current default group, built afresh: call it after every
@@ -326,6 +317,31 @@ class ProcessGroups:
                 if "timed out" not in str(exc).lower():
                     raise
             beat()
+
+
+def _join(thread: threading.Thread, seconds: float, beat: Callable[[], None]) -> bool:
+    """Wait up to ``seconds`` for ``thread``, beating between slices; True if it ended."""
+    deadline = time.monotonic() + seconds
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(min(WAIT_SLICE.total_seconds(), max(0.0, deadline - time.monotonic())))
+        beat()
+    return not thread.is_alive()
+
+
+def _all_ok(store: Store, token: str, survivors: int, beat: Callable[[], None]) -> bool:
+    """Every survivor's shrink outcome, read from the formation store within
+    ``SHRINK_TIMEOUT_S``: True only if each one succeeded."""
+    keys = [f"shrink/{token}/{r}" for r in range(survivors)]
+    deadline = time.monotonic() + SHRINK_TIMEOUT_S
+    try:
+        while not store.check(keys):
+            if time.monotonic() >= deadline:
+                return False  # a rank that never answered
+            time.sleep(WAIT_SLICE.total_seconds())
+            beat()
+        return all(store.get(k) == b"1" for k in keys)
+    except RuntimeError:  # the store's host died
+        return False
 
 
 def flatten(tensors: list[torch.Tensor]) -> torch.Tensor:

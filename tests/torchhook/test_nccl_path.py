@@ -173,6 +173,8 @@ def _work(rank: int, port: int) -> None:
     except MembershipChanged:
         pass
     del pending
+    _emit(event="interrupted", rank=rank)
+    hub.wait(["killed-n1"])  # n1, and the store of the first group, are gone
     old, new = _layout(NODES), _layout(("n0", "n2"))
     started = time.monotonic()
     new_rank = _shrink(groups, old, new, node, local, PrefixStore("f2", hub), "g2")
@@ -293,8 +295,10 @@ def test_shrink_in_place_rebuilds_the_mesh_and_a_failed_shrink_reforms(tmp_path:
             proc.start()
             procs.append(proc)
         until(lambda: len(events("formed")) == 6, WAIT_S, "a 3 x 2 group with its mesh")
+        hub.set("lost-n1", "1")  # the verdict first: the interrupted wait is the test's
+        until(lambda: len(events("interrupted")) == 4, WAIT_S, "the verdict ends a collective")
         kill([2, 3])
-        hub.set("lost-n1", "1")
+        hub.set("killed-n1", "1")
         until(lambda: len(events("shrunk")) == 4, WAIT_S, "the survivors shrink")
         shrunk = events("shrunk")
         assert {r: e["new_rank"] for r, e in shrunk.items()} == {0: 0, 1: 1, 4: 2, 5: 3}
