@@ -370,7 +370,9 @@ class ElasticDDP:
         plan = agreed.plan
         log.debug("formation on %s: plan %s", view.fingerprint, plan)
         if plan.action == "shrink":
-            self.groups.shrink(list(plan.exclude))
+            self.groups.shrink(
+                list(plan.exclude), agreed.store, agreed.token, agreed.rank, beat=self._beat
+            )
             self._held_failed = False
         else:
             self._release()

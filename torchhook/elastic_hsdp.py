@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from torchhook.elastic import ElasticDDP
@@ -281,10 +281,9 @@ class ElasticHSDP(ElasticDDP):
         dist.broadcast(value, src=0)
         name = f"{int(value.item()):016x}"
         assert self.layout is not None
-        return init_device_mesh(
-            self.device.type,
-            (len(self.layout.nodes), shards),
-            mesh_dim_names=(f"replicate{name}", f"shard{name}"),
+        # built afresh per group: a shrink destroys every group but the default one
+        return self.groups.mesh(
+            (len(self.layout.nodes), shards), (f"replicate{name}", f"shard{name}")
         )
 
 
