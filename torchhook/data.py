@@ -99,6 +99,7 @@ class ElasticSampler(Sampler[list[int]]):
         shuffle: bool = True,
         num_epochs: int | None = None,
     ) -> None:
+        super().__init__()
         self.num_samples = _check_int("num_samples", num_samples, 1)
         self.seed = _check_int("seed", seed, 0)
         self.shuffle = bool(shuffle)

@@ -69,19 +69,25 @@ def prefetching(depth: int) -> Loader:
 
 @dataclass
 class RealLoaders:
-    """Real DataLoaders with workers; records how far each sampler iterator ran ahead."""
+    """Real DataLoaders with workers, one per sampler object: a survivor keeps its loader
+    and starts a new iterator on it (with persistent workers, the same workers). Records
+    how far each sampler iterator ran ahead of the position."""
 
     persistent: bool = False
     lead: list[int] = field(default_factory=list)
+    loaders: dict[int, DataLoader[int]] = field(default_factory=dict)
 
     def __call__(self, sampler: ElasticSampler) -> Iterator[list[int]]:
-        loader = DataLoader(
-            Indices(),
-            batch_sampler=sampler,
-            num_workers=2,
-            prefetch_factor=2,
-            persistent_workers=self.persistent,
-        )
+        loader = self.loaders.get(id(sampler))
+        if loader is None:
+            loader = DataLoader(
+                Indices(),
+                batch_sampler=sampler,
+                num_workers=2,
+                prefetch_factor=2,
+                persistent_workers=self.persistent,
+            )
+            self.loaders[id(sampler)] = loader
         it = iter(loader)
 
         def gen() -> Iterator[list[int]]:
@@ -91,6 +97,9 @@ class RealLoaders:
                 yield batch.tolist()
 
         return gen()
+
+    def close(self) -> None:
+        self.loaders.clear()  # the last references to persistent workers
 
 
 @dataclass(frozen=True)
@@ -208,6 +217,7 @@ def test_two_node_losses_and_a_regrow_with_real_dataloaders(changes: list[Change
     loaders = RealLoaders()
     policy = FixedGlobalBatch(global_batch=12, max_micro_batch=2)  # 1, 2, 3 micro-batches
     committed, _ = run(policy, changes, final_steps=3, loaders=loaders)
+    loaders.close()
     assert_exactly_once(committed)
     assert max(loaders.lead) > 0  # the loaders did run ahead of the steps
     assert not multiprocessing.active_children()  # every worker is gone
@@ -218,7 +228,10 @@ def test_persistent_workers_drop_prefetched_batches_on_a_new_iterator() -> None:
     policy = FixedGlobalBatch(global_batch=10, max_micro_batch=2)
     changes = [Change(2, 1, 2), Change(2, 1, 0), Change(3, 0, 0)]
     committed, _ = run(policy, changes, final_steps=2, loaders=loaders)
+    loaders.close()
     assert_exactly_once(committed)
+    assert max(loaders.lead) > 0
+    assert not multiprocessing.active_children()
 
 
 def test_the_epoch_permutation_depends_on_seed_and_epoch_only() -> None:
