@@ -130,7 +130,8 @@ def run(
         batches = [loaders(s) for s in samplers]
         last = phase == len(WORLDS) - 1
         steps = final_steps if last else changes[phase].steps_before
-        for _ in range(steps):
+        while steps > 0 or (last and len(committed) <= N):  # the last world ends in epoch 1+
+            steps -= 1
             step: list[int] = []
             for s, it in zip(samplers, batches, strict=True):
                 for _ in range(s.split.accumulation_steps):
@@ -165,9 +166,11 @@ def stream(length: int) -> list[int]:
 
 def assert_exactly_once(committed: list[int]) -> None:
     assert len(committed) > N  # the run crosses into the second epoch
-    assert Counter(committed[:N]) == Counter(range(N))  # epoch 0: every sample once
-    second = committed[N:]
-    assert len(set(second)) == len(second)  # epoch 1 so far: no sample twice
+    full, rest = divmod(len(committed), N)
+    for e in range(full):  # every finished epoch: every sample exactly once
+        assert Counter(committed[e * N : (e + 1) * N]) == Counter(range(N))
+    current = committed[full * N :]
+    assert len(set(current)) == len(current) == rest  # the epoch under way: none twice
     assert committed == stream(len(committed))  # and in the failure-free order
 
 
