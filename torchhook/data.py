@@ -194,8 +194,15 @@ class ElasticSampler(Sampler[list[int]]):
         if state["version"] != STATE_VERSION:
             raise SamplerStateError(f"sampler state version {state['version']!r} is unknown")
         mine = self.state_dict()
-        for key in ("num_samples", "seed", "shuffle"):
-            if int(state[key]) != mine[key]:
+        if state["shuffle"] not in (0, 1):  # True and False compare equal to 1 and 0
+            raise SamplerStateError(f"shuffle must be 0 or 1, got {state['shuffle']!r}")
+        theirs = {
+            "num_samples": _check_int("num_samples", state["num_samples"], 1),
+            "seed": _check_int("seed", state["seed"], 0),
+            "shuffle": int(state["shuffle"]),
+        }
+        for key, value in theirs.items():
+            if value != mine[key]:
                 raise SamplerStateError(
                     f"sampler state has {key}={state[key]!r}, this sampler {mine[key]!r}: "
                     "not the same sample stream"
@@ -286,6 +293,8 @@ class _StreamIterator(Iterator[list[int]]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume after the last batch handed out. At another world (or rank) the step that
         was under way starts over, whole, at the new split."""
+        if not isinstance(state, Mapping):
+            raise SamplerStateError(f"iterator state must be a mapping, got {type(state)}")
         s = self._sampler
         step_start = _check_int("step_start", state.get("step_start"), 0)
         micro = _check_int("micro", state.get("micro"), 0)

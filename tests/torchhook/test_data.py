@@ -280,7 +280,9 @@ def test_state_is_the_position_and_refuses_another_stream() -> None:
     for key, value in (("seed", SEED + 1), ("num_samples", N + 1), ("shuffle", 0)):
         with pytest.raises(SamplerStateError, match=key):
             fresh.load_state_dict({**state, key: value})
-    for bad in ({**state, "position": -1}, {**state, "version": 2}, {"position": 3}):
+    bad_states: list[Any] = [{**state, "position": -1}, {**state, "version": 2}, {"position": 3}]
+    bad_states += [{**state, "seed": "7"}, {**state, "shuffle": 2}, [("position", 1)]]
+    for bad in bad_states:
         with pytest.raises(SamplerStateError):
             fresh.load_state_dict(bad)
     assert fresh.position == 17
