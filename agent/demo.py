@@ -156,7 +156,7 @@ def _compare_hint(profile: str) -> str:
         other, what = "lan", "memberlist's LAN defaults: 1 s probes, dead after ~7-10 s"
     else:
         other, what = "fast", "ours for a GPU cluster: dead everywhere in about a second"
-    return f"the same demo with the {other} profile ({what}): ./dev.sh demo --profile {other}"
+    return f"to compare, the {other} profile ({what}):\n  ./dev.sh demo --profile {other}"
 
 
 def run_demo(n: int = 5, profile: str = "fast") -> int:
