@@ -163,7 +163,12 @@ def agent_main(control: Path | None, **flags: Any) -> None:
 
 @main.command(context_settings=CONTEXT)
 @click.option("--agents", default=5, show_default=True, help="How many agents to start.")
-@click.option("--profile", default="local", show_default=True, type=click.Choice(PROFILES))
+@click.option(
+    "--profile",
+    default=None,
+    type=click.Choice(PROFILES),
+    help="The agents' profile.  [default: fast; with --torch: local]",
+)
 @click.option(
     "--torch",
     "torch_job",
@@ -184,7 +189,7 @@ def agent_main(control: Path | None, **flags: Any) -> None:
 )
 def demo(
     agents: int,
-    profile: str,
+    profile: str | None,
     torch_job: bool,
     nodes: int | None,
     ranks_per_node: int | None,
@@ -194,13 +199,16 @@ def demo(
         from agent.torch_demo import run_torch_demo
 
         n, r = 4 if nodes is None else nodes, 1 if ranks_per_node is None else ranks_per_node
-        sys.exit(run_torch_demo(profile, n, r))
+        # local, as its test runs it: the trainers share this host's CPUs with the agents,
+        # and an agent starved for longer than fast's suspicion window is declared dead
+        # (docs/tuning.md §1)
+        sys.exit(run_torch_demo(profile or "local", n, r))
     if nodes is not None or ranks_per_node is not None:
         # the plain demo's size is --agents; silently ignoring these would mislead
         raise click.UsageError("--nodes and --ranks-per-node go with --torch (else: --agents)")
     from agent.demo import run_demo
 
-    sys.exit(run_demo(agents, profile))
+    sys.exit(run_demo(agents, profile or "fast"))
 
 
 for _command in COMMANDS:

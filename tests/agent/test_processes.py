@@ -171,10 +171,12 @@ def test_bad_flags_exit_2_with_a_clear_message(tmp_path: Path) -> None:
 def test_swimctl_demo_runs_and_cleans_up() -> None:
     out = _cli("demo", "--agents", "4", timeout_s=240)
     assert out.returncode == 0, out.stdout + out.stderr
+    assert "(profile fast," in out.stdout  # the profile the README leads with
     assert "all 4 agents see each other alive" in out.stdout
     assert "every survivor declared agent-3 dead" in out.stdout
     assert "sees it left after" in out.stdout
     assert "stopped 4 agent processes" in out.stdout
+    assert out.stdout.rstrip().endswith("./dev.sh demo --profile lan")
 
 
 def test_systemd_notify_ready_watchdog_stopping(tmp_path: Path) -> None:

@@ -1,10 +1,17 @@
 """A trainer connecting to a stopped leader's store gives up in bounded time and keeps
 heartbeating (the hung-trainer flake: a live trainer blocked in TCPStore's constructor
-against a SIGSTOPped leader, stopped beating, and was flagged hung itself)."""
+against a SIGSTOPped leader, stopped beating, and was flagged hung itself).
+
+The connecting thread it abandons ends once the store's socket closes, and TCPStore then
+logs the failed connect with a C++ stack trace. The test waits for that inside itself, so
+pytest captures the trace (and shows it only if the test fails) instead of the thread
+printing it on the terminal in the middle of a later test.
+"""
 
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from datetime import timedelta
 
@@ -35,5 +42,10 @@ def test_a_store_that_accepts_but_never_answers_is_given_up_while_beating() -> N
         with pytest.raises(Retry, match="no answer within"):
             formation.connect("127.0.0.1", port, "directory")
         took_s = time.monotonic() - started
+        abandoned = [t for t in threading.enumerate() if t.name == "connect-directory"]
     assert took_s < STORE_CONNECT.total_seconds() + 1.0
     assert len(beats) >= 2  # the agent kept hearing from us
+    # the listener is closed (the peer died): the abandoned connect ends, here
+    for thread in abandoned:
+        thread.join(10)
+    assert abandoned and not any(t.is_alive() for t in abandoned)
