@@ -1,0 +1,205 @@
+"""Formation at scale: how long n ranks take to agree on a new group, for n up to 512.
+
+What one formation is here: the agreement step of ``torchhook.formation`` and nothing
+else (no process group is built): the leader (the oldest node's local rank 0) serves a
+fresh TCPStore and offers it in its directory; every other rank reads the offer, connects
+to that store, checks its token, claims its rank and waits for the plan; the leader waits
+for every claim, reads them in one ``multi_get``, decides (``torchhook.strategy.decide``,
+gloo rules) and publishes the plan. Every rank runs the real ``Formation.agree`` on real
+TCPStores over loopback, as one thread of this process (a rank's store requests release
+the GIL while they wait); ``--ranks-per-node`` ranks per node (default 8: 64 nodes × 8 =
+512). Only the leader serves a directory (the others' would go unused).
+
+Timed: from releasing every rank at once to the last rank holding its agreement, for each
+of ``--runs`` formations per size, after one first formation reported apart (``first``: it
+includes every rank connecting to the leader's directory, which later formations reuse).
+Printed as a table and as one JSON line. Every rank, the leader included, shares this
+machine's cores: on a cluster each rank runs on its own host, and only the leader's store
+is shared, so these times are an upper bound for the exchange itself.
+
+    python -m bench.formation_scale [--sizes 8,64,128,256,512] [--runs 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from torchhook.client import JobMember, View
+from torchhook.formation import Agreement, Formation
+from torchhook.strategy import Layout, Plan, RankInfo, decide
+
+DEFAULT_SIZES = (8, 64, 128, 256, 512)
+JOIN_TIMEOUT_S = 60.0
+"""A formation that has not ended by then is reported as failed (it should take < 1 s)."""
+
+
+def gloo_decide(layout: Layout, infos: list[RankInfo]) -> Plan:
+    return decide(layout, infos, backend="gloo", supports_shrinking=False)
+
+
+@dataclass
+class Round:
+    """One formation: every rank's end time and result."""
+
+    ends: list[float]
+    results: list[Any]
+
+
+@dataclass
+class Cluster:
+    """``nodes`` × ``ranks`` participants, one thread each, reused across formations."""
+
+    nodes: int
+    ranks: int
+    formations: list[Formation] = field(default_factory=list)
+    places: list[tuple[str, int]] = field(default_factory=list)
+    view: View | None = None
+
+    def __post_init__(self) -> None:
+        for n in range(self.nodes):
+            for lr in range(self.ranks):
+                leader = n == 0 and lr == 0
+                self.places.append((f"n{n:02d}", lr))
+                self.formations.append(
+                    Formation(
+                        lambda: self._view(),
+                        # only the leader serves a directory (argument 0 makes one)
+                        local_rank=0 if leader else 1,
+                        beat=lambda: None,
+                        timeout_s=JOIN_TIMEOUT_S,
+                        store_host="127.0.0.1",
+                        op_timeout=timedelta(seconds=JOIN_TIMEOUT_S),
+                    )
+                )
+        members = tuple(
+            JobMember(
+                f"n{n:02d}",
+                "127.0.0.1",
+                7946,
+                self.formations[0].directory_port if n == 0 else 0,
+                n + 1,
+                "",
+                "alive",
+                self.ranks,
+            )
+            for n in range(self.nodes)
+        )
+        self.view = View("bench", 1, f"{self.nodes}x{self.ranks}", members)
+
+    def _view(self) -> View:
+        assert self.view is not None
+        return self.view
+
+    @property
+    def size(self) -> int:
+        return len(self.formations)
+
+
+def run_rounds(cluster: Cluster, rounds: int) -> list[tuple[float, str]]:
+    """``rounds`` formations; each: (seconds until the last rank agreed, error or "")."""
+    n = cluster.size
+    start = threading.Barrier(n + 1)
+    done = threading.Barrier(n + 1)
+    stop = threading.Event()
+    current = Round([0.0] * n, [None] * n)
+    info = RankInfo("", None, 0, False)
+
+    def rank(i: int) -> None:
+        node, lr = cluster.places[i]
+        formation = cluster.formations[i]
+        while True:
+            start.wait()
+            if stop.is_set():
+                return
+            try:
+                current.results[i] = formation.agree(cluster._view(), node, lr, info, gloo_decide)
+            except Exception as exc:  # reported, not raised: the others must finish
+                current.results[i] = exc
+            current.ends[i] = time.perf_counter()
+            done.wait()
+
+    threads = [threading.Thread(target=rank, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    out: list[tuple[float, str]] = []
+    try:
+        for _ in range(rounds):
+            while start.n_waiting < n:  # every rank is parked: release them at once
+                time.sleep(0.001)
+            began = time.perf_counter()
+            start.wait(JOIN_TIMEOUT_S)
+            done.wait(JOIN_TIMEOUT_S)
+            out.append((max(current.ends) - began, check(current.results)))
+            current.results[:] = [None] * n  # drop this formation's stores
+    finally:
+        stop.set()
+        with contextlib.suppress(threading.BrokenBarrierError):
+            start.wait(5)
+        for t in threads:
+            t.join(5)
+    return out
+
+
+def check(results: list[Any]) -> str:
+    """ "" when every rank agreed on one plan with distinct ranks, else what went wrong."""
+    errors = [r for r in results if not isinstance(r, Agreement)]
+    if errors:
+        return f"{len(errors)} ranks failed, e.g. {errors[0]!r}"
+    plans = {(r.plan, r.token) for r in results}
+    if len(plans) != 1 or sorted(r.rank for r in results) != list(range(len(results))):
+        return "ranks disagree"
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="participants per run"
+    )
+    parser.add_argument("--ranks-per-node", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=7, help="timed formations per size")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.runs < 1 or any(s < 1 or s % args.ranks_per_node for s in sizes):
+        parser.error("--runs >= 1; every size a positive multiple of --ranks-per-node")
+    print(f"{'ranks':>6} {'nodes':>6} {'first s':>8} {'median s':>9} {'min s':>7} {'max s':>7}")
+    rows: list[dict[str, Any]] = []
+    failed = False
+    for size in sizes:
+        cluster = Cluster(size // args.ranks_per_node, args.ranks_per_node)
+        timed = run_rounds(cluster, args.runs + 1)
+        errors = sorted({e for _, e in timed if e})
+        failed = failed or bool(errors)
+        first, rest = timed[0][0], [s for s, _ in timed[1:]]
+        row = {
+            "participants": size,
+            "nodes": cluster.nodes,
+            "first_s": round(first, 4),
+            "median_s": round(statistics.median(rest), 4),
+            "min_s": round(min(rest), 4),
+            "max_s": round(max(rest), 4),
+            "runs": len(rest),
+            "errors": errors,
+        }
+        rows.append(row)
+        print(
+            f"{size:>6} {cluster.nodes:>6} {first:>8.3f} {row['median_s']:>9.3f} "
+            f"{row['min_s']:>7.3f} {row['max_s']:>7.3f}" + (f"  {errors}" if errors else ""),
+            flush=True,
+        )
+        del cluster
+    print(json.dumps({"benchmark": "formation_scale", "rows": rows}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
