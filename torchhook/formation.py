@@ -46,10 +46,11 @@ store with every rank's real steps interleaved):
    plan, token and layout; every other rank of it gets ``Retry`` or the plan's
    ``ValueError``; no rank waits past ``formation_timeout_s`` (plus one wait slice and one
    connection attempt).
-10. **Waiting.** Every wait is a server-side store wait of at most ``WAIT_SLICE`` (no
-    polling, so n ranks cost the leader's store O(n) requests per formation); between
-    slices the rank heartbeats and rechecks its view and deadline. The leader waits for
-    all claims in one request per slice, and reads them in one ``multi_get``.
+10. **Waiting.** A follower's waits are server-side store waits of at most
+    ``WAIT_SLICE`` (no polling: n ranks cost the leader's stores O(n) requests per
+    formation); the leader checks for all the claims in one request every ``POLL_S`` (so
+    it notices a view change at once) and reads them in one ``multi_get``. Between waits
+    a rank heartbeats and rechecks its view and deadline.
 11. **Connecting** gives up after ``STORE_CONNECT`` (``torchhook.stores.connect_store``:
     a stopped peer's kernel still accepts connections) and retries through the view, which
     by then has dropped the stopped leader.
@@ -99,11 +100,13 @@ __all__ = [
 S = TypeVar("S", bound=Store)
 
 POLL_S = 0.005
-"""A follower that sees an offer not meant for it (rule 3) looks again after this long."""
-WAIT_SLICE = timedelta(milliseconds=50)
-"""The longest single store wait (rule 10): how late a rank notices a view change or its
-deadline while waiting; a key that arrives ends the wait at once. Heartbeats go out
-between slices (the agent's threshold is seconds)."""
+"""The leader checks for the claims this often (one request for all of them), and a
+follower that sees an offer not meant for it (rule 3) looks again after this long."""
+WAIT_SLICE = timedelta(seconds=1)
+"""A follower's longest single store wait (rule 10): a key that arrives ends it at once;
+at most this late, a follower waiting for an offer notices that its view's oldest node
+changed, and heartbeats (the agent's threshold is seconds). Long because a TCPStore wait
+that runs out logs two c10d warnings and looks up both socket addresses in DNS."""
 DIRECTORY_OP = timedelta(seconds=1)
 """A directory request to a stopped host blocks for this long before the view is rechecked."""
 
@@ -126,6 +129,8 @@ class Wait(Generic[S]):
 
     store: S
     keys: tuple[str, ...]
+    poll: bool = False
+    """Check every ``POLL_S`` instead of waiting on the server (the leader's waits)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +248,9 @@ class FormationOn(Generic[S]):
         try:
             try:
                 if keys:
-                    yield from self._await(store, keys, still_leading, deadline, "every claim")
+                    claims = Wait(store, tuple(keys), poll=True)
+                    while not (yield claims):
+                        self._check(still_leading, deadline, "every claim")
                 infos = [info, *(_claim_info(raw) for raw in store.multi_get(keys))]
             finally:
                 self._withdraw(directory)  # rule 7: before any plan
@@ -371,7 +378,9 @@ class FormationOn(Generic[S]):
         """One wait on real stores (rule 10); store errors other than a slice that ran out
         propagate (``agree`` throws them into the steps)."""
         self.beat()
-        if not wait.keys:
+        if wait.poll and wait.keys and wait.store.check(list(wait.keys)):
+            return True
+        if wait.poll or not wait.keys:
             self.clock.sleep(POLL_S)
             return False
         try:
