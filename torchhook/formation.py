@@ -118,8 +118,20 @@ RETRY_PLAN = "retry"
 ERROR_PLAN = "error: "
 
 
+ABSENT = "\x00absent"
+
+
 def info_key(rank: int) -> str:
     return f"info/{rank}"
+
+
+def read(store: Store, key: str) -> bytes | None:
+    """``key``'s value, or None if it is not there: one request that never waits (a
+    TCPStore ``get`` waits for the key first: two). TCPStore's ``compare_set`` returns the
+    current value when it is not ``expected``, and for a missing key with a non-empty
+    ``expected`` returns ``expected`` and writes nothing."""
+    raw = store.compare_set(key, ABSENT, ABSENT)
+    return None if raw == ABSENT.encode() else raw
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,7 +319,7 @@ class FormationOn(Generic[S]):
         store = self.net.connect(leader.addr, int(offer["port"]), "formation store", self.beat)
         try:
             store.set_timeout(timedelta(seconds=self.timeout_s))
-            if store.get(TOKEN_KEY).decode() != offer["token"]:  # rule 4
+            if read(store, TOKEN_KEY) != str(offer["token"]).encode():  # rule 4
                 raise Retry(f"stale offer {offer['fingerprint']}: its store runs another formation")
             claim = f"{self.nonce}\n{info.encode()}"
             held = store.compare_set(info_key(rank), "", claim)
@@ -319,10 +331,10 @@ class FormationOn(Generic[S]):
                 )
             # committed (rule 6): the plan, whatever our own view says meanwhile
             yield from self._await(store, [PLAN_KEY], lambda: None, deadline, "the plan")
-            raw = store.get(PLAN_KEY)
+            raw = read(store, PLAN_KEY)
         except (RuntimeError, OSError) as exc:
             raise Retry(f"formation store: {exc}") from None
-        if raw == RETRY_PLAN.encode():
+        if raw is None or raw == RETRY_PLAN.encode():
             raise Retry(f"the leader abandoned formation {offer['fingerprint']}")
         if raw.startswith(ERROR_PLAN.encode()):
             raise ValueError(raw[len(ERROR_PLAN) :].decode())
@@ -340,13 +352,7 @@ class FormationOn(Generic[S]):
         what = f"a formation led by {leader.name}"
         while True:
             yield from self._await(directory, [FORMATION_KEY], abandon, deadline, what)
-            try:
-                raw = directory.get(FORMATION_KEY)
-            except (RuntimeError, OSError) as exc:
-                if not self.net.timed_out(exc):
-                    raise
-                raw = b""  # withdrawn between the wait and the get
-            offer = _parse_offer(raw)
+            offer = _parse_offer(read(directory, FORMATION_KEY) or b"")  # None: withdrawn
             if offer is not None and [me.name, me.registered_ms] in [
                 n[:2] for n in offer["layout"]
             ]:
