@@ -2,24 +2,26 @@
 
 What one formation is here: the agreement step of ``torchhook.formation`` and nothing
 else (no process group is built): the leader (the oldest node's local rank 0) writes a
-fresh token into a fresh TCPStore and offers it in its directory; every other rank reads
-the offer, checks the token, claims its rank and waits for the plan; the leader checks for
+fresh token into a fresh store and offers it in its directory; every other rank reads the
+offer, checks the token, claims its rank and waits for the plan; the leader checks for
 every claim, reads them in one ``multi_get``, decides (``torchhook.strategy.decide``, gloo
-rules) and publishes the plan. Every rank runs the real ``FormationOn.agree`` on real
-TCPStores over loopback, as one thread of this process (store requests release the GIL
-while they wait); ``--ranks-per-node`` ranks per node (default 8: 64 nodes × 8 = 512).
+rules) and publishes the plan. Every rank runs the real ``FormationOn.agree`` as one
+thread of this process (store requests release the GIL while they wait), with
+``--ranks-per-node`` ranks per node (default 8: 64 nodes × 8 = 512).
 
-Connections are made before the timer starts, one at a time (``connect s``: n − 1
-clients, one after another): each rank's client to the leader's directory once, and to
-each formation's store per formation. In this sandbox, TCPStore connections made at the
-same moment stall for 1 to 5 s each, because torch looks up both socket addresses in
-reverse DNS on connect and the sandbox's resolver drops bursts of queries; a cluster with
-a working resolver (or a cache) does not have that, and there the connections are made in
-parallel from n hosts.
+The stores: one real TCPStore server on loopback and one client connection per rank,
+made once before anything is timed; the directory and each formation's fresh store are
+fresh key prefixes on that server (``Prefixed``), so every request of the protocol goes
+over TCP to a TCPStore as in a job, but no connection is made while timing. The reason:
+in this sandbox each TCPStore connection looks up both socket addresses in reverse DNS,
+and the resolver drops about one query in fifty, which stalls that connection for 5 s;
+a cluster's resolver (or a cache) does not, and there each rank connects from its own
+host in parallel (one connection to the formation's store, which the process group needs
+anyway).
 
 Timed: from releasing every rank at once to the last rank holding its agreement, for each
 of ``--runs`` formations per size (after one untimed). Printed as a table and as one JSON
-line. Every rank shares this machine's 2 cores with the leader's store: on a cluster each
+line. Every rank shares this machine's 2 cores with the store's server: on a cluster each
 rank runs on its own host, so these times are an upper bound for the exchange itself.
 
     python -m bench.formation_scale [--sizes 8,64,128,256,512] [--runs 7]

@@ -49,17 +49,22 @@ store with every rank's real steps interleaved):
 10. **Waiting.** A follower's waits are server-side store waits of at most
     ``WAIT_SLICE`` (no polling: n ranks cost the leader's stores O(n) requests per
     formation); the leader checks for all the claims in one request every ``POLL_S`` (so
-    it notices a view change at once) and reads them in one ``multi_get``. Between waits
-    a rank heartbeats and rechecks its view and deadline.
+    it notices a view change at once) and reads them in one ``multi_get``. A key is read
+    in one request that never waits (``read``; a TCPStore ``get`` waits first: two).
+    Between waits a rank heartbeats and rechecks its view and deadline.
 11. **Connecting** gives up after ``STORE_CONNECT`` (``torchhook.stores.connect_store``:
     a stopped peer's kernel still accepts connections) and retries through the view, which
     by then has dropped the stopped leader.
 
 The stores are behind two small protocols, ``Store`` and ``Net``, which torch's TCPStore
-satisfies (``Formation``, what the trainers use, is ``FormationOn`` a ``TcpNet``).
+satisfies (``Formation``, what the trainers use, is ``FormationOn`` over a ``TcpNet``).
 ``FormationOn.steps`` is the protocol one wait at a time (a generator of ``Wait``);
 ``agree`` drives it on real stores, the tests drive many ranks' steps on one in-memory
 ``Net`` with a fake clock.
+
+Sources: PyTorch's ``torch/csrc/distributed/c10d/TCPStore.cpp`` (``compare_set`` on a
+missing key, ``wait`` with a timeout and its cancellation, ``get`` as a wait and a read),
+checked against torch 2.13 on this machine.
 """
 
 from __future__ import annotations
