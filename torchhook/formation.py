@@ -1,33 +1,70 @@
 """Agreeing on a new process group through stores: who, under which token, by which plan.
 
-Rules (the pitfalls are torch 2.13 facts, summarised in docs/training.md §5):
+Roles: the *leader* is local rank 0 of the view's oldest node; every other rank of its view
+*follows*. Local rank 0 of every node serves a small *directory* store whose port travels
+in its job registration (``JobMember.store_port``); the leader offers each formation there.
+The pitfalls behind the rules are torch 2.13 facts, summarised in docs/training.md §5.
 
-- Every formation uses a fresh store (reusing keys across groups breaks them), hosted by
-  the view's oldest node's local rank 0, the *leader* (a store in a fixed trainer would
-  die with it): local rank 0 of every node serves a small *directory* TCPStore whose port
-  travels in its job registration; the leader creates a formation store per formation
-  and offers it in its directory under ``formation``, with the layout of *its* view.
-- One decider, one view: views differ for a while as gossip spreads (nodes completing
-  their registrations, a verdict reaching agents at different times), so every rank
-  forms on the leader's layout, not its own. A rank joins the offered formation if the
-  layout lists its node, writes its ``RankInfo`` under ``info/<rank>`` and from then on
-  is committed: it waits for ``plan`` and follows it whatever its own view says, because
-  a rank that walked away after offering its info would leave the others hanging in the
-  group's creation. A group formed on a stale view switches at its first step boundary.
-- The leader waits for every rank's info, decides (``torchhook.strategy.decide``) and
-  writes ``plan`` (or ``error: <why>`` for a job no plan can serve, which every rank then
-  raises as ``ValueError``). It abandons the formation (``plan = retry``, so nobody waits for it)
-  when a node of its layout leaves its view or an older node appears; gaining a newcomer
-  is not a reason (the group switches to include it at its first step boundary, so a
-  stream of arrivals cannot starve the formation).
-- Every wait polls (``POLL_S``), keeps the heartbeat going, and gives up with ``Retry``
-  when a store fails (a peer died), ``formation_timeout_s`` passes, or, before the
-  commitment, the oldest node of this rank's view changes.
-- A store client is built on a helper thread: TCPStore's constructor has no deadline
-  against a peer whose process is stopped (its kernel still accepts the connection), and
-  a trainer blocked there would stop heartbeating and be flagged hung itself. After
-  ``STORE_CONNECT`` it gives up and retries through the view, which by then has dropped
-  the stopped leader.
+Rules (numbered as tests/torchhook/test_formation.py cites them; they run on an in-memory
+store with every rank's real steps interleaved):
+
+1. **Fresh store, fresh token.** Every formation gets a fresh store from the leader (keys
+   reused across groups break them; a store in a fixed trainer would die with it) and a
+   fresh random token, even for the same members. The leader writes the token into the
+   store, then offers ``{fingerprint, port, token, layout}`` under ``formation`` in its
+   directory, with the layout of *its* view.
+2. **One decider's view.** Views differ for a while as gossip spreads, so every rank forms
+   on the leader's layout, not its own: a follower whose view differs still joins. A group
+   formed on a stale view switches at its first step boundary.
+3. **Who joins.** A follower joins an offer only if its layout lists this node *with this
+   registration* (``registered_ms``). A rank not listed (a late joiner, or a node that
+   re-registered since the offer) writes nothing and waits for the next offer.
+4. **Stale offers.** Before writing, a follower reads the token in the offered store: a
+   store that is gone, or one on a reused port that carries another formation's token,
+   means the offer is stale (``Retry``; nothing written).
+5. **One claimant per rank.** A follower claims its rank with ``compare_set`` on
+   ``info/<rank>`` (its ``RankInfo`` tagged with this process's nonce). The first claimant
+   holds the rank; a second *process* claiming it (two trainers started with one
+   ``LOCAL_RANK``) gets ``ValueError`` and the formation goes on without it; the same
+   process claiming again (a lost reply, a retry on the same offer) is idempotent.
+6. **Commitment.** Having claimed its rank, a follower follows the plan whatever its own
+   view says meanwhile: a rank that walked away would leave the others hanging in the
+   group's creation. It still gives up when the leader's store fails (the leader died) or
+   ``formation_timeout_s`` passes (the leader is stopped).
+7. **Deciding.** The leader waits for every rank's claim, withdraws its offer, then writes
+   ``plan``: the decision of ``torchhook.strategy.decide``, ``retry`` (abandoned: nobody
+   waits for it; followers raise ``Retry``) or ``error: <why>`` (a job no plan can serve;
+   every rank raises ``ValueError``). Withdrawing *before* the plan means a rank that has
+   read a plan can never see that formation's offer again and rejoin a decided formation.
+8. **Abandoning.** The leader abandons (``retry``) when a node of its layout leaves its
+   view or an older node appears, when a store fails, or at the timeout. Gaining a
+   younger node is not a reason (the group switches to include it at its first step
+   boundary, so a stream of arrivals cannot starve a formation). Before the commitment a
+   follower abandons when the oldest node of its own view changes, or its leader's
+   directory fails (``Retry``; a dead directory is connected afresh next time).
+9. **Agreement.** From 1-8: every rank that returns from one formation holds the same
+   plan, token and layout; every other rank of it gets ``Retry`` or the plan's
+   ``ValueError``; no rank waits past ``formation_timeout_s`` (plus one wait slice and one
+   connection attempt).
+10. **Waiting.** A follower's waits are server-side store waits of at most
+    ``WAIT_SLICE`` (no polling: n ranks cost the leader's stores O(n) requests per
+    formation); the leader checks for all the claims in one request every ``POLL_S`` (so
+    it notices a view change at once) and reads them in one ``multi_get``. A key is read
+    in one request that never waits (``read``; a TCPStore ``get`` waits first: two).
+    Between waits a rank heartbeats and rechecks its view and deadline.
+11. **Connecting** gives up after ``STORE_CONNECT`` (``torchhook.stores.connect_store``:
+    a stopped peer's kernel still accepts connections) and retries through the view, which
+    by then has dropped the stopped leader.
+
+The stores are behind two small protocols, ``Store`` and ``Net``, which torch's TCPStore
+satisfies (``Formation``, what the trainers use, is ``FormationOn`` over a ``TcpNet``).
+``FormationOn.steps`` is the protocol one wait at a time (a generator of ``Wait``);
+``agree`` drives it on real stores, the tests drive many ranks' steps on one in-memory
+``Net`` with a fake clock.
+
+Sources: PyTorch's ``torch/csrc/distributed/c10d/TCPStore.cpp`` (``compare_set`` on a
+missing key, ``wait`` with a timeout and its cancellation, ``get`` as a wait and a read),
+checked against torch 2.13 on this machine.
 """
 
 from __future__ import annotations
@@ -35,47 +72,87 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from torch._C._distributed_c10d import TCPStore
-
-from torchhook.client import View
+from torchhook.client import JobMember, View
+from torchhook.stores import (
+    STORE_CONNECT,
+    Clock,
+    Net,
+    Retry,
+    Store,
+    SystemClock,
+    TcpNet,
+    connect_store,
+)
 from torchhook.strategy import Layout, Plan, RankInfo
 
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import TCPStore  # noqa: F401 (Formation's base, quoted)
+
+__all__ = [
+    "STORE_CONNECT",
+    "Agreement",
+    "Formation",
+    "FormationOn",
+    "Retry",
+    "Wait",
+    "connect_store",
+]
+S = TypeVar("S", bound=Store)
+
 POLL_S = 0.005
+"""The leader checks for the claims this often (one request for all of them), and a
+follower that sees an offer not meant for it (rule 3) looks again after this long."""
+WAIT_SLICE = timedelta(seconds=1)
+"""A follower's longest single store wait (rule 10): a key that arrives ends it at once;
+at most this late, a follower waiting for an offer notices that its view's oldest node
+changed, and heartbeats (the agent's threshold is seconds). Long because a TCPStore wait
+that runs out logs two c10d warnings and looks up both socket addresses in DNS."""
 DIRECTORY_OP = timedelta(seconds=1)
 """A directory request to a stopped host blocks for this long before the view is rechecked."""
-STORE_CONNECT = timedelta(seconds=0.5)
-"""Connecting to a formation store or a directory: TCPStore retries a refused connection
-until this runs out, and a gloo error can start a formation on a view that still lists a
-dead leader; a short attempt, retried through the view, costs at most this after the
-verdict."""
-
 
 FORMATION_KEY = "formation"
-"""In a leader's directory: the formation it runs now (fingerprint, store port, layout)."""
+"""In a leader's directory: the formation it offers now (fingerprint, port, token, layout)."""
+TOKEN_KEY = "token"
+PLAN_KEY = "plan"
 RETRY_PLAN = "retry"
 ERROR_PLAN = "error: "
 
 
-class Retry(Exception):
-    """A formation attempt that must start over with the latest view. ``unreachable``: the
-    leader could not be reached (dead, or stopped), so trying again before the view
-    changes would only spin."""
+ABSENT = "\x00absent"
 
-    def __init__(self, why: str, *, unreachable: bool = False) -> None:
-        super().__init__(why)
-        self.unreachable = unreachable
+
+def info_key(rank: int) -> str:
+    return f"info/{rank}"
+
+
+def read(store: Store, key: str) -> bytes | None:
+    """``key``'s value, or None if it is not there: one request that never waits (a
+    TCPStore ``get`` waits for the key first: two). TCPStore's ``compare_set`` returns the
+    current value when it is not ``expected``, and for a missing key with a non-empty
+    ``expected`` returns ``expected`` and writes nothing."""
+    raw = store.compare_set(key, ABSENT, ABSENT)
+    return None if raw == ABSENT.encode() else raw
 
 
 @dataclass(frozen=True, slots=True)
-class Agreement:
-    store: TCPStore
+class Wait(Generic[S]):
+    """One step of ``Formation.steps``: resume with True once ``keys`` are all in
+    ``store``, or with False after a slice without them; no keys: a pause of ``POLL_S``."""
+
+    store: S
+    keys: tuple[str, ...]
+    poll: bool = False
+    """Check every ``POLL_S`` instead of waiting on the server (the leader's waits)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Agreement(Generic[S]):
+    store: S
     token: str
     plan: Plan
     layout: Layout
@@ -83,8 +160,9 @@ class Agreement:
     rank: int
 
 
-class Formation:
-    """The store side of forming groups for one trainer (one instance per process)."""
+class FormationOn(Generic[S]):
+    """The store side of forming groups for one trainer (one instance per process), on
+    the stores of ``net`` (``Formation``: torch's TCPStore)."""
 
     def __init__(
         self,
@@ -95,18 +173,22 @@ class Formation:
         timeout_s: float,
         store_host: str,
         op_timeout: timedelta,
+        net: Net[S],
+        clock: Clock | None = None,
     ) -> None:
         self.view_now = view_now
         self.beat = beat
         self.timeout_s = timeout_s
         self.store_host = store_host
+        self.net = net
+        self.clock: Clock = SystemClock() if clock is None else clock
+        self.nonce = os.urandom(8).hex()
+        """Tags this process's rank claims (rule 5)."""
         # only local rank 0 can lead (its port is the node's registration's store_port)
-        self.directory: TCPStore | None = None
+        self.directory: S | None = None
         if local_rank == 0:
-            self.directory = TCPStore(
-                store_host, 0, is_master=True, wait_for_workers=False, timeout=op_timeout
-            )
-        self._dir_clients: dict[tuple[str, int], TCPStore] = {}
+            self.directory = self.net.serve(store_host, op_timeout)
+        self._dir_clients: dict[tuple[str, int], S] = {}
 
     @property
     def directory_port(self) -> int:
@@ -119,13 +201,36 @@ class Formation:
         local_rank: int,
         info: RankInfo,
         decide: Callable[[Layout, list[RankInfo]], Plan],
-    ) -> Agreement:
+    ) -> Agreement[S]:
         """Meet the other ranks on a fresh store and follow one plan. Raises ``Retry``."""
-        deadline = time.monotonic() + self.timeout_s
-        leader = view.members[0]
-        if leader.name == node and local_rank == 0:
-            return self._lead(view, info, decide, deadline)
-        return self._follow(view, node, local_rank, info, deadline)
+        steps = self.steps(view, node, local_rank, info, decide)
+        try:
+            wait = next(steps)
+            while True:
+                try:
+                    ready = self._wait(wait)
+                except (RuntimeError, OSError) as exc:
+                    wait = steps.throw(exc)
+                else:
+                    wait = steps.send(ready)
+        except StopIteration as done:
+            agreement: Agreement[S] = done.value
+            return agreement
+
+    def steps(
+        self,
+        view: View,
+        node: str,
+        local_rank: int,
+        info: RankInfo,
+        decide: Callable[[Layout, list[RankInfo]], Plan],
+    ) -> Generator[Wait[S], bool, Agreement[S]]:
+        """``agree`` one wait at a time: yields each ``Wait``; a store error during it is
+        thrown back in (``generator.throw``)."""
+        deadline = self.clock.monotonic() + self.timeout_s
+        if view.members[0].name == node and local_rank == 0:
+            return (yield from self._lead(view, info, decide, deadline))
+        return (yield from self._follow(view, node, local_rank, info, deadline))
 
     def _lead(
         self,
@@ -133,24 +238,24 @@ class Formation:
         info: RankInfo,
         decide: Callable[[Layout, list[RankInfo]], Plan],
         deadline: float,
-    ) -> Agreement:
-        assert self.directory is not None, "only local rank 0 leads"
+    ) -> Generator[Wait[S], bool, Agreement[S]]:
+        directory = self.directory
+        if directory is None:
+            raise Retry("only local rank 0 leads")
         layout = Layout.of(view.members)
-        store = TCPStore(
-            self.store_host,
-            0,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=self.timeout_s),
-        )
-        token = os.urandom(8).hex()  # a fresh token per formation, even for the same members
-        store.set("token", token)
-        store.set("info/0", info.encode())
-        offer = {"fingerprint": view.fingerprint, "port": store.port, "layout": layout.encode()}
-        self.directory.set(FORMATION_KEY, json.dumps(offer))
-        keys = [f"info/{r}" for r in range(layout.world_size)]
+        token = os.urandom(8).hex()  # rule 1
+        store = self.net.serve(self.store_host, timedelta(seconds=self.timeout_s))
+        store.set(TOKEN_KEY, token)
+        offer = {
+            "fingerprint": view.fingerprint,
+            "port": store.port,
+            "token": token,
+            "layout": layout.encode(),
+        }
+        directory.set(FORMATION_KEY, json.dumps(offer))
+        keys = [info_key(r) for r in range(1, layout.world_size)]
 
-        def still_leading() -> str | None:
+        def still_leading() -> str | None:  # rule 8
             now = self.view_now()
             if not now.members or now.members[0].name != view.members[0].name:
                 return "another node is the oldest now"
@@ -158,82 +263,146 @@ class Formation:
             return f"{sorted(n for n, _ in gone)} left the view" if gone else None
 
         try:
-            self._poll(lambda: store.check(keys), still_leading, deadline, "every rank's info")
-            infos = [RankInfo.decode(v) for v in store.multi_get(keys)]
+            try:
+                if keys:
+                    claims = Wait(store, tuple(keys), poll=True)
+                    while not (yield claims):
+                        self._check(still_leading, deadline, "every claim")
+                infos = [info, *(_claim_info(raw) for raw in store.multi_get(keys))]
+            finally:
+                self._withdraw(directory)  # rule 7: before any plan
             plan = decide(layout, infos)
         except (Retry, RuntimeError, OSError) as exc:
             with contextlib.suppress(RuntimeError, OSError):
-                store.set("plan", RETRY_PLAN)  # whoever joined must not wait for a plan
-            raise Retry(f"leading {view.fingerprint}: {exc}") from None
+                store.set(PLAN_KEY, RETRY_PLAN)  # whoever joined must not wait for a plan
+            unreachable = isinstance(exc, Retry) and exc.unreachable
+            raise Retry(f"leading {view.fingerprint}: {exc}", unreachable=unreachable) from None
         except ValueError as exc:
             # a job no plan can serve (HSDP with uneven nodes): every rank says why
             with contextlib.suppress(RuntimeError, OSError):
-                store.set("plan", ERROR_PLAN + str(exc))
+                store.set(PLAN_KEY, ERROR_PLAN + str(exc))
             raise
-        finally:
-            # late arrivals must not join a formation that is decided or abandoned
-            self.directory.delete_key(FORMATION_KEY)
-        store.set("plan", plan.encode())
+        store.set(PLAN_KEY, plan.encode())
         return Agreement(store, token, plan, layout, 0)
+
+    def _withdraw(self, directory: S) -> None:
+        # our own store: it fails only when this process is going down anyway
+        with contextlib.suppress(RuntimeError, OSError):
+            directory.delete_key(FORMATION_KEY)
 
     def _follow(
         self, view: View, node: str, local_rank: int, info: RankInfo, deadline: float
-    ) -> Agreement:
-        """Join the formation that the oldest node of our view leads, on *its* view: views
-        differ while gossip spreads, and one decider's view is what everyone forms on (a
-        group on a slightly stale view switches at its first step boundary)."""
+    ) -> Generator[Wait[S], bool, Agreement[S]]:
+        """Join the formation that the oldest node of our view leads, on *its* view."""
         leader = view.members[0]
         me = view.member(node)
-        assert me is not None
+        if me is None:
+            raise Retry(f"{node} is not in view {view.fingerprint}")
         if leader.store_port == 0:
             raise Retry(f"the leader {leader.name} serves no directory", unreachable=True)
-        directory = self._directory_of(leader.addr, leader.store_port)
-        offer: dict[str, Any] = {}
 
-        def offered() -> bool:
-            raw = directory.get(FORMATION_KEY) if directory.check([FORMATION_KEY]) else None
-            try:
-                offer.update(json.loads(raw) if raw else {})
-            except ValueError:
-                # seen once under load: an empty value while the leader withdrew its offer
-                # (delete_key between our check and get); not an offer yet, poll again
-                return False
-            if "layout" not in offer:
-                return False
-            return [me.name, me.registered_ms] in [n[:2] for n in offer["layout"]]
-
-        def leader_changed() -> str | None:
+        def leader_changed() -> str | None:  # rule 8, before the commitment
             now = self.view_now()
             if not now.members or now.members[0].name != leader.name:
                 return "another node is the oldest now"
             return None
 
         try:
-            self._poll(offered, leader_changed, deadline, f"a formation led by {leader.name}")
-        except Retry:
+            directory = self._directory_of(leader.addr, leader.store_port)
+            offer = yield from self._offer_for(me, directory, leader_changed, deadline, leader)
+        except (Retry, RuntimeError, OSError) as exc:
             # a broken connection stays broken: connect afresh next time
             self._dir_clients.pop((leader.addr, leader.store_port), None)
-            raise
+            if isinstance(exc, Retry):
+                raise
+            raise Retry(f"directory of {leader.name}: {exc}") from None
         layout = Layout.decode(offer["layout"])
-        rank = layout.rank_of(node, local_rank)
-        store = self.connect(leader.addr, int(offer["port"]), "formation store")
+        try:
+            rank = layout.rank_of(node, local_rank)
+        except KeyError:
+            raise Retry(f"local rank {local_rank} is not in the offered layout") from None
+        store = self.net.connect(leader.addr, int(offer["port"]), "formation store", self.beat)
         try:
             store.set_timeout(timedelta(seconds=self.timeout_s))
-            store.set(f"info/{rank}", info.encode())
-            # committed: having offered our info we follow the leader's plan whatever our
-            # own view says meanwhile (a rank that left here would hang the others' init)
-            self._poll(lambda: store.check(["plan"]), lambda: None, deadline, "the plan")
-            raw = store.get("plan")
-            if raw == RETRY_PLAN.encode():
-                raise Retry(f"the leader abandoned formation {offer['fingerprint']}")
-            if raw.startswith(ERROR_PLAN.encode()):
-                raise ValueError(raw[len(ERROR_PLAN) :].decode())
-            token = store.get("token").decode()
-            return Agreement(store, token, Plan.decode(raw), layout, rank)
+            if read(store, TOKEN_KEY) != str(offer["token"]).encode():  # rule 4
+                raise Retry(f"stale offer {offer['fingerprint']}: its store runs another formation")
+            claim = f"{self.nonce}\n{info.encode()}"
+            held = store.compare_set(info_key(rank), "", claim)
+            if held != claim.encode():  # rule 5
+                raise ValueError(
+                    f"rank {rank} ({node} local rank {local_rank}) of formation "
+                    f"{offer['fingerprint']} is claimed by another process: two trainers "
+                    "were started with the same LOCAL_RANK"
+                )
+            # committed (rule 6): the plan, whatever our own view says meanwhile
+            yield from self._await(store, [PLAN_KEY], lambda: None, deadline, "the plan")
+            raw = read(store, PLAN_KEY)
         except (RuntimeError, OSError) as exc:
             raise Retry(f"formation store: {exc}") from None
+        if raw is None or raw == RETRY_PLAN.encode():
+            raise Retry(f"the leader abandoned formation {offer['fingerprint']}")
+        if raw.startswith(ERROR_PLAN.encode()):
+            raise ValueError(raw[len(ERROR_PLAN) :].decode())
+        return Agreement(store, str(offer["token"]), Plan.decode(raw), layout, rank)
 
-    def _directory_of(self, addr: str, port: int) -> TCPStore:
+    def _offer_for(
+        self,
+        me: JobMember,
+        directory: S,
+        abandon: Callable[[], str | None],
+        deadline: float,
+        leader: JobMember,
+    ) -> Generator[Wait[S], bool, dict[str, Any]]:
+        """The leader's current offer, once it lists this node's registration (rule 3)."""
+        what = f"a formation led by {leader.name}"
+        while True:
+            yield from self._await(directory, [FORMATION_KEY], abandon, deadline, what)
+            offer = _parse_offer(read(directory, FORMATION_KEY) or b"")  # None: withdrawn
+            if offer is not None and [me.name, me.registered_ms] in [
+                n[:2] for n in offer["layout"]
+            ]:
+                return offer
+            # not for us (yet): look again shortly, without writing anything
+            if not (yield Wait(directory, ())):
+                self._check(abandon, deadline, what)
+
+    def _await(
+        self,
+        store: S,
+        keys: Sequence[str],
+        abandon: Callable[[], str | None],
+        deadline: float,
+        what: str,
+    ) -> Generator[Wait[S], bool, None]:
+        wait = Wait(store, tuple(keys))
+        while not (yield wait):
+            self._check(abandon, deadline, what)
+
+    def _check(self, abandon: Callable[[], str | None], deadline: float, what: str) -> None:
+        why = abandon()
+        if why is not None:
+            raise Retry(why)
+        if self.clock.monotonic() > deadline:
+            raise Retry(f"timed out waiting for {what}", unreachable=True)
+
+    def _wait(self, wait: Wait[S]) -> bool:
+        """One wait on real stores (rule 10); store errors other than a slice that ran out
+        propagate (``agree`` throws them into the steps)."""
+        self.beat()
+        if wait.poll and wait.keys and wait.store.check(list(wait.keys)):
+            return True
+        if wait.poll or not wait.keys:
+            self.clock.sleep(POLL_S)
+            return False
+        try:
+            wait.store.wait(list(wait.keys), WAIT_SLICE)
+        except (RuntimeError, OSError) as exc:
+            if self.net.timed_out(exc):
+                return False
+            raise
+        return True
+
+    def _directory_of(self, addr: str, port: int) -> S:
         client = self._dir_clients.get((addr, port))
         if client is None:
             client = self.connect(addr, port, "directory")
@@ -241,56 +410,42 @@ class Formation:
             self._dir_clients[(addr, port)] = client
         return client
 
-    def connect(self, addr: str, port: int, what: str) -> TCPStore:
-        return connect_store(addr, port, what, beat=self.beat)
+    def connect(self, addr: str, port: int, what: str) -> S:
+        return self.net.connect(addr, port, what, self.beat)
 
-    def _poll(
+
+class Formation(FormationOn["TCPStore"]):
+    """Formation on torch's TCPStore: what the trainers use."""
+
+    def __init__(
         self,
-        ready: Callable[[], bool],
-        abandon: Callable[[], str | None],
-        deadline: float,
-        what: str,
+        view_now: Callable[[], View],
+        *,
+        local_rank: int,
+        beat: Callable[[], None],
+        timeout_s: float,
+        store_host: str,
+        op_timeout: timedelta,
     ) -> None:
-        while True:
-            try:
-                if ready():
-                    return
-            except (RuntimeError, OSError) as exc:
-                raise Retry(f"waiting for {what}: {exc}") from None
-            why = abandon()
-            if why is not None:
-                raise Retry(why)
-            if time.monotonic() > deadline:
-                raise Retry(f"timed out waiting for {what}", unreachable=True)
-            self.beat()
-            time.sleep(POLL_S)
+        super().__init__(
+            view_now,
+            local_rank=local_rank,
+            beat=beat,
+            timeout_s=timeout_s,
+            store_host=store_host,
+            op_timeout=op_timeout,
+            net=TcpNet(),
+        )
 
 
-def connect_store(
-    addr: str, port: int, what: str, *, beat: Callable[[], None] = lambda: None
-) -> TCPStore:
-    """A TCPStore client, built on a helper thread while this one keeps beating (see the
-    module docstring): gives up with ``Retry(unreachable=True)`` after ``STORE_CONNECT``
-    (a refused connection is retried by TCPStore until then; a stopped peer never
-    answers). The abandoned thread ends when the peer resumes or dies. The client's
-    timeout for later operations is the caller's to set (``set_timeout``)."""
-    result: list[Any] = []
+def _parse_offer(raw: bytes) -> dict[str, Any] | None:
+    try:
+        offer = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return offer if isinstance(offer, dict) and "layout" in offer else None
 
-    def connect() -> None:
-        try:
-            result.append(TCPStore(addr, port, is_master=False, timeout=STORE_CONNECT))
-        except (RuntimeError, OSError) as exc:
-            result.append(exc)
 
-    thread = threading.Thread(target=connect, name=f"connect-{what}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + STORE_CONNECT.total_seconds()
-    while thread.is_alive() and time.monotonic() < deadline:
-        thread.join(POLL_S)
-        beat()
-    if not result:
-        raise Retry(f"{what} at {addr}:{port}: no answer within {STORE_CONNECT}", unreachable=True)
-    if isinstance(result[0], BaseException):
-        raise Retry(f"{what} at {addr}:{port}: {result[0]}", unreachable=True)
-    store: TCPStore = result[0]
-    return store
+def _claim_info(raw: bytes) -> RankInfo:
+    """A claim is ``<nonce>\\n<RankInfo>`` (rule 5)."""
+    return RankInfo.decode(raw.split(b"\n", 1)[1])
