@@ -44,6 +44,7 @@ from typing import Any
 
 from torch._C._distributed_c10d import TCPStore
 
+from bench import results
 from torchhook import formation
 from torchhook.client import JobMember, View
 from torchhook.formation import Agreement, FormationOn
@@ -304,7 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="decode each distinct offer and plan once for all ranks (see decode_once)",
     )
+    results.add_arguments(parser)
     args = parser.parse_args(argv)
+    started = results.machine()
     if args.decode_once:
         decode_once()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -340,7 +343,57 @@ def main(argv: list[str] | None = None) -> int:
     print(
         json.dumps({"benchmark": "formation_scale", "decode_once": args.decode_once, "rows": rows})
     )
+    if not failed:
+        results.record(args, "bench.formation_scale", argv, started, _result(rows, args))
     return 1 if failed else 0
+
+
+def _result(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The run as a result file's content (bench/results.py); the largest size is the
+    headline figure."""
+    top = rows[-1]
+    how = " (each distinct offer and plan decoded once for all ranks)" if args.decode_once else ""
+    return {
+        "question": "formation-scale" + ("-decode-once" if args.decode_once else ""),
+        "title": f"Formation at scale: up to {top['participants']} ranks agreeing on a group{how}",
+        "method": (
+            "The agreement step of torchhook.formation alone (offer, token check, claims, "
+            "plan; no process group built) on one real TCPStore on loopback, every rank a "
+            f"thread of one process, {args.ranks_per_node} ranks per node, connections made "
+            "once before timing; timed from releasing every rank to the last one holding "
+            f"its agreement, {args.runs} formations per size after one untimed. All ranks "
+            "share this host's cores with the store's server, so this is an upper bound "
+            "for the exchange on a cluster, where each rank has its own host."
+        ),
+        "figures": {
+            "formation_s": results.figure(
+                f"{top['participants']} ranks ({top['nodes']} nodes): one formation, median",
+                top["median_s"],
+                "s",
+                2,
+                spread=(top["min_s"], top["max_s"]),
+                runs=top["runs"],
+            ),
+        },
+        "tables": [
+            {
+                "caption": "Time per formation by the number of ranks",
+                "columns": [
+                    {"key": "participants", "label": "ranks"},
+                    {"key": "nodes", "label": "nodes"},
+                    {"key": "time", "label": "one formation, s (median, min–max)"},
+                ],
+                "rows": [
+                    {
+                        "participants": r["participants"],
+                        "nodes": r["nodes"],
+                        "time": results.stat(r["median_s"], lo=r["min_s"], hi=r["max_s"]),
+                    }
+                    for r in rows
+                ],
+            }
+        ],
+    }
 
 
 if __name__ == "__main__":

@@ -60,8 +60,9 @@ TOPICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "backward) and by strategy (in-process DDP and HSDP on swim, torchrun with the swim "
         "rendezvous, stock torchrun with c10d). Pure FSDP, which keeps no second copy of "
         "a shard, recovers by reloading the newest complete checkpoint, resharded "
-        "(docs/training.md); it has no timed benchmark yet.",
-        ("training-recovery-", "torchrun-recovery-"),
+        "(docs/training.md); it has no timed benchmark yet. Last, how long the agreement on "
+        "a new group takes as the job grows.",
+        ("training-recovery-", "torchrun-recovery-", "formation-"),
     ),
     (
         "Step efficiency",
