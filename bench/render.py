@@ -92,6 +92,7 @@ OTHER = ("Other measurements", "Results of questions this page has no topic for 
 ORDER = (  # within a topic, these first; the rest by question id
     "detection-64-serf-local-swim-fast-swim-lan",
     "detection-8-32-64-serf-lan-swim-lan",
+    "training-recovery-3x2-fast",
     "sim-scale-10000",
 )
 
