@@ -394,8 +394,5 @@ class _Query:
     deadline_ms: int
 
 
-def _tags_of(m: Member) -> dict[str, str]:
-    try:
-        return serf.decode_tags(m.meta) if m.meta else {}
-    except ValueError:
-        return {}
+def _tags_of(m: Member) -> Mapping[str, str]:
+    return serf.member_tags(m.meta)

@@ -51,13 +51,12 @@ beyond it), ``MAX_JOBS_LISTED`` jobs, the events ring (agent/status_events.py).
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
@@ -152,16 +151,8 @@ def _error(status: int, message: str) -> Reply:
     return Reply(status, json_body({"error": message}))
 
 
-@functools.lru_cache(maxsize=4096)
-def _decoded(meta: bytes) -> dict[str, str]:
-    try:
-        return serf.decode_tags(meta) if meta else {}
-    except ValueError:
-        return {}
-
-
-def _tags_of(m: Member) -> dict[str, str]:
-    return _decoded(m.meta)
+def _tags_of(m: Member) -> Mapping[str, str]:
+    return serf.member_tags(m.meta)
 
 
 @dataclass

@@ -24,9 +24,9 @@ publish a stale tag over a newer one. The watch sees the agent only through
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import trio
@@ -54,16 +54,8 @@ MAX_LOST_NAMES = 64
 """Peers named in one ``lost`` report (a trainer's group; the agent bounds its own probes)."""
 
 
-@functools.lru_cache(maxsize=4096)
-def _tags(meta: bytes) -> dict[str, str]:
-    try:
-        return serf.decode_tags(meta) if meta else {}
-    except ValueError:
-        return {}
-
-
-def _member_tags(m: Member) -> dict[str, str]:
-    return _tags(m.meta)
+def _member_tags(m: Member) -> Mapping[str, str]:
+    return serf.member_tags(m.meta)
 
 
 async def job_view(agent: AgentAPI, job: object) -> dict[str, Any]:
