@@ -281,7 +281,7 @@ class ControlClient:
     def request(self, op: str, **args: Any) -> Any:
         """Send one request and return its result, or raise ControlError."""
         with self._connect() as sock:
-            _send_request(sock, encode_frame(make_request(op, **args)))
+            send_request(sock, op, **args)
             return _result(_first(_frames(sock)))
 
     def stream(self, op: str, **args: Any) -> Iterator[dict[str, Any]]:
@@ -289,7 +289,7 @@ class ControlClient:
         sock = self._connect()
         sock.settimeout(None)
         try:
-            _send_request(sock, encode_frame(make_request(op, **args)))
+            send_request(sock, op, **args)
             frames = _frames(sock)
             _result(_first(frames))
             for frame in frames:
@@ -314,21 +314,30 @@ def unreachable(path: Path, exc: OSError, setting: str) -> ControlError:
     )
 
 
-def _send_request(sock: socket.socket, data: bytes) -> None:
-    # refused before the request went out: the agent's reply is still there to read
+def send_request(sock: socket.socket, op: str, **args: Any) -> None:
+    """Send one request frame. An agent that refused the connection may have closed it
+    before the request went out; its reply is still there to read, so that is no error."""
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        sock.sendall(data)
+        sock.sendall(encode_frame(make_request(op, **args)))
+
+
+def receive(sock: socket.socket) -> bytes:
+    """The next bytes from the agent, ``b""`` at the end. An agent that closed the
+    connection with our frames unread (a refusal, after its reply) resets it: that is the
+    end too, not an error."""
+    try:
+        return sock.recv(65536)
+    except ConnectionResetError:
+        return b""
 
 
 def _frames(sock: socket.socket) -> Iterator[dict[str, Any]]:
     decoder = FrameDecoder()
     while True:
         try:
-            data = sock.recv(65536)
+            data = receive(sock)
         except TimeoutError as exc:
             raise ControlError("the agent did not answer in time") from exc
-        except ConnectionResetError:
-            data = b""  # closed with our request unread (a refusal), after its reply
         if not data:
             return
         yield from decoder.feed(data)

@@ -35,7 +35,8 @@ from agent.control import (
     JobMember,
     default_control_path,
     encode_frame,
-    make_request,
+    receive,
+    send_request,
     unreachable,
 )
 
@@ -140,9 +141,7 @@ class Membership:
         self._decoder = FrameDecoder()
         self._pending: list[dict[str, Any]] = []
         try:
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                # refused at once: the agent's reply is still there to read
-                self._sock.sendall(encode_frame(make_request("watch", **args)))
+            send_request(self._sock, "watch", **args)
             first = self._next_frame()
             if first.get("ok") is not True:
                 raise ControlError(str(first.get("error", "the agent refused the watch")))
@@ -159,10 +158,7 @@ class Membership:
 
     def _next_frame(self) -> dict[str, Any]:
         while not self._pending:
-            try:
-                data = self._sock.recv(65536)
-            except ConnectionResetError:
-                data = b""  # closed with our frames unread (a refusal), after its reply
+            data = receive(self._sock)
             if not data:
                 raise MembershipClosed(f"the agent at {self.path} closed the watch")
             self._pending = self._decoder.feed(data)
