@@ -36,7 +36,6 @@ from typing import Any
 
 import trio
 
-from agent import serf
 from agent.api import AgentAPI
 from agent.config import AgentConfig
 from agent.control import default_control_path
@@ -56,7 +55,8 @@ from agent.handlers import (
 from agent.jobs import MAX_WATCHED_JOBS, TAG_PREFIX
 from agent.serf.delegate import QueryReceived, UserEventReceived
 from agent.serf_runtime import SerfRuntime
-from swim import EventKind, Member, MemberEvent
+from agent.watch import member_tags
+from swim import EventKind, MemberEvent
 
 log = logging.getLogger("swim.agent")
 
@@ -331,7 +331,7 @@ async def start_handlers(
 
     def on_member(event: MemberEvent) -> None:
         m = event.member
-        found = member_event(event.kind, m.name, m.address.host, _tags_of(m))
+        found = member_event(event.kind, m.name, m.address.host, member_tags(m))
         if found is not None:
             runner.offer(found)
 
@@ -346,7 +346,7 @@ async def start_handlers(
 
     async def job_views(known: Iterable[str]) -> list[HandlerEvent]:
         members = await agent.live_members()
-        tags = {m.name: _tags_of(m) for m in members}
+        tags = {m.name: member_tags(m) for m in members}
         jobs = set(known)
         jobs.update(
             k.removeprefix(TAG_PREFIX) for t in tags.values() for k in t if k.startswith(TAG_PREFIX)
@@ -392,7 +392,3 @@ class _Query:
 
     received: QueryReceived
     deadline_ms: int
-
-
-def _tags_of(m: Member) -> Mapping[str, str]:
-    return serf.member_tags(m.meta)

@@ -56,18 +56,18 @@ import math
 import os
 import resource
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
 import trio
 
-from agent import serf
 from agent.api import AgentAPI, Snapshot
 from agent.control_server import STATUSES, answer, member_json
 from agent.jobs import HEALTH_HUNG, TAG_PREFIX, VIEW_STATES, JobTag, fingerprint, job_members
 from agent.status_events import RecentEvents
+from agent.watch import member_tags
 from swim import Member
 
 __all__ = [
@@ -151,10 +151,6 @@ def _error(status: int, message: str) -> Reply:
     return Reply(status, json_body({"error": message}))
 
 
-def _tags_of(m: Member) -> Mapping[str, str]:
-    return serf.member_tags(m.meta)
-
-
 @dataclass
 class Formations:
     """Per job: its view's last fingerprint, when it changed and how often (bounded by
@@ -186,14 +182,14 @@ def _jobs(
     sorts their job tags by job, so the work is members × tags, not members × jobs."""
     carriers: dict[str, list[tuple[Member, JobTag]]] = {job: [] for job in local}
     for m in sorted(members, key=lambda m: m.name):
-        for key, value in _tags_of(m).items():
+        for key, value in member_tags(m).items():
             if key.startswith(TAG_PREFIX):
                 tag = JobTag.decode(value)
                 if tag is not None:
                     carriers.setdefault(key[len(TAG_PREFIX) :], []).append((m, tag))
     names = sorted(carriers)
     listed = names[:MAX_JOBS_LISTED]
-    views = {job: job_members(job, (m for m, _ in carriers[job]), _tags_of) for job in listed}
+    views = {job: job_members(job, (m for m, _ in carriers[job]), member_tags) for job in listed}
     formations.update({job: fingerprint(view) for job, view in views.items()}, wall_ms)
     jobs = []
     for job in listed:

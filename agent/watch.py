@@ -24,6 +24,7 @@ publish a stale tag over a newer one. The watch sees the agent only through
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -54,18 +55,30 @@ MAX_LOST_NAMES = 64
 """Peers named in one ``lost`` report (a trainer's group; the agent bounds its own probes)."""
 
 
-def _member_tags(m: Member) -> Mapping[str, str]:
-    return serf.member_tags(m.meta)
+@functools.lru_cache(maxsize=4096)
+def _tags(meta: bytes) -> Mapping[str, str]:
+    try:
+        return serf.decode_tags(meta) if meta else {}
+    except ValueError:
+        return {}
+
+
+def member_tags(m: Member) -> Mapping[str, str]:
+    """A member's tags for job views, the status page and the event handlers: none for
+    empty Meta (not serf's ``{"role": ""}``) and for Meta that does not decode. Cached by
+    the Meta bytes (members keep the same Meta between changes), so the result is shared:
+    read it, never change it."""
+    return _tags(m.meta)
 
 
 async def job_view(agent: AgentAPI, job: object) -> dict[str, Any]:
     name = check_job(job)
-    return agent.jobs.view(name, await agent.live_members(), _member_tags)
+    return agent.jobs.view(name, await agent.live_members(), member_tags)
 
 
 async def job_list(agent: AgentAPI) -> dict[str, Any]:
     """The ``jobs`` result: every job this agent knows, one summary each."""
-    return agent.jobs.summaries(await agent.live_members(), _member_tags)
+    return agent.jobs.summaries(await agent.live_members(), member_tags)
 
 
 async def serve_watch(agent: AgentAPI, stream: trio.abc.Stream, args: dict[str, Any]) -> None:

@@ -167,7 +167,6 @@ from agent.serf.state import (
     decode_tags,
     encode_push_pull_state,
     encode_tags,
-    member_tags,
     tags_fit,
 )
 
@@ -222,7 +221,6 @@ __all__ = [
     "encode_serf_message",
     "encode_tags",
     "encode_user_event",
-    "member_tags",
     "queries",
     "tags_fit",
 ]

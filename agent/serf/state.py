@@ -15,7 +15,6 @@ Rules:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,18 +78,6 @@ def decode_tags(meta: bytes) -> dict[str, str]:
             raise SerfCodecError(f"tag {dec_str(key)!r} must be a string, got {value!r}")
         tags[dec_str(key)] = dec_str(value)
     return tags
-
-
-@functools.lru_cache(maxsize=4096)
-def member_tags(meta: bytes) -> Mapping[str, str]:
-    """A member's tags for display and job views: no tags for empty Meta (not serf's
-    ``{"role": ""}``) and for Meta that does not decode. Cached by the Meta bytes (members
-    carry the same Meta between changes), so the result is shared: read it, never change it.
-    """
-    try:
-        return decode_tags(meta) if meta else {}
-    except ValueError:
-        return {}
 
 
 def tags_fit(tags: Mapping[str, str], limit: int = META_MAX_SIZE) -> bool:
