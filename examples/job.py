@@ -109,7 +109,7 @@ def parser(description: str | None, *, job: str, pg_timeout_s: float) -> argpars
 
 
 def hook_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments every elastic hook takes from the command line."""
+    """The ``torchhook.Settings`` fields every example takes from the command line."""
     return {
         "job": args.job,
         "control": args.control,
@@ -128,7 +128,7 @@ def slice_step(
 ) -> float:
     """Forward and backward on this rank's equal slice of step ``el.step``'s global batch
     (``faults`` may fire inside backward), between ``opt.zero_grad()`` and ``opt.step()``
-    when ``opt`` is given (ElasticHSDP steps its optimizer itself); returns the global
+    when ``opt`` is given (HSDP steps its optimizer itself); returns the global
     batch's mean loss, from the ranks' slice means weighted by slice size."""
     lo, hi = el.shard(args.global_batch)
     x, y = batch(el.step, args.global_batch)
@@ -139,7 +139,7 @@ def slice_step(
     torch.autograd.backward(loss)
     # every collective of the step before any local state changes: a verdict during the
     # loss all-reduce re-runs the step, and an optimizer step taken before it would then
-    # be applied twice on this rank (ElasticDDP.run_step's rule)
+    # be applied twice on this rank (Elastic.run_step's rule)
     total = el.all_reduce(loss.detach().clone() * (hi - lo))
     if opt is not None:
         opt.step()

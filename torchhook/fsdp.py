@@ -76,6 +76,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -194,10 +195,19 @@ class Checkpointer:
     """
 
     def __init__(
-        self, directory: Path, every_steps: int, keep: int = 2, *, timeout_s: float = 120.0
+        self,
+        directory: Path,
+        every_steps: int,
+        keep: int = 2,
+        *,
+        timeout_s: float = 120.0,
+        wait: Callable[[Any], None] | None = None,
     ) -> None:
         if every_steps < 1 or keep < 1 or timeout_s <= 0:
             raise ValueError("every_steps and keep must be >= 1, timeout_s > 0")
+        self._wait: Callable[[Any], None] = wait or (lambda work: work.wait())
+        """How our own broadcasts (nonce, choice) wait: the elastic engine passes one a
+        verdict can end; DCP's collectives inside a save or load wait on their own."""
         self.directory = Path(directory)
         self.every_steps = every_steps
         self.keep = keep
@@ -258,13 +268,21 @@ class Checkpointer:
         self._finish_previous()
         pg = self._group()
         newest = complete_checkpoints(self.directory)[-1:] if dist.get_rank() == 0 else []
-        choice: list[tuple[str, int] | None] = [
-            (str(newest[0].path), newest[0].step) if newest else None
-        ]
-        dist.broadcast_object_list(choice, group_src=0, group=pg)
-        if choice[0] is None:
+        # the choice as a tensor (its step, then its path's bytes): two broadcasts whose
+        # waits the engine can end, unlike broadcast_object_list
+        raw = str(newest[0].path).encode() if newest else b""
+        head = torch.tensor([newest[0].step if newest else -1, len(raw)], dtype=torch.int64)
+        self._wait(dist.broadcast(head, group_src=0, group=pg, async_op=True))
+        step, size = int(head[0]), int(head[1])
+        if step < 0:
             return None
-        path, step = Path(choice[0][0]), choice[0][1]
+        buf = (
+            torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+            if raw
+            else torch.empty(size, dtype=torch.uint8)
+        )
+        self._wait(dist.broadcast(buf, group_src=0, group=pg, async_op=True))
+        path = Path(buf.numpy().tobytes().decode())
         model_sd, optim_sd = get_state_dict(model, optimizer)
         # DCP loads in place into these very dicts, resharding to the current world size
         load({"model": model_sd, "optim": optim_sd}, checkpoint_id=path, process_group=pg)
@@ -314,7 +332,7 @@ class Checkpointer:
     def _nonce(self, pg: dist.ProcessGroup) -> str:
         # secrets, not torch's RNG: the user's random state must not change when we save
         value = torch.tensor([secrets.randbits(62) if dist.get_rank() == 0 else 0])
-        dist.broadcast(value, group_src=0, group=pg)
+        self._wait(dist.broadcast(value, group_src=0, group=pg, async_op=True))
         return f"{int(value.item()):016x}"
 
     def _chain_marker(

@@ -1,0 +1,182 @@
+"""Gradient accumulation through the engine's strategies, on a real 2-rank gloo group.
+
+Each worker process joins a gloo group (store hosted by the test), sets up a strategy the
+way the engine does (``DDP`` and ``FSDP``: their ``setup`` on a ``Group``), and computes the
+gradients of its 8 samples of a global batch of 16 twice: once in 4 micro-batches through
+``micro_batches`` (the reduction skipped for all but the last), once in one backward. Both
+must equal the gradients of the whole batch in one process; and after the first
+micro-batch, the ranks' DDP gradients must still differ (the reduction really was skipped).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+from datetime import timedelta
+from multiprocessing.context import ForkServerProcess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch", reason="torchhook needs torch (install the [torch] extra)")
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch._C._distributed_c10d import PrefixStore, TCPStore
+from torch.distributed.tensor import DTensor
+
+from torchhook.groups import ProcessGroups
+from torchhook.parallel import DDP, Group, Parallelism, micro_batches
+from torchhook.parallel_fsdp import FSDP
+from torchhook.strategy import Layout, Node, Plan
+from torchhook.verdicts import GroupWatch
+
+_FORKS = multiprocessing.get_context("forkserver")
+_FORKS.set_forkserver_preload([__name__])
+
+WORLD = 2
+BATCH = 16
+MICRO = 4
+TIMEOUT_S = 60.0
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 2))
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    return torch.randn(BATCH, 8, generator=g), torch.randn(BATCH, 2, generator=g)
+
+
+def _reference() -> list[list[float]]:
+    model = _model()
+    x, y = _data()
+    torch.autograd.backward(F.mse_loss(model(x), y))
+    return [p.grad.reshape(-1).tolist() for p in model.parameters() if p.grad is not None]
+
+
+def _strategy(kind: str, tmp: str) -> Parallelism:
+    if kind == "ddp":
+        model = _model()
+        return DDP(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    return FSDP(
+        _model,
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+        checkpoint_dir=Path(tmp),
+        checkpoint_every=1000,
+    )
+
+
+def _grads(model: nn.Module) -> list[list[float]]:
+    out = []
+    for p in model.parameters():
+        g = p.grad
+        if isinstance(g, DTensor):
+            g = g.full_tensor()
+        out.append([] if g is None else g.reshape(-1).tolist())
+    return out
+
+
+def _work(cfg: dict[str, Any]) -> dict[str, Any]:
+    rank = cfg["rank"]
+    torch.set_num_threads(1)
+    client = TCPStore("127.0.0.1", cfg["port"], is_master=False)
+    dist.init_process_group(
+        "gloo",
+        store=PrefixStore("pg", client),
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=TIMEOUT_S),
+    )
+    layout = Layout((Node("n0", 1, 1), Node("n1", 2, 1)))
+    watch = GroupWatch(f"n{rank}")
+    group = Group(
+        rank, WORLD, layout, "t0", f"n{rank}", 0, torch.device("cpu"),
+        ProcessGroups("gloo", 0), TIMEOUT_S, lambda work: work.wait(),
+        lambda bucket: watch.comm_hook(bucket, WORLD),
+    )  # fmt: skip
+    strategy = _strategy(cfg["kind"], cfg["tmp"])
+    strategy.setup(group, Plan("reform", (), 0, "fresh", 0, receivers=(1,)))
+    x, y = _data()
+    share = BATCH // WORLD
+    mine_x, mine_y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
+    per = share // MICRO
+    after_first: list[list[float]] = []
+
+    def accumulated(model: nn.Module) -> None:
+        for i in micro_batches(strategy, MICRO):
+            out = model(mine_x[i * per : (i + 1) * per])
+            loss = F.mse_loss(out, mine_y[i * per : (i + 1) * per], reduction="sum")
+            torch.autograd.backward(loss / (share * y.shape[1]))
+            if i == 0 and cfg["kind"] == "ddp":
+                after_first.extend(_grads(strategy.model or model))
+
+    def whole(model: nn.Module) -> None:
+        torch.autograd.backward(F.mse_loss(model(mine_x), mine_y))
+
+    result: dict[str, Any] = {}
+    for name, fn in (("accumulated", accumulated), ("whole", whole)):
+        strategy.run(fn, group, 0)
+        assert strategy.model is not None
+        result[name] = _grads(strategy.model)
+        for p in strategy.model.parameters():
+            p.grad = None
+    result["after_first"] = after_first
+    return result
+
+
+def _worker_main(cfg_json: str, out: str) -> None:
+    """Writes its result, then leaves with ``os._exit`` at once: no group teardown (the
+    test is over, and the process dies with its sockets)."""
+    code = 0
+    try:
+        result = _work(json.loads(cfg_json))
+    except Exception as exc:  # reported to the test through the file
+        result = {"error": f"{type(exc).__name__}: {exc}"}
+        code = 3
+    Path(out).write_text(json.dumps(result))
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def _close(a: list[list[float]], b: list[list[float]]) -> bool:
+    return all(
+        torch.allclose(torch.tensor(u), torch.tensor(v), rtol=1e-5, atol=1e-7)
+        for u, v in zip(a, b, strict=True)
+    )
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_micro_batches_accumulate_to_the_whole_batch(tmp_path: Path, kind: str) -> None:
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    procs: list[ForkServerProcess] = []
+    try:
+        for rank in range(WORLD):
+            cfg = {"rank": rank, "port": store.port, "kind": kind, "tmp": str(tmp_path)}
+            out = tmp_path / f"r{rank}.json"
+            proc = _FORKS.Process(target=_worker_main, args=(json.dumps(cfg), str(out)))
+            proc.start()
+            procs.append(proc)
+        for proc in procs:
+            proc.join(TIMEOUT_S)
+        results = [json.loads((tmp_path / f"r{r}.json").read_text()) for r in range(WORLD)]
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+    assert all("error" not in r for r in results), results
+    reference = _reference()
+    for r in results:
+        assert _close(r["whole"], reference), "one backward over the rank's share"
+        assert _close(r["accumulated"], reference), "micro-batches accumulate to the same"
+    if kind == "ddp":
+        # inside no_sync the first micro-batch's gradients stay local: they differ by rank
+        assert not _close(results[0]["after_first"], results[1]["after_first"])
