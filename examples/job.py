@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 IN_DIM = 16
-FAULTS = ("none", "kill-in-backward", "stop-in-backward", "kill", "stop")
+FAULTS = ("none", "kill-in-backward", "stop-in-backward", "kill", "stop", "bug")
 
 
 def build_model(seed: int) -> nn.Module:
@@ -131,6 +131,7 @@ def slice_step(
     when ``opt`` is given (HSDP steps its optimizer itself); returns the global
     batch's mean loss, from the ranks' slice means weighted by slice size."""
     lo, hi = el.shard(args.global_batch)
+    faults.in_step(el.step)
     x, y = batch(el.step, args.global_batch)
     if opt is not None:
         opt.zero_grad()
@@ -186,7 +187,8 @@ class Faults:
     """A planned failure of this node: SIGKILL or SIGSTOP of its whole process group (agent
     and every local rank, when the caller started them in one), at ``--fault-step`` or at
     the first step after ``--fault-file`` appears (and that ``skip`` does not reject), at
-    the step boundary or inside backward. Only local rank 0 fires it."""
+    the step boundary or inside backward; or (``bug``) an exception from the step
+    function. Only local rank 0 fires it."""
 
     def __init__(
         self,
@@ -212,6 +214,12 @@ class Faults:
                 self.step += 1
         if self.fires and step == self.step and self.kind in ("kill", "stop"):
             self._fire()
+
+    def in_step(self, step: int) -> None:
+        """``bug``: the step function raises, as a bug in the user's code would."""
+        if self.fires and step == self.step and self.kind == "bug":
+            self.log.emit({"fault": self.kind, "t": time.time(), "pid": os.getpid()})
+            raise ValueError(f"a planned bug in the step function at step {step}")
 
     def in_backward(self, step: int, loss: torch.Tensor) -> None:
         """Call with the loss before ``backward``: fires as gradients start flowing."""
