@@ -1,7 +1,8 @@
 """Gradient accumulation through the engine's strategies, on a real 2-rank gloo group.
 
 Each worker process joins a gloo group (store hosted by the test), sets up a strategy the
-way the engine does (``DDP`` and ``FSDP``: their ``setup`` on a ``Group``), and computes the
+way the engine does (``DDP``, and ``FSDP`` with a ``parallelize`` of the user's own: their
+``setup`` on a ``Group``), and computes the
 gradients of its 8 samples of a global batch of 16 twice: once in 4 micro-batches through
 ``micro_batches`` (the reduction skipped for all but the last), once in one backward. Both
 must equal the gradients of the whole batch in one process; and after the first
@@ -28,6 +29,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch._C._distributed_c10d import PrefixStore, TCPStore
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from torchhook.groups import ProcessGroups
@@ -71,7 +74,17 @@ def _strategy(kind: str, tmp: str) -> Parallelism:
         lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
         checkpoint_dir=Path(tmp),
         checkpoint_every=1000,
+        parallelize=_parallelize,
     )
+
+
+def _parallelize(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """The user's own policy: one unit per Linear, kept unsharded after forward."""
+    for sub in model:
+        if isinstance(sub, nn.Linear):
+            fully_shard(sub, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    return model
 
 
 def _grads(model: nn.Module) -> list[list[float]]:
