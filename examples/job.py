@@ -1,7 +1,7 @@
 """What the in-process example trainers share: one job (model, data, optimizer, the
 failure-free reference), their command line and the hook options it sets, one step on a
 rank's slice of the global batch, their step log, planned faults and the training loop.
-elastic_ddp.py, elastic_hsdp.py and elastic_fsdp.py differ only in the hook they drive and
+elastic_ddp.py, elastic_hsdp.py and elastic_fsdp.py differ only in the strategy they plug in and
 in what they pass to one step. Run as scripts, this directory is on sys.path.
 
 The job: a small MLP on a fixed synthetic regression. The global batch of each step is

@@ -243,11 +243,8 @@ class Elastic:
         return self.parallelism.no_sync()
 
     def micro_batches(self, n: int) -> Iterator[int]:
-        """``0..n-1``; every micro-batch but the last accumulates (:meth:`accumulate`)::
-
-        for i in el.micro_batches(4):
-            loss_fn(model(x[i]), y[i]).backward()
-        """
+        """``0..n-1``; every micro-batch but the last accumulates (:meth:`accumulate`),
+        inside the step function: ``for i in el.micro_batches(4): loss(i).backward()``."""
         return micro_batches(self.parallelism, n)
 
     def paused(self, reason: str, max_s: float = DEFAULT_PAUSE_S) -> AbstractContextManager[None]:

@@ -1,8 +1,9 @@
 """FSDP2 sharding and resharding checkpoints for the elastic hook.
 
 When a node of a pure-FSDP job dies its parameter shard is gone, so the survivors cannot
-carry on from memory: they form a new, smaller process group (``torchhook.elastic`` does
-that), build a fresh module, call :func:`shard` on it and :meth:`Checkpointer.load_latest`,
+carry on from memory: they form a new, smaller process group (``torchhook.engine`` does
+that), build a fresh module, shard it (the user's ``parallelize``, :func:`shard` by default)
+and call :meth:`Checkpointer.load_latest`,
 which reloads the newest complete checkpoint resharded to the new world size, and train on
 from that step. The steps taken since that checkpoint are lost (rollback).
 
@@ -55,11 +56,12 @@ With HSDP every node holds a full copy of the model, sharded over its own ranks
 (replicate across nodes × shard within a node). When a node dies only the replicate
 dimension shrinks: the survivors still hold every shard in memory and go on from the
 current step, with no rollback and no checkpoint read (torchft's fault tolerance covers
-the replicated dimension only, for the same reason). ``torchhook.elastic_hsdp`` does
-that, with :func:`shard` on the node's part of a ``nodes × ranks`` mesh. Pure FSDP (a 1-D
+the replicated dimension only, for the same reason). ``torchhook.parallel_hsdp`` does
+that, with the user's ``parallelize`` (default :func:`shard`) on the node's part of a
+``nodes × ranks`` mesh. Pure FSDP (a 1-D
 mesh over all ranks) has no second copy of a shard, so losing any rank loses part of the
 model and optimizer state, and recovery must roll back to the last checkpoint with
-:meth:`Checkpointer.load_latest` (``torchhook.elastic_fsdp``).
+:meth:`Checkpointer.load_latest` (``torchhook.parallel_fsdp``).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def _strategy(kind: str, tmp: str) -> Parallelism:
 
 def _parallelize(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     """The user's own policy: one unit per Linear, kept unsharded after forward."""
-    for sub in model:
+    for sub in model.modules():
         if isinstance(sub, nn.Linear):
             fully_shard(sub, mesh=mesh, reshard_after_forward=False)
     fully_shard(model, mesh=mesh, reshard_after_forward=False)

@@ -25,11 +25,12 @@ from torchhook.errors import (
     MembershipChanged,
     NoSurvivingCopy,
     OutOfMemory,
+    SettingsError,
     StepFailed,
     classify,
     is_group_failure,
 )
-from torchhook.settings import Settings, SettingsError
+from torchhook.settings import Settings
 
 # what gloo and NCCL say, one example per row of the table
 SAMPLES = {
