@@ -67,7 +67,7 @@ from torchhook.errors import ReformBudgetSpent, classify
 from torchhook.formation import Formation, Retry
 from torchhook.groups import ProcessGroups, ShrinkFailed
 from torchhook.parallel import Group, Parallelism, micro_batches
-from torchhook.settings import Settings
+from torchhook.settings import ReformBudget, Settings
 from torchhook.stores import TcpNet
 from torchhook.strategy import (
     Layout,
@@ -84,8 +84,6 @@ __all__ = ["Elastic"]
 
 log = logging.getLogger("torchhook.elastic")
 T = TypeVar("T")
-RETRY_WAIT_S = 0.2
-"""After a formation whose leader was unreachable: wait at least this long for a new view."""
 HEARTBEAT_EVERY_S = 0.1
 """Heartbeats from wait loops are spaced out; one per step is always sent."""
 DEFAULT_PAUSE_S = 600.0
@@ -332,7 +330,7 @@ class Elastic:
         s = self.settings
         started = time.monotonic()
         view_deadline = started + s.join_timeout_s
-        first_failure: float | None = None
+        budget = ReformBudget(s, time.monotonic)
         for attempt in range(1, s.reform_attempts + 1):
             view = self._wait_for_usable_view(view_deadline)
             log.debug("forming on view %d %s %s", view.generation, view.fingerprint, view.names)
@@ -353,34 +351,20 @@ class Elastic:
                 log.info(
                     "formation on %s failed (attempt %d): %s", view.fingerprint, attempt, first
                 )
-                now = time.monotonic()
-                first_failure = now if first_failure is None else first_failure
-                if now - first_failure > s.reform_timeout_s:
-                    raise ReformBudgetSpent(
-                        f"no group formed for {now - first_failure:.1f} s "
-                        f"(reform_timeout_s={s.reform_timeout_s}); last: {first}"
-                    ) from None
-                self._backoff(view.fingerprint, attempt, unreachable)
+                self._await_new_view(
+                    view.fingerprint, budget.failed(first, unreachable=unreachable)
+                )
                 continue
             self.reconfigurations += 1
             self.last_formation_s = time.monotonic() - started
             return
-        raise ReformBudgetSpent(
-            f"no group formed in {s.reform_attempts} attempts (reform_attempts)"
-        )
+        raise ReformBudgetSpent(f"no group formed in {s.reform_attempts} attempts")
 
-    def _backoff(self, fingerprint: str, failures: int, unreachable: bool) -> None:
-        """Wait before the next attempt, ended early by a new view: none after the first
-        failure (a changed view is the usual cause), then doubling from
-        ``reform_backoff_s``; at least ``RETRY_WAIT_S`` after an unreachable leader."""
-        s = self.settings
-        delay = 0.0 if failures < 2 else s.reform_backoff_s * 2 ** (failures - 2)
-        delay = min(s.reform_backoff_max_s, delay)
-        if unreachable:
-            delay = max(delay, RETRY_WAIT_S)
-        if delay > 0:
+    def _await_new_view(self, fingerprint: str, seconds: float) -> None:
+        """The backoff between formations: ended early by a new view."""
+        if seconds > 0:
             with contextlib.suppress(TimeoutError):
-                self.membership.wait(lambda v: v.fingerprint != fingerprint, delay)
+                self.membership.wait(lambda v: v.fingerprint != fingerprint, seconds)
 
     def _wait_for_usable_view(self, deadline: float) -> View:
         def usable(v: View) -> bool:

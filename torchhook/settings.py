@@ -8,17 +8,20 @@ directory, mesh shape) belong to its strategy object, not here.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchhook.errors import SettingsError
+from torchhook.errors import ReformBudgetSpent, SettingsError
 
-__all__ = ["QUORUMS", "Settings"]
+__all__ = ["QUORUMS", "ReformBudget", "Settings"]
 
 QUORUMS = ("majority", "any")
 BACKENDS = ("gloo", "nccl")
 MAX_REFORM_ATTEMPTS = 10_000
 """A re-formation budget larger than this is a mistake, not a policy."""
+RETRY_WAIT_S = 0.2
+"""After a formation whose leader was unreachable: wait at least this long for a new view."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,3 +101,42 @@ def _positive(name: str, value: object, *, zero_ok: bool = False) -> None:
     if not ok:
         bound = ">= 0" if zero_ok else "> 0"
         raise SettingsError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
+class ReformBudget:
+    """Failed formations in a row, against ``reform_attempts`` and ``reform_timeout_s``
+    (from the first failure), and the backoff between them: none after the first failure
+    (a changed view is the usual cause), then ``reform_backoff_s`` doubling up to
+    ``reform_backoff_max_s``; at least ``RETRY_WAIT_S`` after an unreachable leader. The
+    caller waits that long for a new view, which ends the wait early."""
+
+    def __init__(self, settings: Settings, now: Callable[[], float]) -> None:
+        self.settings = settings
+        self._now = now
+        self.failures = 0
+        self._first: float | None = None
+
+    def failed(self, why: str, *, unreachable: bool) -> float:
+        """Count one failure (``why`` names it); the seconds to wait before the next
+        attempt. Raises ``ReformBudgetSpent`` once the budget is spent."""
+        s = self.settings
+        now = self._now()
+        self.failures += 1
+        self._first = now if self._first is None else self._first
+        if self.failures >= s.reform_attempts:
+            raise ReformBudgetSpent(
+                f"no group formed in {self.failures} attempts "
+                f"(reform_attempts={s.reform_attempts}); last: {why}"
+            )
+        if now - self._first > s.reform_timeout_s:
+            raise ReformBudgetSpent(
+                f"no group formed for {now - self._first:.1f} s "
+                f"(reform_timeout_s={s.reform_timeout_s}); last: {why}"
+            )
+        delay = 0.0
+        if self.failures >= 2:
+            # the exponent is capped: 2**10000 would not fit a float
+            delay = min(
+                s.reform_backoff_max_s, s.reform_backoff_s * 2 ** min(self.failures - 2, 64)
+            )
+        return max(delay, RETRY_WAIT_S) if unreachable else delay

@@ -1,4 +1,4 @@
-"""The engine's typed errors and settings (pure: no group, no agent).
+"""The engine's typed errors, settings and re-formation budget (pure: no group, no agent).
 
 Every row of the one text table (``errors.GROUP_FAILURE_TEXT``) is run; torch's own types
 (out of memory, ``DistError``) are matched by type; anything else from the user's code is
@@ -7,9 +7,12 @@ fatal; every setting out of range is refused with a message naming it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from typing import Any
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -18,6 +21,7 @@ pytest.importorskip("torch", reason="torchhook needs torch (install the [torch] 
 import torch
 import torch.distributed as dist
 
+from torchhook.engine import Elastic
 from torchhook.errors import (
     GROUP_FAILURE_TEXT,
     CheckpointFailed,
@@ -25,12 +29,13 @@ from torchhook.errors import (
     MembershipChanged,
     NoSurvivingCopy,
     OutOfMemory,
+    ReformBudgetSpent,
     SettingsError,
     StepFailed,
     classify,
     is_group_failure,
 )
-from torchhook.settings import Settings
+from torchhook.settings import RETRY_WAIT_S, ReformBudget, Settings
 
 # what gloo and NCCL say, one example per row of the table
 SAMPLES = {
@@ -120,3 +125,50 @@ def test_settings_that_contradict_each_other_are_refused() -> None:
         Settings(job="j", local_rank=2, local_world_size=2)
     with pytest.raises(SettingsError, match="reform_backoff_max_s"):
         Settings(job="j", reform_backoff_s=3.0, reform_backoff_max_s=1.0)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_the_reform_budget_backs_off_and_ends() -> None:
+    clock = _Clock()
+    s = Settings(job="j", reform_attempts=6, reform_backoff_s=0.1, reform_backoff_max_s=0.3)
+    budget = ReformBudget(s, clock)
+    delays = [budget.failed("leader gone", unreachable=False) for _ in range(5)]
+    # at once after the first failure, then doubling, capped
+    assert delays == [0.0, 0.1, 0.2, 0.3, 0.3]
+    with pytest.raises(ReformBudgetSpent, match=r"reform_attempts=6.*leader gone"):
+        budget.failed("leader gone", unreachable=False)
+
+
+def test_the_reform_budget_ends_by_time_and_waits_for_an_unreachable_leader() -> None:
+    clock = _Clock()
+    budget = ReformBudget(Settings(job="j", reform_timeout_s=5.0), clock)
+    assert budget.failed("store gone", unreachable=True) == RETRY_WAIT_S
+    clock.t += 5.5
+    with pytest.raises(ReformBudgetSpent, match="reform_timeout_s"):
+        budget.failed("store gone", unreachable=False)
+    # a budget as large as allowed never overflows its backoff
+    huge = ReformBudget(Settings(job="j", reform_attempts=10_000, reform_timeout_s=1e9), clock)
+    last = [huge.failed("x", unreachable=False) for _ in range(9_999)][-1]
+    assert last == Settings(job="j").reform_backoff_max_s
+
+
+def test_paused_goes_to_the_membership_and_is_a_no_op_without_it() -> None:
+    calls: list[tuple[str, float]] = []
+
+    class Pausing:
+        @contextlib.contextmanager
+        def paused(self, reason: str, max_s: float) -> Iterator[None]:
+            calls.append((reason, max_s))
+            yield
+
+    with Elastic.paused(cast(Any, SimpleNamespace(membership=Pausing())), "ckpt", max_s=30.0):
+        assert calls == [("ckpt", 30.0)]
+    with Elastic.paused(cast(Any, SimpleNamespace(membership=object())), "eval"):
+        pass  # a client without pauses: nothing to tell
