@@ -1,8 +1,9 @@
 """Gradient accumulation through the engine's strategies, on a real 2-rank gloo group.
 
 Each worker process joins a gloo group (store hosted by the test), sets up a strategy the
-way the engine does (``DDP``, and ``FSDP`` with a ``parallelize`` of the user's own: their
-``setup`` on a ``Group``), and computes the
+way the engine does (``DDP``; ``FSDP`` with a ``parallelize`` of the user's own; ``HSDP``
+with tensor parallelism on a node dimension: their ``setup`` on a ``Group``), and computes
+the
 gradients of its 8 samples of a global batch of 16 twice: once in 4 micro-batches through
 ``micro_batches`` (the reduction skipped for all but the last), once in one backward. Both
 must equal the gradients of the whole batch in one process; and after the first
@@ -32,10 +33,16 @@ from torch._C._distributed_c10d import PrefixStore, TCPStore
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    parallelize_module,
+)
 
 from torchhook.groups import ProcessGroups
 from torchhook.parallel import DDP, Group, Parallelism, micro_batches
 from torchhook.parallel_fsdp import FSDP
+from torchhook.parallel_hsdp import HSDP, mesh_dim
 from torchhook.strategy import Layout, Node, Plan
 from torchhook.verdicts import GroupWatch
 
@@ -66,6 +73,10 @@ def _reference() -> list[list[float]]:
 
 
 def _strategy(kind: str, tmp: str) -> Parallelism:
+    if kind == "hsdp-tp":
+        node_mesh = (("shard", 1), ("tp", WORLD))
+        sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.1)  # noqa: E731
+        return HSDP(_model, sgd, parallelize=_tensor_parallel, node_mesh=node_mesh)
     if kind == "ddp":
         model = _model()
         return DDP(model, torch.optim.SGD(model.parameters(), lr=0.1))
@@ -84,6 +95,14 @@ def _parallelize(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
         if isinstance(sub, nn.Linear):
             fully_shard(sub, mesh=mesh, reshard_after_forward=False)
     fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    return model
+
+
+def _tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """Tensor parallelism on the node's ``tp`` dimension, FSDP2 on its ``shard`` one."""
+    plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
+    parallelize_module(model, mesh_dim(mesh, "tp"), plan)  # type: ignore[arg-type]
+    fully_shard(model, mesh=mesh_dim(mesh, "shard"))
     return model
 
 
@@ -108,17 +127,22 @@ def _work(cfg: dict[str, Any]) -> dict[str, Any]:
         world_size=WORLD,
         timeout=timedelta(seconds=TIMEOUT_S),
     )
-    layout = Layout((Node("n0", 1, 1), Node("n1", 2, 1)))
-    watch = GroupWatch(f"n{rank}")
+    tp = cfg["kind"] == "hsdp-tp"
+    # HSDP with tensor parallelism: one node of two ranks, both fed the whole batch
+    layout = Layout((Node("n0", 1, 2),)) if tp else Layout((Node("n0", 1, 1), Node("n1", 2, 1)))
+    node, local_rank = ("n0", rank) if tp else (f"n{rank}", 0)
+    watch = GroupWatch(node)
     group = Group(
-        rank, WORLD, layout, "t0", f"n{rank}", 0, torch.device("cpu"),
-        ProcessGroups("gloo", 0), TIMEOUT_S, lambda work: work.wait(),
+        rank, WORLD, layout, "t0", node, local_rank, torch.device("cpu"),
+        ProcessGroups("gloo", local_rank), TIMEOUT_S, lambda work: work.wait(),
         lambda bucket: watch.comm_hook(bucket, WORLD),
     )  # fmt: skip
     strategy = _strategy(cfg["kind"], cfg["tmp"])
-    strategy.setup(group, Plan("reform", (), 0, "fresh", 0, receivers=(1,)))
+    plan = Plan("reform", (), 0, "fresh", 0, providers=(0, 1) if tp else (), receivers=(1,))
+    strategy.setup(group, plan)
     x, y = _data()
-    share = BATCH // WORLD
+    share = BATCH if tp else BATCH // WORLD
+    rank = 0 if tp else rank
     mine_x, mine_y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
     per = share // MICRO
     after_first: list[list[float]] = []
@@ -136,12 +160,23 @@ def _work(cfg: dict[str, Any]) -> dict[str, Any]:
 
     result: dict[str, Any] = {}
     for name, fn in (("accumulated", accumulated), ("whole", whole)):
-        strategy.run(fn, group, 0)
         assert strategy.model is not None
+        if tp:  # HSDP's run would step the optimizer: look at the gradients before
+            fn(strategy.model)
+        else:
+            strategy.run(fn, group, 0)
         result[name] = _grads(strategy.model)
         for p in strategy.model.parameters():
             p.grad = None
     result["after_first"] = after_first
+    assert strategy.model is not None
+    result["meshes"] = sorted(
+        {
+            str(p.device_mesh.mesh_dim_names)
+            for p in strategy.model.parameters()
+            if isinstance(p, DTensor)
+        }
+    )
     return result
 
 
@@ -166,7 +201,7 @@ def _close(a: list[list[float]], b: list[list[float]]) -> bool:
     )
 
 
-@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+@pytest.mark.parametrize("kind", ["ddp", "fsdp", "hsdp-tp"])
 def test_micro_batches_accumulate_to_the_whole_batch(tmp_path: Path, kind: str) -> None:
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     procs: list[ForkServerProcess] = []
@@ -190,6 +225,8 @@ def test_micro_batches_accumulate_to_the_whole_batch(tmp_path: Path, kind: str) 
     for r in results:
         assert _close(r["whole"], reference), "one backward over the rank's share"
         assert _close(r["accumulated"], reference), "micro-batches accumulate to the same"
+    if kind == "hsdp-tp":  # the user's tensor parallelism on the node's dimensions
+        assert results[0]["meshes"] == ["('shard-t0', 'tp-t0')"], results[0]["meshes"]
     if kind == "ddp":
         # inside no_sync the first micro-batch's gradients stay local: they differ by rank
         assert not _close(results[0]["after_first"], results[1]["after_first"])
