@@ -101,7 +101,7 @@ def _parallelize(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
 def _tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
     """Tensor parallelism on the node's ``tp`` dimension, FSDP2 on its ``shard`` one."""
     plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
-    parallelize_module(model, mesh_dim(mesh, "tp"), plan)  # type: ignore[arg-type]
+    parallelize_module(model, mesh_dim(mesh, "tp"), plan)
     fully_shard(model, mesh=mesh_dim(mesh, "shard"))
     return model
 
