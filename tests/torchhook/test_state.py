@@ -43,7 +43,7 @@ from torch.optim.lr_scheduler import (
 
 import torchhook.state_wire as wire
 from agent.procs import stop
-from torchhook.batching import FixedGlobalBatch
+from torchhook.batching import FixedGlobalBatch, FixedRankBatch, LrScale, ScaledLr
 from torchhook.data import ElasticSampler
 from torchhook.state import (
     MAX_NAME_CHARS,
@@ -325,6 +325,28 @@ def test_a_refused_rebind_keeps_the_old_scheduler() -> None:
     with pytest.raises(SnapshotError, match="2 parameter groups, the old one 1"):
         state.rebind(two)
     assert rebuilt.current is current and rebuilt.optimizer is opt
+
+
+def test_lr_scale_with_a_real_optimizer_and_inside_a_lambda_scheduler() -> None:
+    """FixedRankBatch: after a loss the global batch shrinks and the rate follows the rule,
+    set directly (a tensor rate in place) or through a LambdaLR that reads the sampler."""
+    sampler = ElasticSampler(100, FixedRankBatch(8), rank=0, world_size=6)
+    scale = LrScale(reference_batch=48)
+    model = nn.Linear(2, 2)
+    adam = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01))
+    rate = adam.param_groups[0]["lr"]
+    scaled = ScaledLr.record(adam.param_groups, scale)
+    sampler.reconfigure(rank=0, world_size=4)
+    scaled.apply(adam.param_groups, sampler.split.global_batch)
+    assert adam.param_groups[0]["lr"] is rate and float(rate) == pytest.approx(0.01 * 32 / 48)
+
+    sgd = SGD(model.parameters(), lr=0.1)
+    sched = LambdaLR(sgd, lambda s: 0.5 * scale.factor(sampler.split.global_batch))
+    assert sgd.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 * 32 / 48)
+    sampler.reconfigure(rank=0, world_size=6)
+    sgd.step()
+    sched.step()
+    assert sgd.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5)
 
 
 # --- RNG -------------------------------------------------------------------------------
