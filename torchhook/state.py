@@ -139,7 +139,8 @@ class Rebuilt(Generic[S]):
 
     ``factory(optimizer)`` builds it; :meth:`rebind` builds a fresh one over a new optimizer
     and loads the old one's state and the old optimizer's per-group hyperparameters into it.
-    Step ``current``: a reference kept to an older object stays bound to the old optimizer.
+    Step it (:meth:`step`) or ``current``: a reference kept to an older object stays bound
+    to the old optimizer.
     Its state (registered like any object) is ``{"scheduler": ..., "param_groups": [...]}``."""
 
     def __init__(self, factory: Callable[[Optimizer], S], optimizer: Optimizer) -> None:
@@ -161,6 +162,10 @@ class Rebuilt(Generic[S]):
     @property
     def optimizer(self) -> Optimizer:
         return self._optimizer
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        """``current.step(...)`` (``ReduceLROnPlateau`` takes the metric)."""
+        return getattr(self._current, "step")(*args, **kwargs)  # noqa: B009 (S has no step)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -263,13 +268,16 @@ class TrainingState:
         _check_stateful(repr(name), obj)
         self._objects[name] = obj
 
-    def scheduler(self, name: str, factory: Callable[[Optimizer], S], optimizer: Optimizer) -> S:
-        """Register ``Rebuilt(factory, optimizer)`` under ``name``; returns the first
-        scheduler (later ones: ``rebuilt(name).current``)."""
+    def scheduler(
+        self, name: str, factory: Callable[[Optimizer], S], optimizer: Optimizer
+    ) -> Rebuilt[S]:
+        """Register ``Rebuilt(factory, optimizer)`` under ``name`` and return it: step it
+        (``.step()``) or its ``.current`` scheduler, never a reference kept from before a
+        :meth:`rebind`."""
         _check_name(name, self._objects, "object")
         rebuilt = Rebuilt(factory, optimizer)
         self._objects[name] = rebuilt
-        return rebuilt.current
+        return rebuilt
 
     def rebuilt(self, name: str) -> Rebuilt[Any]:
         obj = self._objects.get(name)
@@ -293,9 +301,12 @@ class TrainingState:
         """Call ``callback(old, new)`` after each reconfiguration (module docstring)."""
         if not callable(callback):
             raise TypeError(f"on_reset needs a callable, got {type(callback).__qualname__}")
-        key = name if name is not None else getattr(callback, "__qualname__", repr(callback))
-        _check_name(key, self._callbacks, "on_reset callback")
-        self._callbacks[key] = callback
+        if any(callback is known for known in self._callbacks.values()):
+            raise ValueError(f"on_reset callback {callback!r} is already registered")
+        if name is None:  # two lambdas share a qualname: number them
+            qualname = getattr(callback, "__qualname__", type(callback).__qualname__)
+            name = f"{qualname}#{len(self._callbacks)}"
+        self._callbacks[_check_name(name, self._callbacks, "on_reset callback")] = callback
 
     def reset(self, old: World, new: World) -> None:
         """The engine's call after a reconfiguration: every callback, in order. Raises

@@ -292,7 +292,7 @@ def _schedule(kind: str, swap: str | None) -> list[tuple[float, float]]:
         group = opt.param_groups[0]
         seen.append((group["lr"], group["momentum"]))  # what this update applies
         opt.step()
-        state.rebuilt("lr").current.step()
+        state.rebuilt("lr").step()
     return seen
 
 
@@ -395,8 +395,8 @@ def test_reset_calls_every_callback_in_order_and_wraps_their_errors() -> None:
     old = World(world_size=6, rank=4, nodes=("a", "b", "c"), step=10)
     new = World(world_size=4, rank=2, nodes=("a", "c"), step=10)
     calls: list[tuple[str, World, World]] = []
-    state.on_reset(lambda o, n: calls.append(("first", o, n)), name="first")
-    state.on_reset(lambda o, n: calls.append(("second", o, n)), name="second")
+    state.on_reset(lambda o, n: calls.append(("first", o, n)))
+    state.on_reset(lambda o, n: calls.append(("second", o, n)))  # a second lambda: #1
     state.reset(old, new)
     assert calls == [("first", old, new), ("second", old, new)]
 
@@ -404,11 +404,14 @@ def test_reset_calls_every_callback_in_order_and_wraps_their_errors() -> None:
         raise KeyError("user bug")
 
     state.on_reset(broken)
-    with pytest.raises(ResetCallbackError, match=r"'.*broken' raised KeyError") as info:
+    with pytest.raises(ResetCallbackError, match=r"'.*broken#2' raised KeyError") as info:
         state.reset(old, new)
     assert isinstance(info.value.__cause__, KeyError)
     with pytest.raises(ValueError, match="already registered"):
         state.on_reset(broken)
+    with pytest.raises(ValueError, match="'named' is already registered"):
+        state.on_reset(lambda o, n: None, name="named")
+        state.on_reset(lambda o, n: None, name="named")
 
 
 @pytest.mark.parametrize(
