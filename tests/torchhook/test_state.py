@@ -274,7 +274,8 @@ def test_an_object_refusing_after_others_loaded_rolls_them_back() -> None:
 
 def _schedule(kind: str, swap: str | None) -> list[tuple[float, float]]:
     """(lr, momentum) that each update applies; with ``swap`` the optimizer is rebuilt at SWAP_AT,
-    its state loaded first ("loaded") or not ("fresh")."""
+    its state loaded first ("loaded") or not ("fresh"), or a newcomer's state and optimizer
+    take over from a snapshot that went through the wire encoding ("newcomer")."""
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
     opt = _optimizer(model)
@@ -285,9 +286,15 @@ def _schedule(kind: str, swap: str | None) -> list[tuple[float, float]]:
         if swap is not None and step == SWAP_AT:
             old = opt
             opt = _optimizer(model)
-            if swap == "loaded":
-                opt.load_state_dict(old.state_dict())
-            state.rebind(opt)
+            if swap == "newcomer":  # a fresh process's state, loaded from the wire
+                snap = decode(encode(state.capture()))
+                state = TrainingState()
+                state.scheduler("lr", SCHEDULERS[kind], opt)
+                state.restore(snap)
+            else:
+                if swap == "loaded":
+                    opt.load_state_dict(old.state_dict())
+                state.rebind(opt)
         model(torch.ones(1, 3)).sum().backward()
         group = opt.param_groups[0]
         seen.append((group["lr"], group["momentum"]))  # what this update applies
@@ -302,6 +309,7 @@ def test_a_scheduler_survives_a_new_optimizer(kind: str) -> None:
     assert len(set(straight)) > 2, "the schedule must move for the test to mean anything"
     assert _schedule(kind, "fresh") == straight
     assert _schedule(kind, "loaded") == straight
+    assert _schedule(kind, "newcomer") == straight
 
 
 def test_without_the_carried_hyperparameters_a_new_scheduler_would_be_wrong() -> None:
