@@ -95,8 +95,9 @@ class Snapshot(TypedDict):
 
 @dataclass(frozen=True)
 class World:
-    """One world as ``on_reset`` sees it: this rank's place in it, the node names in rank
-    order, and the step the new world starts at (the old one's last committed step)."""
+    """One world as ``on_reset`` sees it: this rank's place in it and the node names in rank
+    order. ``step``: the committed steps when the old world ended or the new one begins
+    (lower in the new one only when the strategy rolled back to a checkpoint)."""
 
     world_size: int
     rank: int
@@ -194,30 +195,35 @@ class Rebuilt(Generic[S]):
         """Validates first (:meth:`check`), then loads the scheduler and writes the
         hyperparameters into the optimizer's groups (a tensor ``lr`` is set in place)."""
         self.check(state)
-        self._current.load_state_dict(dict(state["scheduler"]))
-        for group, saved in zip(self._optimizer.param_groups, state["param_groups"], strict=True):
-            for key, value in saved.items():
-                if key in _NOT_HYPERPARAMETERS:
-                    continue
-                mine = group.get(key)
-                if isinstance(mine, torch.Tensor) and not isinstance(value, (list, tuple, dict)):
-                    mine.copy_(torch.as_tensor(value))  # captured CUDA graphs hold this tensor
-                else:
-                    group[key] = copy.deepcopy(value)
+        _load(self._current, self._optimizer, state)
 
     def rebind(self, optimizer: Optimizer) -> None:
         """Build a fresh object over ``optimizer`` carrying the old one's state. The factory
-        runs first: if it raises, or the new optimizer has another number of parameter
-        groups, nothing changes."""
+        runs and the state loads into the fresh object before it replaces the old one: if
+        either raises, or the new optimizer has another number of parameter groups
+        (:class:`SnapshotError`), this object keeps its old scheduler and optimizer."""
         state = self.state_dict()
-        built = self._build(optimizer)
         if len(optimizer.param_groups) != len(self._optimizer.param_groups):
             raise SnapshotError(
                 f"the new optimizer has {len(optimizer.param_groups)} parameter groups, "
                 f"the old one {len(self._optimizer.param_groups)}"
             )
+        built = self._build(optimizer)
+        _load(built, optimizer, state)
         self._current, self._optimizer = built, optimizer
-        self.load_state_dict(state)
+
+
+def _load(target: Stateful, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
+    target.load_state_dict(dict(state["scheduler"]))
+    for group, saved in zip(optimizer.param_groups, state["param_groups"], strict=True):
+        for key, value in saved.items():
+            if key in _NOT_HYPERPARAMETERS:
+                continue
+            mine = group.get(key)
+            if isinstance(mine, torch.Tensor) and not isinstance(value, (list, tuple, dict)):
+                mine.copy_(torch.as_tensor(value))  # captured CUDA graphs hold this tensor
+            else:
+                group[key] = copy.deepcopy(value)
 
 
 def _check_stateful(name: str, obj: object) -> None:
@@ -372,8 +378,8 @@ class TrainingState:
 
 
 def check_shape(snapshot: object) -> Snapshot:
-    """The registry-independent checks: a mapping of ``version``, ``objects`` (names to
-    mappings) and ``rng`` (kinds to states)."""
+    """The registry-independent checks: a dict of ``version``, ``objects`` (names to their
+    states) and ``rng`` (generator kinds to states)."""
     if not isinstance(snapshot, dict) or set(snapshot) != {"version", "objects", "rng"}:
         raise SnapshotError("a snapshot is a dict of exactly 'version', 'objects' and 'rng'")
     if snapshot["version"] != SNAPSHOT_VERSION:

@@ -333,6 +333,19 @@ def test_a_refused_rebind_keeps_the_old_scheduler() -> None:
     with pytest.raises(SnapshotError, match="2 parameter groups, the old one 1"):
         state.rebind(two)
     assert rebuilt.current is current and rebuilt.optimizer is opt
+    calls = []
+
+    def once(o: Optimizer) -> LRScheduler:
+        calls.append(o)
+        if len(calls) > 1:
+            raise RuntimeError("the user's factory failed")
+        return StepLR(o, 2)
+
+    flaky = state.scheduler("flaky", once, opt)
+    first = flaky.current
+    with pytest.raises(RuntimeError, match="factory failed"):
+        flaky.rebind(_optimizer(nn.Linear(3, 2)))
+    assert flaky.current is first and flaky.optimizer is opt
 
 
 def test_lr_scale_with_a_real_optimizer_and_inside_a_lambda_scheduler() -> None:
