@@ -239,6 +239,64 @@ def test_registration_is_hung_only_after_heartbeats_stop() -> None:
     assert reg.health_at(3050) == "ok"
 
 
+def _stepping(pause_ms: int = 500) -> Registration:
+    """A rank that stepped every 100 ms from 0 to 900 ms."""
+    reg = Registration.create("j", heartbeat_pause_ms=pause_ms, first_heartbeat_estimate_ms=100)
+    for t in range(0, 1000, 100):
+        reg.heartbeat(t // 100, t)
+    return reg
+
+
+def test_a_pause_spares_a_rank_and_scoring_resumes_afresh() -> None:
+    reg = _stepping()
+    assert reg.health_at(3000) == HEALTH_HUNG, "a stall with no pause is a hang"
+    reg = _stepping()
+    reg.pause("checkpoint", 10, 1000)
+    assert reg.health_at(8000) == "ok" and reg.phi(8000) == 0.0
+    samples = reg.detector.sample_count
+    reg.heartbeat(10, 8500)  # alive mid-pause: no sample of the step rhythm
+    assert reg.detector.sample_count == samples
+    assert reg.resume(9000) is not None and reg.paused is None
+    assert reg.health_at(9400) == "ok", "silence counts from the resume, not the last step"
+    assert reg.detector.sample_count == samples, "the pause's gap is no sample"
+    assert reg.health_at(11_000) == HEALTH_HUNG, "a stall after the pause is still a hang"
+    assert (reg.pauses, reg.overruns) == (1, 0)
+
+
+def test_a_pause_that_overruns_max_s_is_scored_from_its_deadline() -> None:
+    reg = _stepping()
+    reg.pause("eval", 2, 1000)
+    assert reg.health_at(2900) == "ok"
+    assert reg.health_at(3300) == "ok", "within the tolerance after the deadline (3000)"
+    assert reg.paused is None and reg.overruns == 1
+    assert reg.health_at(5000) == HEALTH_HUNG
+    assert reg.resume(5000) is None, "a late resume ends nothing"
+
+
+@pytest.mark.parametrize(
+    ("reason", "max_s", "error"),
+    [
+        ("", 5, "reason"),
+        ("x" * 65, 5, "reason"),
+        ("a\x1b[2J", 5, "reason"),  # no terminal escapes in operators' tables
+        (7, 5, "reason"),
+        ("ckpt", 0, "max_s"),
+        ("ckpt", -1, "max_s"),
+        ("ckpt", float("nan"), "max_s"),
+        ("ckpt", 3601, "max_s"),
+        ("ckpt", True, "max_s"),
+        ("ckpt", "5", "max_s"),
+    ],
+)
+def test_bad_pauses_are_refused_and_change_nothing(reason: object, max_s: object, error: str) -> None:
+    reg = _stepping()
+    reg.pause("first", 60, 1000)
+    before = (reg.paused, reg.pauses)
+    with pytest.raises(JobError, match=error):
+        reg.pause(reason, max_s, 1100)
+    assert (reg.paused, reg.pauses) == before
+
+
 # --- live agents --------------------------------------------------------------------------
 
 
