@@ -4,14 +4,25 @@ with the blocking torchhook client (a watcher thread per registration)."""
 from __future__ import annotations
 
 import functools
+import re
 import socket
 import struct
+import time
 from pathlib import Path
 
 import pytest
 import trio
 
-from agent.control import ControlClient, ControlError, JobMember
+from agent.cli_format import jobs_text
+from agent.control import (
+    ControlClient,
+    ControlError,
+    FrameDecoder,
+    JobMember,
+    PauseRefused,
+    encode_frame,
+    make_request,
+)
 from agent.jobs import (
     HEALTH_HUNG,
     MAX_LISTED_JOBS,
@@ -288,7 +299,9 @@ def test_a_pause_that_overruns_max_s_is_scored_from_its_deadline() -> None:
         ("ckpt", "5", "max_s"),
     ],
 )
-def test_bad_pauses_are_refused_and_change_nothing(reason: object, max_s: object, error: str) -> None:
+def test_bad_pauses_are_refused_and_change_nothing(
+    reason: object, max_s: object, error: str
+) -> None:
     reg = _stepping()
     reg.pause("first", 60, 1000)
     before = (reg.paused, reg.pauses)
@@ -464,3 +477,109 @@ async def test_a_multi_rank_node_is_one_member_of_every_view(tmp_path: Path) -> 
             for m in (other, r0, r1):
                 if m is not None:
                     m.close()
+
+
+def _beat(m: Membership, steps: int, every_s: float = 0.05) -> None:
+    for step in range(steps):
+        m.heartbeat(step)
+        time.sleep(every_s)  # the step time the detector learns
+
+
+class RawRegistration:
+    """A registration spoken frame by frame, to send what the client would refuse."""
+
+    def __init__(self, path: Path, job: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(5)
+        self.sock.connect(str(path))
+        self.sock.sendall(encode_frame(make_request("watch", job=job, register={})))
+        self._decoder = FrameDecoder()
+        self._frames: list[dict[str, object]] = []
+        while not self._frames:  # the agent reads frames of the watch once it answered
+            self._frames += self._decoder.feed(self.sock.recv(65536))
+        assert self._frames.pop(0)["ok"] is True
+
+    def pause_reply(self) -> dict[str, object]:
+        """The agent's next answer to a pause frame (views pass by)."""
+        while True:
+            while self._frames:
+                frame = self._frames.pop(0)
+                if isinstance(frame.get("pause"), dict):
+                    return frame["pause"]  # type: ignore[return-value]
+            data = self.sock.recv(65536)
+            assert data, "the agent closed the registration"
+            self._frames += self._decoder.feed(data)
+
+
+@pytest.mark.trio
+async def test_pauses_with_a_live_agent(tmp_path: Path) -> None:
+    """A pause longer than the hang threshold keeps the node in the view and shows in
+    ``jobs``; a stall with no pause, and a pause past its ``max_s``, are hangs; bad pause
+    frames are refused with the reason, counted, and change nothing."""
+    path = tmp_path / "n0.sock"
+    async with cluster(tmp_path, 1) as agents:
+        rank = await trio.to_thread.run_sync(
+            lambda: Membership(
+                "p", control=path, heartbeat_pause_ms=200, first_heartbeat_estimate_ms=50
+            )
+        )
+        observer = await trio.to_thread.run_sync(
+            lambda: Membership("p", control=path, register=False)
+        )
+        views: list[tuple[str, ...]] = []
+        observer.add_listener(lambda v: views.append(v.names))
+        jobs = ControlClient(path)
+        try:
+            await trio.to_thread.run_sync(_beat, rank, 10)
+            del views[:]
+
+            def checkpoint() -> dict[str, object]:
+                with rank.paused("checkpoint", 5):
+                    time.sleep(1.0)  # 4x the tolerated silence
+                    return dict(jobs.request("jobs")["jobs"][0])
+
+            during = await trio.to_thread.run_sync(checkpoint)
+            assert [p["reason"] for p in during["paused"]] == ["checkpoint"]  # type: ignore[union-attr]
+            assert re.search(r"  0 \(checkpoint, [34] s left\)  ", jobs_text({"jobs": [during]}))
+            await trio.to_thread.run_sync(_beat, rank, 3)
+            assert all(names == ("n0",) for names in views), f"left the view: {views}"
+            assert observer.view.names == ("n0",)
+            # a stall without a pause is a hang, and stepping again ends it
+            await trio.to_thread.run_sync(lambda: observer.wait(lambda v: v.names == (), 10))
+            await trio.to_thread.run_sync(_beat, rank, 3)
+            await trio.to_thread.run_sync(lambda: observer.wait(lambda v: v.names == ("n0",), 10))
+
+            # a pause that overruns its max_s is scored from its deadline: a hang
+            def overrun() -> float:
+                with rank.paused("eval", 0.3):
+                    start = time.monotonic()
+                    observer.wait(lambda v: v.names == (), 10)
+                    return time.monotonic() - start
+
+            assert await trio.to_thread.run_sync(overrun) >= 0.3
+            await trio.to_thread.run_sync(_beat, rank, 3)
+            await trio.to_thread.run_sync(lambda: observer.wait(lambda v: v.names == ("n0",), 10))
+            listed = await trio.to_thread.run_sync(jobs.request, "jobs")
+            assert listed["jobs"][0]["paused"] == []
+
+            # bad pause frames: refused with the reason, counted, nothing changed
+            raw = await trio.to_thread.run_sync(RawRegistration, path, "q")
+            try:
+                for bad in ({"reason": "", "max_s": 5}, {"reason": "x", "max_s": 1e9}, "ckpt"):
+                    raw.sock.sendall(encode_frame({"pause": bad}))
+                    reply = await trio.to_thread.run_sync(raw.pause_reply)
+                    assert reply["ok"] is False and "pause" in str(reply["error"])
+                listed = await trio.to_thread.run_sync(jobs.request, "jobs")
+                q = next(j for j in listed["jobs"] if j["job"] == "q")
+                assert q["refused_frames"] == 3 and q["paused"] == [] and q["local_ranks"] == 1
+                raw.sock.sendall(encode_frame({"pause": {"reason": "ok", "max_s": 5}}))
+                assert (await trio.to_thread.run_sync(raw.pause_reply))["ok"] is True
+            finally:
+                raw.sock.close()
+            with pytest.raises(PauseRefused, match="max_s"), rank.paused("eval", 0):
+                pass
+        finally:
+            rank.close()
+            observer.close()
+        # unregistered before the agent stops (its last tag update would wait otherwise)
+        await until(lambda: not any(k.startswith("swim.job/") for k in agents[0].agent.tags), 5)
