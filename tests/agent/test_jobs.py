@@ -9,6 +9,7 @@ import socket
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -533,13 +534,13 @@ async def test_pauses_with_a_live_agent(tmp_path: Path) -> None:
             await trio.to_thread.run_sync(_beat, rank, 10)
             del views[:]
 
-            def checkpoint() -> dict[str, object]:
+            def checkpoint() -> dict[str, Any]:
                 with rank.paused("checkpoint", 5):
                     time.sleep(1.0)  # 4x the tolerated silence
                     return dict(jobs.request("jobs")["jobs"][0])
 
             during = await trio.to_thread.run_sync(checkpoint)
-            assert [p["reason"] for p in during["paused"]] == ["checkpoint"]  # type: ignore[union-attr]
+            assert [p["reason"] for p in during["paused"]] == ["checkpoint"]
             assert re.search(r"  0 \(checkpoint, [34] s left\)  ", jobs_text({"jobs": [during]}))
             await trio.to_thread.run_sync(_beat, rank, 3)
             assert all(names == ("n0",) for names in views), f"left the view: {views}"
