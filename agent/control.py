@@ -260,7 +260,7 @@ class FrameDecoder:
                     body, raw=False, strict_map_key=False, unicode_errors="surrogateescape"
                 )
             except (ValueError, msgpack.UnpackException) as exc:
-                raise ControlError(f"bad frame: {exc}") from exc
+                raise ControlError(f"bad frame: {str(exc) or type(exc).__name__}") from exc
             if not isinstance(obj, dict):
                 raise ControlError("a frame must hold a map")
             frames.append(obj)

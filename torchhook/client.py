@@ -231,19 +231,24 @@ class Membership:
             self._fail(exc)
 
     def _fail(self, cause: BaseException) -> None:
-        """Record the first failure, close the connection, tell the listeners. After
-        ``close()`` the end of the connection is expected: nothing is recorded."""
+        """Record the first failure, close the connection, tell the listeners, wake the
+        waiters. After ``close()`` the end of the connection is expected: nothing is
+        recorded. ``_lost`` is set first (sends and ``view`` raise from here), ``_closed``
+        last: a trainer woken in ``wait`` finds the listeners told (a GroupWatch has failed
+        the collectives in flight)."""
         with self._cond:
-            if self._closed is not None:
+            if self._closed is not None or self._lost is not None:
                 return
-            lost = MembershipLost(self.job, cause)
-            self._closed, self._lost = str(lost), lost
+            lost = self._lost = MembershipLost(self.job, cause)
             closed_listeners = list(self._closed_listeners)
-            self._cond.notify_all()
         log.error("%s", lost)
         self._shut()
         for listener in closed_listeners:
             self._tell(listener, lost)
+        with self._cond:
+            if self._closed is None:
+                self._closed = str(lost)
+            self._cond.notify_all()
 
     @staticmethod
     def _tell(listener: ClosedListener, lost: MembershipLost) -> None:
