@@ -329,9 +329,7 @@ def view_text(view: Mapping[str, Any], now_ms: int) -> str:
 
 
 def jobs_text(result: Mapping[str, Any]) -> str:
-    rows = [
-        ("Job", "Generation", "Nodes", "Ranks", "Hung", "Local ranks", "Paused", "Fingerprint")
-    ]
+    rows = [("Job", "Generation", "Nodes", "Ranks", "Hung", "Local ranks", "Paused", "Fingerprint")]
     for j in result["jobs"]:
         paused = ", ".join(
             f"{p['local_rank']} ({p['reason']}, {max(p['left_ms'], 0) // 1000} s left)"

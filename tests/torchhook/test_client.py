@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -171,5 +170,3 @@ def test_a_frame_that_does_not_decode_ends_the_watch(tmp_path: Path) -> None:
         started.set()
         thread.join(10)
         server.close()
-
-
