@@ -129,6 +129,8 @@ def test_job_summaries_agree_with_views_and_are_bounded() -> None:
         "ranks": 9,
         "hung": 1,
         "local_ranks": 0,
+        "paused": [],
+        "refused_frames": 0,
     }
     assert by_job["old"]["nodes"] == 0 and by_job["mine"]["local_ranks"] == 1
     # the same counters as view: listing again changes nothing, a view change counts once
