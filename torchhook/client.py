@@ -363,6 +363,10 @@ class Membership:
                 raise MembershipClosed(f"watch of {self.job!r} ended: {self._closed}")
             reply = self._pause_reply
         if reply is None:
+            # it may still record the pause late: take it back rather than leave a rank
+            # unscored that believes it is not paused
+            with contextlib.suppress(MembershipClosed):
+                self._send({"resume": True})
             raise PauseRefused(f"the agent did not confirm the pause within {PAUSE_REPLY_S} s")
         if reply.get("ok") is not True:
             raise PauseRefused(str(reply.get("error", "the agent refused the pause")))
