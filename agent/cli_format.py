@@ -329,8 +329,12 @@ def view_text(view: Mapping[str, Any], now_ms: int) -> str:
 
 
 def jobs_text(result: Mapping[str, Any]) -> str:
-    rows = [("Job", "Generation", "Nodes", "Ranks", "Hung", "Local ranks", "Fingerprint")]
+    rows = [("Job", "Generation", "Nodes", "Ranks", "Hung", "Local ranks", "Paused", "Fingerprint")]
     for j in result["jobs"]:
+        paused = ", ".join(
+            f"{p['local_rank']} ({p['reason']}, {max(p['left_ms'], 0) // 1000} s left)"
+            for p in j.get("paused", ())
+        )
         rows.append(
             (
                 j["job"],
@@ -339,6 +343,7 @@ def jobs_text(result: Mapping[str, Any]) -> str:
                 str(j["ranks"]),
                 str(j["hung"]),
                 str(j["local_ranks"]),
+                paused or "-",
                 j["fingerprint"],
             )
         )

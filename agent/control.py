@@ -69,7 +69,15 @@ its handler in agent/control_server.py ``HANDLERS``, and its line here:
   ``{"heartbeat": {"step": int}}``, ``{"group": str}`` and ``{"lost": [str]}`` (peers its
   collectives lost: the agent probes them at once) frames on the same connection; with
   ``register`` the connection is this local rank's registration (the node joins the view
-  once all ``local_world_size`` ranks have registered) and closing it unregisters.
+  once all ``local_world_size`` ranks have registered) and closing it unregisters. A
+  registration may also send ``{"pause": {"reason": str, "max_s": float}}`` (this rank
+  stops stepping on purpose: not scored as hung for at most ``max_s``, ``check_pause``
+  says what is valid), answered by ``{"pause": {"ok": true}}`` or ``{"pause": {"ok":
+  false, "error": str}}``, and ``{"resume": true}`` when it steps again. A frame the
+  agent refuses changes nothing and is counted (``refused_frames`` in ``jobs``).
+- ``jobs`` entries also carry ``"paused": [{"local_rank": int, "reason": str,
+  "left_ms": int}]`` (this agent's ranks in a pause) and ``"refused_frames": int`` (watch
+  frames this agent refused from the job's ranks registered here now).
 """
 
 from __future__ import annotations
@@ -178,6 +186,38 @@ class ControlError(Exception):
     """The agent refused a request, or could not be reached; the message says why."""
 
 
+MAX_PAUSE_S = 3600.0
+"""Longest declared pause of a training rank: a sync checkpoint or an evaluation pass of a
+large model takes minutes; an hour bounds how long a real hang inside a pause can hide."""
+MAX_PAUSE_REASON_CHARS = 64
+"""A pause's reason is a label for operators (``checkpoint``, ``eval``), not a log line."""
+
+
+class PauseRefused(ControlError):
+    """A pause that cannot be honoured (bad arguments, nested, or refused by the agent)."""
+
+
+def check_pause(reason: object, max_s: object) -> tuple[str, float]:
+    """``(reason, max_s)`` of a valid pause (the client checks before sending, the agent
+    again on receipt), else ``PauseRefused`` naming the setting."""
+    if (
+        not isinstance(reason, str)
+        or not 1 <= len(reason) <= MAX_PAUSE_REASON_CHARS
+        or not reason.isprintable()
+    ):
+        raise PauseRefused(
+            f"pause reason must be 1 to {MAX_PAUSE_REASON_CHARS} printable characters, "
+            f"got {reason!r}"[:200]
+        )
+    if (
+        isinstance(max_s, bool)
+        or not isinstance(max_s, int | float)
+        or not 0 < max_s <= MAX_PAUSE_S  # also refuses NaN
+    ):
+        raise PauseRefused(f"pause max_s must be in (0, {MAX_PAUSE_S:g}] seconds, got {max_s!r}")
+    return reason, float(max_s)
+
+
 def default_control_path() -> Path:
     explicit = os.environ.get("SWIM_CONTROL")
     if explicit:
@@ -220,7 +260,7 @@ class FrameDecoder:
                     body, raw=False, strict_map_key=False, unicode_errors="surrogateescape"
                 )
             except (ValueError, msgpack.UnpackException) as exc:
-                raise ControlError(f"bad frame: {exc}") from exc
+                raise ControlError(f"bad frame: {str(exc) or type(exc).__name__}") from exc
             if not isinstance(obj, dict):
                 raise ControlError("a frame must hold a map")
             frames.append(obj)

@@ -29,7 +29,11 @@ not offered.
 - ``health``: ``ok`` or ``hung``. The agent scores each local rank's per-step heartbeats
   with Phi accrual (Hayashibara et al.; ``phi/``) and flips the node to ``hung`` while any
   of them stops stepping on a live host, which SWIM alone cannot see (docs/training.md
-  §1).
+  §1). A rank that declared a pause (``Registration.pause``: a sync checkpoint, an eval
+  pass; at most ``agent.control.MAX_PAUSE_S``) is not scored until it resumes or its
+  ``max_s`` passes; then silence counts from that moment (``PhiAccrualDetector.rebase``),
+  so the pause's gap is neither a hang nor a sample of the step rhythm, and an overrun is
+  caught after the usual tolerance. Pauses are local: peers see only the health.
 - ``group``: an opaque token local rank 0 sets for the process group it is in (at most
   ``MAX_GROUP_CHARS``), so peers can tell that a member has moved to a newer group.
 - ``ranks``: the node's local world size (``1..MAX_LOCAL_RANKS``). A four-field value
@@ -53,7 +57,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.control import JobMember
+from agent.control import ControlError, JobMember, check_pause
 from phi import PhiAccrualDetector, PhiConfig
 from swim import Member, NodeStateType
 
@@ -211,12 +215,15 @@ def summaries(
     tags_of: Any,
     generations: Generations,
     local_ranks: Mapping[str, int],
+    paused: Mapping[str, list[dict[str, Any]]] | None = None,
+    refused: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The ``jobs`` result (schema in agent/control.py): every job named by a member's job
     tag (any state: a job whose nodes all died is listed with none) or registered here,
     by name, at most ``MAX_LISTED_JOBS``, the rest counted in ``omitted``. One pass over
     the members, not one per job; the same filter, order, fingerprint and generation as
-    ``view``, so ``jobs`` and ``view JOB`` agree. ``local_ranks``: ranks registered here."""
+    ``view``, so ``jobs`` and ``view JOB`` agree. ``local_ranks``: ranks registered here;
+    ``paused`` and ``refused``: their pauses and refused frames (``NodeJob``)."""
     names = set(local_ranks)
     in_view: dict[str, list[JobMember]] = {}
     hung: dict[str, int] = {}
@@ -247,15 +254,26 @@ def summaries(
                 "ranks": sum(m.ranks for m in listed),
                 "hung": hung.get(job, 0),
                 "local_ranks": local_ranks.get(job, 0),
+                "paused": (paused or {}).get(job, []),
+                "refused_frames": (refused or {}).get(job, 0),
             }
         )
     return {"jobs": jobs, "omitted": max(len(ordered) - MAX_LISTED_JOBS, 0)}
 
 
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """A declared pause of one rank, on the registrations' clock (ms)."""
+
+    reason: str
+    since_ms: int
+    until_ms: int
+
+
 @dataclass
 class Registration:
-    """One local rank's registration: its place in the node and the Phi detector over its
-    heartbeats."""
+    """One local rank's registration: its place in the node, the Phi detector over its
+    heartbeats and its declared pause."""
 
     job: str
     local_rank: int
@@ -266,6 +284,12 @@ class Registration:
     group: str = ""
     last_step: int = -1
     heartbeats: int = 0
+    paused: Pause | None = None
+    pauses: int = 0
+    overruns: int = 0
+    """Pauses that ran past their ``max_s`` (scored again from their deadline)."""
+    refused_frames: int = 0
+    """Frames refused from this rank (a bad pause, group or lost report): nothing changed."""
 
     @classmethod
     def create(
@@ -306,11 +330,46 @@ class Registration:
         if isinstance(step, int) and not isinstance(step, bool):
             self.last_step = step
         self.heartbeats += 1
-        self.detector.heartbeat(now_ms)
+        self.settle(now_ms)
+        if self.paused is not None and self.detector.last_heartbeat_ms is not None:
+            self.detector.rebase(now_ms)  # alive, but no sample of the step rhythm
+        else:
+            self.detector.heartbeat(now_ms)
+
+    def pause(self, reason: object, max_s: object, now_ms: int) -> Pause:
+        """Spare this rank from hang scoring for at most ``max_s`` seconds (``JobError``:
+        refused, nothing changed). A new pause replaces a running one."""
+        try:
+            label, seconds = check_pause(reason, max_s)
+        except ControlError as exc:
+            raise JobError(str(exc)) from None
+        self.settle(now_ms)
+        self.paused = Pause(label, now_ms, now_ms + round(seconds * 1000))
+        self.pauses += 1
+        return self.paused
+
+    def resume(self, now_ms: int) -> Pause | None:
+        """The rank steps again: silence counts from now. The pause that ended, if any."""
+        self.settle(now_ms)
+        ended, self.paused = self.paused, None
+        if ended is not None:
+            self.detector.rebase(now_ms)
+        return ended
+
+    def settle(self, now_ms: int) -> None:
+        """A pause past its deadline ends there: scoring resumes from the deadline.
+        Every reader of the health calls it, so the end needs no timer of its own."""
+        if self.paused is not None and now_ms >= self.paused.until_ms:
+            self.detector.rebase(self.paused.until_ms)
+            self.paused = None
+            self.overruns += 1
 
     def phi(self, now_ms: int) -> float:
-        """0 until the first heartbeat: loading a model is not a hang."""
-        return 0.0 if self.heartbeats == 0 else self.detector.phi(now_ms)
+        """0 until the first heartbeat (loading a model is not a hang) and while paused."""
+        self.settle(now_ms)
+        if self.heartbeats == 0 or self.paused is not None:
+            return 0.0
+        return self.detector.phi(now_ms)
 
     def health_at(self, now_ms: int) -> str:
         return HEALTH_HUNG if self.phi(now_ms) >= self.threshold else HEALTH_OK
@@ -347,6 +406,19 @@ class NodeJob:
 
     def hung_ranks(self, now_ms: int) -> list[int]:
         return sorted(r for r, reg in self.ranks.items() if reg.health_at(now_ms) == HEALTH_HUNG)
+
+    def paused_ranks(self, now_ms: int) -> list[dict[str, Any]]:
+        """This node's ranks in a declared pause (the ``jobs`` schema's ``paused``)."""
+        listed = []
+        for rank, reg in sorted(self.ranks.items()):
+            reg.settle(now_ms)
+            if reg.paused is not None:
+                left_ms = reg.paused.until_ms - now_ms
+                listed.append({"local_rank": rank, "reason": reg.paused.reason, "left_ms": left_ms})
+        return listed
+
+    def refused_frames(self) -> int:
+        return sum(reg.refused_frames for reg in self.ranks.values())
 
 
 @dataclass

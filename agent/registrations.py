@@ -57,5 +57,9 @@ class JobRegistry:
     def summaries(self, members: Iterable[Member], tags_of: Any) -> dict[str, Any]:
         """Every job these members name or this node registers (the ``jobs`` op), numbered
         by the same generations as ``view``."""
-        local = {job: len(node_job.ranks) for job, node_job in self.local.jobs.items()}
-        return summaries(members, tags_of, self.generations, local)
+        now_ms = int(trio.current_time() * 1000)
+        jobs = self.local.jobs
+        local = {job: len(node_job.ranks) for job, node_job in jobs.items()}
+        paused = {job: node_job.paused_ranks(now_ms) for job, node_job in jobs.items()}
+        refused = {job: node_job.refused_frames() for job, node_job in jobs.items()}
+        return summaries(members, tags_of, self.generations, local, paused, refused)

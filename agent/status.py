@@ -28,7 +28,9 @@ agent's monotonic clock. Schemas:
   ``formations`` counts the view's fingerprint changes this agent saw (its first sight
   counts one) and ``formed_ms`` is the last one's time. ``local`` (this node's own
   registration): ``{"local_world_size": int, "registered": [int], "complete": bool,
-  "steps": {"<local rank>": int}, "hung_ranks": [int]}`` (a step of -1: no heartbeat yet).
+  "steps": {"<local rank>": int}, "hung_ranks": [int], "paused": [{"local_rank": int,
+  "reason": str, "left_ms": int}]}`` (a step of -1: no heartbeat yet; ``paused``: ranks in
+  a declared pause, spared from hang scoring until ``left_ms`` runs out).
 - ``GET /v1/info`` → the control API's ``info`` result plus ``"process": {"pid": int,
   "cpu_s": float, "wall_s": float, "rss_bytes": int|null, "max_rss_bytes": int}``
   (``cpu_s``/``wall_s``: process CPU and a monotonic clock, so two polls give the CPU
@@ -376,4 +378,5 @@ class StatusEndpoints:
             "complete": node_job.complete_since_ms is not None,
             "steps": {str(r): reg.last_step for r, reg in sorted(node_job.ranks.items())},
             "hung_ranks": node_job.hung_ranks(now_ms),
+            "paused": node_job.paused_ranks(now_ms),
         }

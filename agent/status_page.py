@@ -196,6 +196,14 @@ function renderInfo(info) {
   ]);
 }
 
+function rankHealth(local) {
+  // hung ranks, then ranks in a declared pause (spared from hang scoring) with the reason
+  if (!local) return "-";
+  const parts = local.hung_ranks.map(String).concat((local.paused || []).map((p) =>
+    p.local_rank + " paused (" + p.reason + ")"));
+  return parts.join(", ") || "-";
+}
+
 function renderJobs(data) {
   const trs = data.jobs.map((j) => {
     const nodes = el("td");
@@ -213,8 +221,7 @@ function renderJobs(data) {
       el("td", j.ranks, "num"), el("td", j.formations, "num"),
       el("td", clock(j.formed_ms)), el("td", j.hung_nodes.join(", ") || "-", "bad-text"),
       el("td", local ? local.registered.length + "/" + local.local_world_size : "-"),
-      el("td", steps), el("td", local && local.hung_ranks.length ?
-        local.hung_ranks.join(", ") : "-", "bad-text"), nodes);
+      el("td", steps), el("td", rankHealth(local), "bad-text"), nodes);
     return tr;
   });
   if (!trs.length) {
@@ -300,7 +307,7 @@ _BODY = """<!DOCTYPE html>
 </tr></thead><tbody></tbody></table></div></section>
 <section><h2>Jobs <span id="jobs-omitted" class="dim"></span></h2><div class="scroll">
 <table id="jobs"><thead><tr><th>Job</th><th>Nodes</th><th>Ranks</th><th>Formations</th>
-<th>Formed</th><th>Hung nodes</th><th>Local ranks</th><th>Steps</th><th>Hung ranks</th>
+<th>Formed</th><th>Hung nodes</th><th>Local ranks</th><th>Steps</th><th>Hung / paused ranks</th>
 <th>Members</th></tr></thead><tbody></tbody></table></div></section>
 <section><h2>Recent events <span id="events-missed" class="bad-text"></span></h2>
 <div class="scroll"><table id="events"><thead><tr><th>Time</th><th>Event</th><th>Member</th>

@@ -14,6 +14,12 @@ job rules in ``agent.jobs``).
 - ``{"lost": [node, ...]}``: the trainer's collectives lost these peers (a connection
   error). Evidence, not a verdict: the agent probes them at once (``Agent.probe_now``)
   instead of at their round-robin turn, and only the probe cycle can suspect them.
+- ``{"pause": {"reason", "max_s"}}`` and ``{"resume": true}``: the rank stops stepping on
+  purpose and steps again (``Registration.pause``); a pause is answered on the same
+  connection (``{"pause": {"ok": ...}}``), so the trainer knows it holds before it stops.
+  Replies and views share the stream under one lock (a trio stream takes one sender).
+A refused frame (a bad pause, group or lost report) changes nothing, is logged and counted
+(``Registration.refused_frames``); the connection stays.
 Bounded: ``MAX_REGISTRATIONS`` registrations and ``MAX_WATCHERS`` connections per agent,
 ``MAX_LOST_NAMES`` names per report, frame sizes by the control framing. A bad frame
 closes that connection only. The job tag is recomputed and set by the agent's
@@ -34,7 +40,7 @@ import trio
 
 from agent import serf
 from agent.api import AgentAPI
-from agent.control import ControlError, FrameDecoder, encode_frame, ok
+from agent.control import ControlError, FrameDecoder, encode_frame, error, ok
 from agent.jobs import (
     HEALTH_OK,
     MAX_REGISTRATIONS,
@@ -87,6 +93,7 @@ async def serve_watch(agent: AgentAPI, stream: trio.abc.Stream, args: dict[str, 
     if register is not None and not isinstance(register, dict):
         raise ControlError("register must be a map")
     reg = None
+    sending = trio.Lock()
     if register is not None:
         try:
             reg = Registration.create(job, **register)
@@ -98,10 +105,10 @@ async def serve_watch(agent: AgentAPI, stream: trio.abc.Stream, args: dict[str, 
             await agent.jobs.sync_tag(job)
         await stream.send_all(encode_frame(ok({"node": agent.name, "job": job})))
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_push_views, agent, stream, job)
+            nursery.start_soon(_push_views, agent, stream, job, sending)
             if reg is not None:
                 nursery.start_soon(_watch_health, agent, reg)
-            await _read_client(agent, stream, reg)
+            await _read_client(agent, stream, reg, sending)
             nursery.cancel_scope.cancel()
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass
@@ -113,23 +120,34 @@ async def serve_watch(agent: AgentAPI, stream: trio.abc.Stream, args: dict[str, 
             log.info("job %s: local rank %d unregistered", job, reg.local_rank)
 
 
-async def _push_views(agent: AgentAPI, stream: trio.abc.Stream, job: str) -> None:
+async def _push_views(
+    agent: AgentAPI, stream: trio.abc.Stream, job: str, sending: trio.Lock
+) -> None:
     last: dict[str, Any] | None = None
     while True:
         changed = agent.changed
         current = await job_view(agent, job)
         if current != last:
-            await stream.send_all(encode_frame({"view": current}))
+            async with sending:
+                await stream.send_all(encode_frame({"view": current}))
             last = current
         await changed.wait()
 
 
 async def _watch_health(agent: AgentAPI, reg: Registration) -> None:
     health = HEALTH_OK
+    overruns = reg.overruns
     while True:
         await trio.sleep(HEALTH_CHECK_S)
         now = _now_ms()
         seen = reg.health_at(now)
+        if reg.overruns != overruns:
+            overruns = reg.overruns
+            log.warning(
+                "job %s: local rank %d overran its pause: scored for hangs again",
+                reg.job,
+                reg.local_rank,
+            )
         if seen != health:
             health = seen
             log.warning(
@@ -143,7 +161,9 @@ async def _watch_health(agent: AgentAPI, reg: Registration) -> None:
             await agent.jobs.sync_tag(reg.job)
 
 
-async def _read_client(agent: AgentAPI, stream: trio.abc.Stream, reg: Registration | None) -> None:
+async def _read_client(
+    agent: AgentAPI, stream: trio.abc.Stream, reg: Registration | None, sending: trio.Lock
+) -> None:
     decoder = FrameDecoder()
     while True:
         data = await stream.receive_some(65536)
@@ -156,20 +176,56 @@ async def _read_client(agent: AgentAPI, stream: trio.abc.Stream, reg: Registrati
             return
         for frame in frames:
             if reg is None:
-                continue  # an observer has nothing to report
+                if "pause" in frame:  # an observer has nothing to pause
+                    await _reply(stream, sending, error("only a registration can pause"))
+                continue  # nor anything to report
             if "heartbeat" in frame:
                 beat = frame["heartbeat"]
                 reg.heartbeat(beat.get("step") if isinstance(beat, dict) else None, _now_ms())
+            if "pause" in frame:
+                await _pause(stream, sending, reg, frame["pause"])
+            if "resume" in frame:
+                ended = reg.resume(_now_ms())
+                if ended is not None:
+                    log.info("job %s: local rank %d resumed", reg.job, reg.local_rank)
             if "group" in frame:
                 try:
                     reg.group = check_group(frame["group"])
                 except JobError as exc:
+                    reg.refused_frames += 1
                     log.warning("watch: ignoring a bad group: %s", exc)
                     continue
                 if reg.local_rank == 0:
                     await agent.jobs.sync_tag(reg.job)
             if "lost" in frame:
                 await _report_lost(agent, reg, frame["lost"])
+
+
+async def _pause(
+    stream: trio.abc.Stream, sending: trio.Lock, reg: Registration, args: object
+) -> None:
+    try:
+        if not isinstance(args, dict):
+            raise JobError("pause must be a map {reason, max_s}")
+        pause = reg.pause(args.get("reason"), args.get("max_s"), _now_ms())
+    except JobError as exc:
+        reg.refused_frames += 1
+        log.warning("job %s: local rank %d: refused a pause: %s", reg.job, reg.local_rank, exc)
+        await _reply(stream, sending, error(str(exc)))
+        return
+    log.info(
+        "job %s: local rank %d paused (%s) for at most %.1f s",
+        reg.job,
+        reg.local_rank,
+        pause.reason,
+        (pause.until_ms - pause.since_ms) / 1000,
+    )
+    await _reply(stream, sending, {"ok": True})
+
+
+async def _reply(stream: trio.abc.Stream, sending: trio.Lock, reply: dict[str, Any]) -> None:
+    async with sending:
+        await stream.send_all(encode_frame({"pause": reply}))
 
 
 async def _report_lost(agent: AgentAPI, reg: Registration, names: object) -> None:
@@ -181,6 +237,7 @@ async def _report_lost(agent: AgentAPI, reg: Registration, names: object) -> Non
         log.warning(
             "watch: ignoring a bad lost report (a list of at most %d names)", MAX_LOST_NAMES
         )
+        reg.refused_frames += 1
         return
     result = await agent.probe_now(names)
     log.info("job %s: local rank %d lost %s: probing %s", reg.job, reg.local_rank, names, result)

@@ -210,6 +210,15 @@ class PhiAccrualDetector:
             self._record(min(now_ms - last_ms, self._config.max_interval_ms))
         self._last_heartbeat_ms = now_ms
 
+    def rebase(self, now_ms: int) -> None:
+        """Count silence from ``now_ms`` without recording an interval: the monitored
+        process declared a pause that has ended (torchhook's ``paused``), and the pause's
+        gap is no sample of its heartbeat rhythm. Before the first heartbeat, or at or
+        before the last one, nothing changes."""
+        last_ms = self._last_heartbeat_ms
+        if last_ms is not None and now_ms > last_ms:
+            self._last_heartbeat_ms = now_ms
+
     def phi(self, now_ms: int) -> float:
         """Suspicion level at ``now_ms``; 0.0 before the first heartbeat."""
         last_ms = self._last_heartbeat_ms

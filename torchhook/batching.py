@@ -12,8 +12,10 @@ computes the same split without talking to the others:
   remainder goes to the lowest ranks, one each). A rank's samples are one contiguous block
   of the step, in rank order.
 - :class:`FixedRankBatch`: every rank takes ``rank_batch`` samples, so the global batch
-  is ``rank_batch × world_size`` and changes with the world (the learning rate is the
-  user's rule; ``StepSplit.global_batch`` is what it scales with).
+  is ``rank_batch × world_size`` and changes with the world. The learning rate follows the
+  user's rule of the global batch (:class:`LrScale`: linear, square root, or a function of
+  the user's), applied by :class:`ScaledLr` to an optimizer's parameter groups from the base
+  rates it recorded: ``lr = base_lr × rule(global_batch, reference_batch)``.
 
 Micro-batches (gradient accumulation): after a loss the survivors' share of a fixed global
 batch grows by N/(N−1), which can run a full GPU out of memory. ``max_micro_batch`` bounds
@@ -30,6 +32,14 @@ A split that cannot keep every micro-batch non-empty is refused with
 or ``max_micro_batch=1`` with shares of unequal size. The refusal happens when the split is
 computed, before any state changes (``ElasticSampler.reconfigure`` calls it first).
 
+The learning rate rule: linear scaling (Goyal et al., "Accurate, Large Minibatch SGD:
+Training ImageNet in 1 Hour", 2017) multiplies the rate by ``global_batch /
+reference_batch``; square-root scaling (Krizhevsky, "One weird trick for parallelizing
+convolutional neural networks", 2014; common for Adam) by its square root. ``ScaledLr``
+sets each group's ``lr`` outright, so an LR scheduler that recomputes ``lr`` each step from
+its own base rates (``LambdaLR``) overrides it: with a scheduler, scale inside it instead,
+``LambdaLR(opt, lambda s: warmup(s) * scale.factor(sampler.split.global_batch))``.
+
 No torch here: ``tests/torchhook/test_batching.py`` checks the rules over many worlds.
 Megatron-LM's ``num_microbatches_calculator`` and ``MegatronPretrainingSampler``
 (global batch = micro-batch × data-parallel size × accumulation steps, consumed samples
@@ -39,7 +49,10 @@ exactly" rule with the remainder rule above.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 MAX_WORLD_SIZE = 1 << 20
 """Ranks one split may name: the split is a tuple with one entry per rank, so the bound
@@ -171,3 +184,68 @@ class FixedRankBatch:
 
 
 BatchPolicy = FixedGlobalBatch | FixedRankBatch
+
+
+LrRule = Literal["linear", "sqrt"] | Callable[[int, int], float]
+"""``"linear"``, ``"sqrt"``, or ``rule(global_batch, reference_batch) -> factor``."""
+
+
+@dataclass(frozen=True)
+class LrScale:
+    """The learning-rate factor at a global batch: ``rule(global_batch, reference_batch)``,
+    where ``reference_batch`` is the global batch the base rates were tuned for."""
+
+    reference_batch: int
+    rule: LrRule = "linear"
+
+    def __post_init__(self) -> None:
+        _positive("reference_batch", self.reference_batch)
+        if self.rule not in ("linear", "sqrt") and not callable(self.rule):
+            raise BatchPolicyError(f"lr rule must be 'linear', 'sqrt' or a function: {self.rule!r}")
+
+    def factor(self, global_batch: int) -> float:
+        """The factor at ``global_batch``; a user rule's result must be a positive finite
+        number (else :class:`BatchPolicyError` naming the rule and the value)."""
+        _positive("global_batch", global_batch)
+        ratio = global_batch / self.reference_batch
+        if self.rule == "linear":
+            return ratio
+        if self.rule == "sqrt":
+            return math.sqrt(ratio)
+        assert callable(self.rule)
+        value = self.rule(global_batch, self.reference_batch)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BatchPolicyError(f"lr rule {self.rule!r} returned {value!r}, not a number")
+        if not math.isfinite(value) or value <= 0:
+            raise BatchPolicyError(f"lr rule {self.rule!r} returned {value!r} at {global_batch}")
+        return float(value)
+
+
+@dataclass(frozen=True)
+class ScaledLr:
+    """Base learning rates recorded once (:meth:`record`, at registration, before any
+    scaling) and the rule; :meth:`apply` sets each group's rate for a global batch."""
+
+    scale: LrScale
+    base_lrs: tuple[float, ...]
+
+    @classmethod
+    def record(cls, param_groups: Sequence[MutableMapping[str, Any]], scale: LrScale) -> ScaledLr:
+        return cls(scale, tuple(float(g["lr"]) for g in param_groups))
+
+    def apply(self, param_groups: Sequence[MutableMapping[str, Any]], global_batch: int) -> float:
+        """``lr = base_lr × factor`` in each group (a new optimizer's groups too, as long as
+        there are as many); returns the factor. Validates first: a refusal changes nothing.
+        A tensor ``lr`` (a fused or capturable optimizer) is filled in place."""
+        if len(param_groups) != len(self.base_lrs):
+            raise BatchPolicyError(
+                f"the optimizer has {len(param_groups)} parameter groups, "
+                f"the recorded base rates {len(self.base_lrs)}"
+            )
+        factor = self.scale.factor(global_batch)
+        for group, base in zip(param_groups, self.base_lrs, strict=True):
+            if hasattr(group["lr"], "fill_"):
+                group["lr"].fill_(base * factor)
+            else:
+                group["lr"] = base * factor
+        return factor

@@ -15,16 +15,29 @@ one reader thread per ``Membership``. Rules (the agent side is ``agent/watch.py`
 - listeners run on the reader thread and must not block (they set flags, fail futures);
 - ``heartbeat(step)`` once per training step lets the agent flag a hung worker;
 - ``report_lost(names)`` tells the agent that this process's collectives lost these peers
-  (evidence: the agent probes them at once, only its detector decides).
+  (evidence: the agent probes them at once, only its detector decides);
+- ``paused(reason, max_s)`` (a context manager) tells the agent that this rank stops
+  stepping on purpose (a sync checkpoint, an evaluation pass): its hang detector spares the
+  rank for at most ``max_s`` seconds (``agent.control.MAX_PAUSE_S``) and scores it afresh
+  afterwards; the agent confirms the pause before the body runs (``PAUSE_REPLY_S``).
+
+The reader thread never dies silently. Whatever ends it other than ``close()`` (the agent
+closing the connection or dying, a frame that does not decode, a listener that raises) is
+recorded once as a ``MembershipLost`` carrying the cause; from then on ``view``, ``wait``,
+``heartbeat`` and the other sends raise it, each listener's ``on_closed`` is called with
+it (so ``verdicts.GroupWatch`` fails the collectives in flight instead of leaving them to
+the group timeout), and the connection is closed, which unregisters this rank: a trainer
+that can no longer see verdicts must not stay in other ranks' views.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +46,8 @@ from agent.control import (
     ControlError,
     FrameDecoder,
     JobMember,
+    PauseRefused,
+    check_pause,
     default_control_path,
     encode_frame,
     receive,
@@ -41,15 +56,25 @@ from agent.control import (
 )
 
 __all__ = [
+    "ClosedListener",
     "JobMember",
     "Listener",
     "Membership",
     "MembershipClosed",
+    "MembershipLost",
+    "PauseRefused",
     "View",
     "fetch_view",
     "local_place",
 ]
 Listener = Callable[["View"], None]
+ClosedListener = Callable[["MembershipLost"], None]
+log = logging.getLogger("torchhook.client")
+
+PAUSE_REPLY_S = 10.0
+"""How long ``paused`` waits for the agent to confirm a pause before the body runs: the
+agent answers from its event loop within milliseconds; beyond this it is stuck, and a
+pause it never recorded would let the body look like a hang."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +118,17 @@ class MembershipClosed(ControlError):
     """The connection to the agent is gone: no more views will arrive."""
 
 
+class MembershipLost(MembershipClosed):
+    """The watch failed without ``close()``: the agent closed the connection or died, a
+    frame did not decode, or a listener raised. ``cause`` is that exception."""
+
+    def __init__(self, job: str, cause: BaseException) -> None:
+        self.job = job
+        self.cause = cause
+        reason = str(cause) or type(cause).__name__
+        super().__init__(f"the watch of job {job!r} failed: {reason}")
+
+
 def fetch_view(job: str, control: Path | str | None = None, timeout_s: float = 10.0) -> View:
     """One view, without registering (for tools and tests)."""
     from agent.control import ControlClient
@@ -125,8 +161,12 @@ class Membership:
         self._cond = threading.Condition()
         self._send_lock = threading.Lock()
         self._listeners: list[Listener] = []
+        self._closed_listeners: list[ClosedListener] = []
         self._view: View | None = None
         self._closed: str | None = None
+        self._lost: MembershipLost | None = None
+        self._pausing = False
+        self._pause_reply: dict[str, Any] | None = None
         args: dict[str, Any] = {"job": job}
         if register:
             args["register"] = {
@@ -165,6 +205,11 @@ class Membership:
         return self._pending.pop(0)
 
     def _accept(self, frame: Mapping[str, Any]) -> None:
+        reply = frame.get("pause")
+        if isinstance(reply, dict):
+            with self._cond:
+                self._pause_reply = reply
+                self._cond.notify_all()
         raw = frame.get("view")
         if not isinstance(raw, dict):
             return
@@ -177,22 +222,49 @@ class Membership:
             listener(fresh)
 
     def _read(self) -> None:
-        reason = "closed"
         try:
             while True:
                 self._accept(self._next_frame())
-        except (OSError, ControlError, ValueError, KeyError) as exc:
-            reason = str(exc) or type(exc).__name__
+        # the reader must not end silently: whatever stops it (a lost connection, a bad
+        # frame, a listener's bug) is recorded and surfaced; nothing is retried
+        except Exception as exc:
+            self._fail(exc)
+
+    def _fail(self, cause: BaseException) -> None:
+        """Record the first failure, close the connection, tell the listeners, wake the
+        waiters. After ``close()`` the end of the connection is expected: nothing is
+        recorded. ``_lost`` is set first (sends and ``view`` raise from here), ``_closed``
+        last: a trainer woken in ``wait`` finds the listeners told (a GroupWatch has failed
+        the collectives in flight)."""
+        with self._cond:
+            if self._closed is not None or self._lost is not None:
+                return
+            lost = self._lost = MembershipLost(self.job, cause)
+            closed_listeners = list(self._closed_listeners)
+        log.error("%s", lost)
+        self._shut()
+        for listener in closed_listeners:
+            self._tell(listener, lost)
         with self._cond:
             if self._closed is None:
-                self._closed = reason
+                self._closed = str(lost)
             self._cond.notify_all()
+
+    @staticmethod
+    def _tell(listener: ClosedListener, lost: MembershipLost) -> None:
+        try:
+            listener(lost)
+        except Exception:  # one listener's bug must not hide the others
+            log.exception("a listener failed on the end of the watch")
 
     # --- public API -------------------------------------------------------------------
 
     @property
     def view(self) -> View:
+        """The latest view; ``MembershipLost`` once the watch failed."""
         with self._cond:
+            if self._lost is not None:
+                raise self._lost
             assert self._view is not None  # the constructor waited for the first one
             return self._view
 
@@ -202,12 +274,27 @@ class Membership:
         with self._cond:
             return self._closed
 
-    def add_listener(self, listener: Listener) -> None:
+    @property
+    def lost(self) -> MembershipLost | None:
+        """The failure that ended the watch, or None (live, or ended by ``close()``)."""
+        with self._cond:
+            return self._lost
+
+    def add_listener(self, listener: Listener, on_closed: ClosedListener | None = None) -> None:
+        """``listener(view)`` on every view, on the reader thread (it must not block; one
+        that raises ends the watch). ``on_closed(error)`` once if the watch fails (at once
+        if it already has)."""
         with self._cond:
             self._listeners.append(listener)
+            lost = self._lost
+            if on_closed is not None and lost is None:
+                self._closed_listeners.append(on_closed)
+        if on_closed is not None and lost is not None:
+            self._tell(on_closed, lost)
 
     def wait(self, predicate: Callable[[View], bool], timeout_s: float) -> View:
-        """Block until the latest view satisfies ``predicate``; TimeoutError otherwise."""
+        """Block until the latest view satisfies ``predicate``; TimeoutError otherwise,
+        ``MembershipLost`` if the watch fails, ``MembershipClosed`` after ``close()``."""
         with self._cond:
             ok = self._cond.wait_for(
                 lambda: (
@@ -215,6 +302,8 @@ class Membership:
                 ),
                 timeout_s,
             )
+            if self._lost is not None:
+                raise self._lost
             if self._closed is not None:
                 raise MembershipClosed(f"watch of {self.job!r} ended: {self._closed}")
             if not ok or self._view is None:
@@ -231,12 +320,70 @@ class Membership:
         """This process's collectives lost these peers: ask the agent to probe them now."""
         self._send({"lost": list(names)})
 
+    @contextlib.contextmanager
+    def paused(self, reason: str, max_s: float) -> Iterator[None]:
+        """This rank stops stepping on purpose for at most ``max_s`` seconds (a sync
+        checkpoint, an evaluation pass): the agent does not flag it hung meanwhile, and
+        scores its heartbeats afresh once the block ends or ``max_s`` passes (a block that
+        overruns is caught as a hang then). ``reason`` (at most
+        ``agent.control.MAX_PAUSE_REASON_CHARS`` printable characters) is shown to
+        operators. ``PauseRefused`` for bad arguments, a nested pause or the agent's
+        refusal; ``MembershipClosed``/``MembershipLost`` when the agent is gone."""
+        reason, max_s = check_pause(reason, max_s)
+        with self._cond:
+            if self._pausing:
+                raise PauseRefused(f"job {self.job!r}: this rank is paused already")
+            self._pausing = True
+            self._pause_reply = None
+        try:
+            self._send({"pause": {"reason": reason, "max_s": max_s}})
+            self._await_pause_reply()
+            body_failed = True
+            try:
+                yield
+                body_failed = False
+            finally:
+                try:
+                    self._send({"resume": True})
+                except MembershipClosed:
+                    if not body_failed:
+                        raise  # the body's own exception matters more than the link
+        finally:
+            with self._cond:
+                self._pausing = False
+
+    def _await_pause_reply(self) -> None:
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self._pause_reply is not None or self._closed is not None, PAUSE_REPLY_S
+            )
+            if self._lost is not None:
+                raise self._lost
+            if self._closed is not None:
+                raise MembershipClosed(f"watch of {self.job!r} ended: {self._closed}")
+            reply = self._pause_reply
+        if reply is None:
+            # it may still record the pause late: take it back rather than leave a rank
+            # unscored that believes it is not paused
+            with contextlib.suppress(MembershipClosed):
+                self._send({"resume": True})
+            raise PauseRefused(f"the agent did not confirm the pause within {PAUSE_REPLY_S} s")
+        if reply.get("ok") is not True:
+            raise PauseRefused(str(reply.get("error", "the agent refused the pause")))
+
     def _send(self, frame: Mapping[str, Any]) -> None:
         data = encode_frame(frame)
+        with self._cond:
+            if self._lost is not None:
+                raise self._lost
         with self._send_lock:
             try:
                 self._sock.sendall(data)
             except OSError as exc:
+                with self._cond:
+                    lost = self._lost
+                if lost is not None:
+                    raise lost from None
                 raise MembershipClosed(f"watch of {self.job!r}: {exc}") from None
 
     def close(self) -> None:
@@ -245,9 +392,15 @@ class Membership:
             if self._closed is None:
                 self._closed = "closed by the client"
             self._cond.notify_all()
+        self._shut()
+
+    def _shut(self) -> None:
+        """Shut down first (wakes a blocked send or receive, the agent sees the end), then
+        close under the send lock, so a concurrent send never writes to a reused fd."""
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
+        with self._send_lock:
+            self._sock.close()
 
     def __enter__(self) -> Membership:
         return self

@@ -4,14 +4,26 @@ with the blocking torchhook client (a watcher thread per registration)."""
 from __future__ import annotations
 
 import functools
+import re
 import socket
 import struct
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
-from agent.control import ControlClient, ControlError, JobMember
+from agent.cli_format import jobs_text
+from agent.control import (
+    ControlClient,
+    ControlError,
+    FrameDecoder,
+    JobMember,
+    PauseRefused,
+    encode_frame,
+    make_request,
+)
 from agent.jobs import (
     HEALTH_HUNG,
     MAX_LISTED_JOBS,
@@ -117,6 +129,8 @@ def test_job_summaries_agree_with_views_and_are_bounded() -> None:
         "ranks": 9,
         "hung": 1,
         "local_ranks": 0,
+        "paused": [],
+        "refused_frames": 0,
     }
     assert by_job["old"]["nodes"] == 0 and by_job["mine"]["local_ranks"] == 1
     # the same counters as view: listing again changes nothing, a view change counts once
@@ -237,6 +251,66 @@ def test_registration_is_hung_only_after_heartbeats_stop() -> None:
     assert reg.health_at(3000) == HEALTH_HUNG
     reg.heartbeat(10, 3000)
     assert reg.health_at(3050) == "ok"
+
+
+def _stepping(pause_ms: int = 500) -> Registration:
+    """A rank that stepped every 100 ms from 0 to 900 ms."""
+    reg = Registration.create("j", heartbeat_pause_ms=pause_ms, first_heartbeat_estimate_ms=100)
+    for t in range(0, 1000, 100):
+        reg.heartbeat(t // 100, t)
+    return reg
+
+
+def test_a_pause_spares_a_rank_and_scoring_resumes_afresh() -> None:
+    reg = _stepping()
+    assert reg.health_at(3000) == HEALTH_HUNG, "a stall with no pause is a hang"
+    reg = _stepping()
+    reg.pause("checkpoint", 10, 1000)
+    assert reg.health_at(8000) == "ok" and reg.phi(8000) == 0.0
+    samples = reg.detector.sample_count
+    reg.heartbeat(10, 8500)  # alive mid-pause: no sample of the step rhythm
+    assert reg.detector.sample_count == samples
+    assert reg.resume(9000) is not None and reg.paused is None
+    assert reg.health_at(9400) == "ok", "silence counts from the resume, not the last step"
+    assert reg.detector.sample_count == samples, "the pause's gap is no sample"
+    assert reg.health_at(11_000) == HEALTH_HUNG, "a stall after the pause is still a hang"
+    assert (reg.pauses, reg.overruns) == (1, 0)
+
+
+def test_a_pause_that_overruns_max_s_is_scored_from_its_deadline() -> None:
+    reg = _stepping()
+    reg.pause("eval", 2, 1000)
+    assert reg.health_at(2900) == "ok"
+    assert reg.health_at(3300) == "ok", "within the tolerance after the deadline (3000)"
+    assert reg.paused is None and reg.overruns == 1
+    assert reg.health_at(5000) == HEALTH_HUNG
+    assert reg.resume(5000) is None, "a late resume ends nothing"
+
+
+@pytest.mark.parametrize(
+    ("reason", "max_s", "error"),
+    [
+        ("", 5, "reason"),
+        ("x" * 65, 5, "reason"),
+        ("a\x1b[2J", 5, "reason"),  # no terminal escapes in operators' tables
+        (7, 5, "reason"),
+        ("ckpt", 0, "max_s"),
+        ("ckpt", -1, "max_s"),
+        ("ckpt", float("nan"), "max_s"),
+        ("ckpt", 3601, "max_s"),
+        ("ckpt", True, "max_s"),
+        ("ckpt", "5", "max_s"),
+    ],
+)
+def test_bad_pauses_are_refused_and_change_nothing(
+    reason: object, max_s: object, error: str
+) -> None:
+    reg = _stepping()
+    reg.pause("first", 60, 1000)
+    before = (reg.paused, reg.pauses)
+    with pytest.raises(JobError, match=error):
+        reg.pause(reason, max_s, 1100)
+    assert (reg.paused, reg.pauses) == before
 
 
 # --- live agents --------------------------------------------------------------------------
@@ -406,3 +480,109 @@ async def test_a_multi_rank_node_is_one_member_of_every_view(tmp_path: Path) -> 
             for m in (other, r0, r1):
                 if m is not None:
                     m.close()
+
+
+def _beat(m: Membership, steps: int, every_s: float = 0.05) -> None:
+    for step in range(steps):
+        m.heartbeat(step)
+        time.sleep(every_s)  # the step time the detector learns
+
+
+class RawRegistration:
+    """A registration spoken frame by frame, to send what the client would refuse."""
+
+    def __init__(self, path: Path, job: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(5)
+        self.sock.connect(str(path))
+        self.sock.sendall(encode_frame(make_request("watch", job=job, register={})))
+        self._decoder = FrameDecoder()
+        self._frames: list[dict[str, object]] = []
+        while not self._frames:  # the agent reads frames of the watch once it answered
+            self._frames += self._decoder.feed(self.sock.recv(65536))
+        assert self._frames.pop(0)["ok"] is True
+
+    def pause_reply(self) -> dict[str, object]:
+        """The agent's next answer to a pause frame (views pass by)."""
+        while True:
+            while self._frames:
+                frame = self._frames.pop(0)
+                if isinstance(frame.get("pause"), dict):
+                    return frame["pause"]  # type: ignore[return-value]
+            data = self.sock.recv(65536)
+            assert data, "the agent closed the registration"
+            self._frames += self._decoder.feed(data)
+
+
+@pytest.mark.trio
+async def test_pauses_with_a_live_agent(tmp_path: Path) -> None:
+    """A pause longer than the hang threshold keeps the node in the view and shows in
+    ``jobs``; a stall with no pause, and a pause past its ``max_s``, are hangs; bad pause
+    frames are refused with the reason, counted, and change nothing."""
+    path = tmp_path / "n0.sock"
+    async with cluster(tmp_path, 1) as agents:
+        rank = await trio.to_thread.run_sync(
+            lambda: Membership(
+                "p", control=path, heartbeat_pause_ms=200, first_heartbeat_estimate_ms=50
+            )
+        )
+        observer = await trio.to_thread.run_sync(
+            lambda: Membership("p", control=path, register=False)
+        )
+        views: list[tuple[str, ...]] = []
+        observer.add_listener(lambda v: views.append(v.names))
+        jobs = ControlClient(path)
+        try:
+            await trio.to_thread.run_sync(_beat, rank, 10)
+            del views[:]
+
+            def checkpoint() -> dict[str, Any]:
+                with rank.paused("checkpoint", 5):
+                    time.sleep(1.0)  # 4x the tolerated silence
+                    return dict(jobs.request("jobs")["jobs"][0])
+
+            during = await trio.to_thread.run_sync(checkpoint)
+            assert [p["reason"] for p in during["paused"]] == ["checkpoint"]
+            assert re.search(r"  0 \(checkpoint, [34] s left\)  ", jobs_text({"jobs": [during]}))
+            await trio.to_thread.run_sync(_beat, rank, 3)
+            assert all(names == ("n0",) for names in views), f"left the view: {views}"
+            assert observer.view.names == ("n0",)
+            # a stall without a pause is a hang, and stepping again ends it
+            await trio.to_thread.run_sync(lambda: observer.wait(lambda v: v.names == (), 10))
+            await trio.to_thread.run_sync(_beat, rank, 3)
+            await trio.to_thread.run_sync(lambda: observer.wait(lambda v: v.names == ("n0",), 10))
+
+            # a pause that overruns its max_s is scored from its deadline: a hang
+            def overrun() -> float:
+                with rank.paused("eval", 0.3):
+                    start = time.monotonic()
+                    observer.wait(lambda v: v.names == (), 10)
+                    return time.monotonic() - start
+
+            assert await trio.to_thread.run_sync(overrun) >= 0.3
+            await trio.to_thread.run_sync(_beat, rank, 3)
+            await trio.to_thread.run_sync(lambda: observer.wait(lambda v: v.names == ("n0",), 10))
+            listed = await trio.to_thread.run_sync(jobs.request, "jobs")
+            assert listed["jobs"][0]["paused"] == []
+
+            # bad pause frames: refused with the reason, counted, nothing changed
+            raw = await trio.to_thread.run_sync(RawRegistration, path, "q")
+            try:
+                for bad in ({"reason": "", "max_s": 5}, {"reason": "x", "max_s": 1e9}, "ckpt"):
+                    raw.sock.sendall(encode_frame({"pause": bad}))
+                    reply = await trio.to_thread.run_sync(raw.pause_reply)
+                    assert reply["ok"] is False and "pause" in str(reply["error"])
+                listed = await trio.to_thread.run_sync(jobs.request, "jobs")
+                q = next(j for j in listed["jobs"] if j["job"] == "q")
+                assert q["refused_frames"] == 3 and q["paused"] == [] and q["local_ranks"] == 1
+                raw.sock.sendall(encode_frame({"pause": {"reason": "ok", "max_s": 5}}))
+                assert (await trio.to_thread.run_sync(raw.pause_reply))["ok"] is True
+            finally:
+                raw.sock.close()
+            with pytest.raises(PauseRefused, match="max_s"), rank.paused("eval", 0):
+                pass
+        finally:
+            rank.close()
+            observer.close()
+        # unregistered before the agent stops (its last tag update would wait otherwise)
+        await until(lambda: not any(k.startswith("swim.job/") for k in agents[0].agent.tags), 5)

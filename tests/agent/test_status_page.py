@@ -111,6 +111,12 @@ def test_the_page_shows_the_cluster_and_a_killed_member_turns_dead(
             "the job, its local ranks and their steps on the page",
         )
         assert _cells(browser, job)[:3] == ["train", "1", "2"]  # one node, two ranks
+        with watches[1].paused("checkpoint", 60):  # a declared pause shows with its reason
+            until(
+                lambda: _cells(browser, job)[8] == "1 paused (checkpoint)",
+                10,
+                "the paused rank on the page",
+            )
         health = browser.evaluate("document.getElementById('health').textContent")
         assert "health score" in health and "agent-0" in browser.evaluate("document.title")
 

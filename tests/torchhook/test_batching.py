@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -10,6 +13,8 @@ from torchhook.batching import (
     BatchPolicyError,
     FixedGlobalBatch,
     FixedRankBatch,
+    LrScale,
+    ScaledLr,
     StepSplit,
     accumulation_steps,
     split_evenly,
@@ -98,3 +103,49 @@ def test_refusals_name_the_setting() -> None:
     with pytest.raises(BatchPolicyError, match="world_size"):
         split_rank_batch(4, 1 << 21, 4)
     assert split_evenly(7, 3) == (3, 2, 2) and split_evenly(6, 3) == (2, 2, 2)
+
+
+def test_lr_scale_rules_follow_the_global_batch_of_a_fixed_rank_batch() -> None:
+    policy = FixedRankBatch(rank_batch=8)
+    reference = policy.split(6).global_batch  # tuned at 3 nodes x 2 ranks
+    after_loss = policy.split(4).global_batch
+    assert LrScale(reference).factor(after_loss) == pytest.approx(4 / 6)
+    assert LrScale(reference, "sqrt").factor(after_loss) == pytest.approx(math.sqrt(4 / 6))
+    capped = LrScale(reference, lambda g, ref: min(1.0, g / ref))
+    assert capped.factor(policy.split(8).global_batch) == 1.0
+    assert capped.factor(after_loss) == pytest.approx(4 / 6)
+
+
+def test_scaled_lr_sets_each_group_from_the_recorded_base() -> None:
+    groups: list[dict[str, Any]] = [{"lr": 0.1}, {"lr": 0.02}]
+    scaled = ScaledLr.record(groups, LrScale(48))
+    assert scaled.base_lrs == (0.1, 0.02)
+    assert scaled.apply(groups, 32) == pytest.approx(2 / 3)
+    assert [g["lr"] for g in groups] == pytest.approx([0.1 * 2 / 3, 0.02 * 2 / 3])
+    scaled.apply(groups, 64)  # from the base, not compounded on the last rate
+    assert [g["lr"] for g in groups] == pytest.approx([0.1 * 4 / 3, 0.02 * 4 / 3])
+    fresh: list[dict[str, Any]] = [{"lr": 0.1}, {"lr": 0.02}]  # a rebuilt optimizer's
+    scaled.apply(fresh, 64)
+    assert fresh == groups
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        (lambda g, ref: 0.0, "returned 0.0"),
+        (lambda g, ref: float("nan"), "returned nan"),
+        (lambda g, ref: "2", "not a number"),
+    ],
+)
+def test_a_bad_lr_rule_is_refused_and_changes_nothing(rule: Any, message: str) -> None:
+    groups: list[dict[str, Any]] = [{"lr": 0.1}]
+    scaled = ScaledLr.record(groups, LrScale(16, rule))
+    with pytest.raises(BatchPolicyError, match=message):
+        scaled.apply(groups, 8)
+    assert groups == [{"lr": 0.1}]
+    with pytest.raises(BatchPolicyError, match="2 parameter groups"):
+        scaled.apply([{"lr": 1.0}, {"lr": 1.0}], 8)
+    with pytest.raises(BatchPolicyError, match="lr rule must be"):
+        LrScale(16, "cubic")  # type: ignore[arg-type]
+    with pytest.raises(BatchPolicyError, match="reference_batch"):
+        LrScale(0)

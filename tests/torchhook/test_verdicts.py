@@ -6,6 +6,11 @@ inside real gloo groups, with verdicts arriving mid-backward).
 
 from __future__ import annotations
 
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="torchhook needs torch (the [torch] extra)")
@@ -97,3 +102,124 @@ def test_after_a_verdict_the_comm_hook_hands_out_a_failed_future() -> None:
     failed = watch.comm_hook(bucket=None, world_size=3)
     with pytest.raises(MembershipChanged, match="membership changed"):
         failed.wait()
+
+
+# --- the lock: views hammered against arming, on real torch Futures -----------------------
+
+
+class Bucket:
+    """DDP's GradBucket as the comm hook uses it: only ``buffer()``."""
+
+    def __init__(self) -> None:
+        self._buffer = torch.ones(4)
+
+    def buffer(self) -> Any:
+        return self._buffer
+
+
+@pytest.fixture
+def world_of_one() -> Iterator[None]:
+    """A real one-rank gloo group: the comm hook's all-reduce runs and completes."""
+    dist = torch.distributed
+    if dist.is_initialized():
+        pytest.skip("a default process group already exists in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def busy_switching() -> Iterator[None]:
+    """Switch threads every few microseconds, so interleavings that a 5 ms switch interval
+    makes rare happen in a few hundred rounds."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+ROUNDS = 1500
+HOOKS_PER_GROUP = 1
+DRILL = "drill: fail_pending from a third thread"
+
+
+def test_views_hammered_against_arming_keep_every_future_exactly_once(
+    world_of_one: None, busy_switching: None
+) -> None:
+    """The watcher thread alternates a view with every node and one without ``c``; the
+    training thread arms, in turns, a group of ``a, b`` (which no view drops: its Futures
+    must complete, or fail only by the third thread's ``fail_pending``) and a group of
+    ``a, b, c`` (which the second view drops: its Futures may fail); a third thread calls
+    ``fail_pending`` now and then. Every Future must end exactly once, no thread may
+    raise, and nothing may stay pending."""
+    full = view(1, member("a"), member("b"), member("c"))
+    without_c = view(2, member("a"), member("b"))
+    small, large = frozenset({("a", 1), ("b", 1)}), frozenset({("a", 1), ("b", 1), ("c", 1)})
+    watch = GroupWatch("a")
+    errors: list[BaseException] = []
+    wrong: list[str] = []
+    ends: dict[int, int] = {}
+    ends_lock = threading.Lock()  # Future number -> times it ended
+    stop = threading.Event()
+
+    def guarded(body: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                body()
+            except BaseException as exc:  # recorded and asserted below
+                errors.append(exc)
+                stop.set()
+
+        return run
+
+    def viewer() -> None:
+        while not stop.is_set():
+            watch.on_view(full)
+            watch.on_view(without_c)
+
+    def failer() -> None:
+        while not stop.wait(0.002):
+            watch.fail_pending(DRILL)
+
+    def trainer() -> None:
+        for round_ in range(ROUNDS):
+            if stop.is_set():
+                return
+            for ids, may_be_dropped in ((small, False), (large, True)):
+                watch.arm(full, ids, f"g{round_}-{len(ids)}")
+                futures = [watch.comm_hook(Bucket(), 1) for _ in range(HOOKS_PER_GROUP)]
+                for fut in futures:
+                    finished = threading.Event()
+                    key = len(ends)
+                    ends[key] = 0
+
+                    def ended(f: Any, key: int = key, event: threading.Event = finished) -> None:
+                        with ends_lock:
+                            ends[key] += 1
+                        event.set()
+
+                    fut.add_done_callback(ended)
+                    assert finished.wait(10), "a Future never ended"
+                    try:
+                        fut.value()
+                    except MembershipChanged as exc:
+                        if not may_be_dropped and DRILL not in str(exc):
+                            wrong.append(f"group of a, b failed by a verdict: {exc}")
+                watch.disarm()
+        stop.set()
+
+    threads = [threading.Thread(target=guarded(t)) for t in (viewer, failer, trainer)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a hammer thread did not end"
+    assert errors == []
+    assert wrong == []
+    assert ends and set(ends.values()) == {1}, "a Future ended more or less than once"
+    with watch._lock:  # the state at rest: nothing pending, the last group disarmed
+        assert watch._pending == [] and not watch._running
