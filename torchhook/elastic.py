@@ -20,6 +20,7 @@ from torchhook.parallel import DDP
 from torchhook.parallel_fsdp import FSDP, Parallelize
 from torchhook.parallel_hsdp import HSDP
 from torchhook.settings import Settings
+from torchhook.state import TrainingState
 
 __all__ = ["ElasticDDP", "ElasticFSDP", "ElasticHSDP"]
 
@@ -28,17 +29,11 @@ def ElasticDDP(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     *,
-    extra_state: Callable[[], Any] | None = None,
-    load_extra_state: Callable[[Any], None] | None = None,
+    state: TrainingState | None = None,
     **settings: Any,
 ) -> Elastic:
     """Elastic DDP over the user's ``model`` and ``optimizer``."""
-    return Elastic(
-        DDP(model, optimizer),
-        Settings(**settings),
-        extra_state=extra_state,
-        load_extra_state=load_extra_state,
-    )
+    return Elastic(DDP(model, optimizer), Settings(**settings), state=state)
 
 
 def ElasticHSDP(
@@ -62,6 +57,7 @@ def ElasticFSDP(
     checkpoint_every: int,
     keep: int = 2,
     parallelize: Parallelize | None = None,
+    state: TrainingState | None = None,
     **settings: Any,
 ) -> Elastic:
     """Elastic FSDP2 with checkpoints (a node's loss rolls back to the newest one)."""
@@ -73,4 +69,4 @@ def ElasticFSDP(
         keep=keep,
         parallelize=parallelize,
     )
-    return Elastic(strategy, Settings(**settings))
+    return Elastic(strategy, Settings(**settings), state=state)

@@ -4,19 +4,10 @@ When a node of the current group dies, the survivors leave the collective in fli
 a new process group among themselves and keep training in the same processes; a new node
 joins at a step boundary. A node runs one trainer process per local rank; the view lists
 nodes, global ranks follow (node join age, local rank), and a node enters and leaves with
-all of its ranks (agent ``jobs.py`` says why). The parts:
-
-==========================  ==========================================================
-``torchhook.settings``      every option, one frozen dataclass, checked on construction
-``torchhook.client``        the agent's job view (``Membership``), heartbeats, pauses
-``torchhook.formation``     agreeing on a group through stores (who, token, plan)
-``torchhook.strategy``      pure rules: layouts, shrink or reform, where state comes from
-``torchhook.groups``        c10d plumbing per backend, interruptible waits
-``torchhook.verdicts``      failing the group's collectives on a membership verdict
-``torchhook.errors``        which failures re-form and which stop the job
-``torchhook.parallel*``     the strategy: ``DDP``, ``HSDP``, ``FSDP``
-this module                 the loop: formation, control all-reduce, state sync, budget
-==========================  ==========================================================
+all of its ranks (agent ``jobs.py`` says why). The parts, each owning one concern, are in
+docs/design.md §2.5: settings, membership (``client``), formation, pure rules
+(``strategy``), c10d plumbing (``groups``), verdicts, errors, and the parallelism strategy
+(``parallel*``); this module is the loop that drives them.
 
 Rules of the loop:
 
@@ -65,9 +56,11 @@ from torch._C._distributed_c10d import TCPStore
 from torchhook.client import Membership, MembershipClosed, View, local_place
 from torchhook.errors import ReformBudgetSpent, classify
 from torchhook.formation import Formation, Retry
-from torchhook.groups import ProcessGroups, ShrinkFailed
+from torchhook.groups import ProcessGroups, ShrinkFailed, ShrinkStuck
 from torchhook.parallel import Group, Parallelism, micro_batches
 from torchhook.settings import ReformBudget, Settings
+from torchhook.state import ResetCallbackError, SnapshotError, TrainingState, World
+from torchhook.state_wire import broadcast_snapshot
 from torchhook.stores import TcpNet
 from torchhook.strategy import (
     Layout,
@@ -80,10 +73,18 @@ from torchhook.strategy import (
 )
 from torchhook.verdicts import GroupWatch
 
-__all__ = ["Elastic"]
+__all__ = ["PASS_THROUGH", "Elastic"]
 
 log = logging.getLogger("torchhook.elastic")
 T = TypeVar("T")
+PASS_THROUGH: tuple[type[BaseException], ...] = (
+    MembershipClosed,
+    ResetCallbackError,
+    SnapshotError,
+    ShrinkStuck,
+)
+"""Fatal as they are, with their own message: the agent is gone (``MembershipLost``), an
+``on_reset`` callback or a snapshot failed, a shrink cannot be undone."""
 HEARTBEAT_EVERY_S = 0.1
 """Heartbeats from wait loops are spaced out; one per step is always sent."""
 DEFAULT_PAUSE_S = 600.0
@@ -101,8 +102,10 @@ class Elastic:
             loss = el.run_step(lambda ddp: train_step(ddp, batch_for(el.step, el.rank)))
         el.exit(0)
 
-    ``extra_state()`` and ``load_extra_state(state)``: the caller's own state (a data
-    position, counters); receivers of a new group take it from the plan's source rank.
+    ``state``: the rest of the training state (``torchhook.state.TrainingState``:
+    registered objects such as the LR scheduler and the sampler, RNG, ``on_reset``
+    callbacks); default: the RNG only. Receivers of a new group take it from the plan's
+    source rank; schedulers are rebuilt over a new optimizer.
     """
 
     def __init__(
@@ -110,13 +113,14 @@ class Elastic:
         parallelism: Parallelism,
         settings: Settings,
         *,
-        extra_state: Callable[[], Any] | None = None,
-        load_extra_state: Callable[[Any], None] | None = None,
+        state: TrainingState | None = None,
     ) -> None:
         self.settings = settings
         self.parallelism = parallelism
-        self._extra_state = extra_state
-        self._load_extra_state = load_extra_state
+        self.state = TrainingState() if state is None else state
+        self._bound_optimizer: torch.optim.Optimizer | None = None
+        self._world: World | None = None
+        """The current (or last) group as ``on_reset`` sees it."""
         local_rank, local_world_size = local_place(settings.local_rank, settings.local_world_size)
         backend = settings.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.groups = ProcessGroups(backend, local_rank)
@@ -168,7 +172,8 @@ class Elastic:
         self.local_rank = self.membership.local_rank
         self.watch = GroupWatch(self.node)
         """Fails this group's collectives when the view drops one of its nodes."""
-        self.membership.add_listener(self.watch.on_view)
+        # the watch ending (the agent gone) breaks the group too: no verdict could come
+        self.membership.add_listener(self.watch.on_view, on_closed=self.watch.on_closed)
 
     # --- the training-loop API --------------------------------------------------------
 
@@ -209,6 +214,9 @@ class Elastic:
                     continue
                 result = self.parallelism.run(fn, self._group, self.step)
             except Exception as exc:
+                if isinstance(exc, PASS_THROUGH):
+                    self._abandon(failed=True)
+                    raise
                 fatal = classify(exc, verdict=self.watch.broken, where=f"step {self.step}")
                 if fatal is not None:
                     self._abandon(failed=True)
@@ -339,7 +347,11 @@ class Elastic:
             except Exception as exc:
                 unreachable = isinstance(exc, Retry) and exc.unreachable
                 retryable = isinstance(exc, (Retry, ShrinkFailed))
-                fatal = None if retryable else classify(exc, verdict=False, where="forming")
+                fatal: BaseException | None = None
+                if isinstance(exc, PASS_THROUGH):
+                    fatal = exc
+                elif not retryable:
+                    fatal = classify(exc, verdict=False, where="forming")
                 # the first line says why (torch appends a C++ stack trace)
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 self._abandon(failed=True)
@@ -448,8 +460,13 @@ class Elastic:
             lambda bucket: self.watch.comm_hook(bucket, world),
         )
         self.step = self.parallelism.setup(group, plan)
+        optimizer = self.parallelism.optimizer
+        if optimizer is not None and optimizer is not self._bound_optimizer:
+            self.state.rebind(optimizer)  # schedulers follow a rebuilt optimizer
+            self._bound_optimizer = optimizer
         if plan.receivers and self.parallelism.syncs_from_source():
             self._sync_state(group, plan.source)
+        self._reset(World(world, rank, self.order, self.step))
         self._group = group
         self._has_state = True
         self._applied_in = token  # every rank of the group now holds the same state
@@ -466,14 +483,17 @@ class Elastic:
         )
 
     def _sync_state(self, group: Group, source: int) -> None:
-        """Step, torch's RNG and the caller's extra state, from the source."""
-        mine = None
-        if group.rank == source:
-            extra = self._extra_state() if self._extra_state else None
-            mine = {"step": self.step, "rng": torch.get_rng_state(), "extra": extra}
-        state = group.broadcast_object(mine, source)
+        """The training state (registered objects, RNG) from the source, its waits
+        interruptible; checked whole before anything loads (``SnapshotError``)."""
+        mine = self.state.capture() if group.rank == source else None
+        device = group.device if group.device.type == "cuda" else None
+        snapshot = broadcast_snapshot(mine, source, device=device, wait=self._wait)
         if group.rank != source:
-            self.step = int(state["step"])
-            torch.set_rng_state(state["rng"])
-            if self._load_extra_state is not None:
-                self._load_extra_state(state["extra"])
+            self.state.restore(snapshot)
+
+    def _reset(self, new: World) -> None:
+        """``on_reset(old, new)`` callbacks, from this process's second group on (its
+        first has no old world); their errors are fatal (``ResetCallbackError``)."""
+        old, self._world = self._world, new
+        if old is not None:
+            self.state.reset(old, new)
