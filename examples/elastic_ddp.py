@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(
         local_rank=local_rank, local_world_size=local_world_size, **job.hook_options(args)
     )
-    el = Elastic(DDP(model, opt), settings)
+    state, counter = job.training_state()
+    el = Elastic(DDP(model, opt), settings, state=state)
     log = job.StepLog(args.log)
     faults = job.Faults(args, log, fires=el.local_rank == 0)
 
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     def details() -> dict[str, object]:
         return {"source": el.last_plan.source if el.last_plan else None}
 
-    job.train(el, train_step, args, log, faults, details)
+    job.train(el, train_step, args, log, faults, details, counter)
     el.exit(0)
     return 0
 

@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
     )
-    el = Elastic(fsdp, Settings(**job.hook_options(args)))
+    state, counter = job.training_state()
+    el = Elastic(fsdp, Settings(**job.hook_options(args)), state=state)
     log = job.StepLog(args.log)
     every = args.checkpoint_every
     faults = job.Faults(args, log, fires=el.local_rank == 0, skip=lambda step: step % every == 0)
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     def details() -> dict[str, object]:
         return {"resumed": fsdp.resumed_step, "load_s": round(fsdp.last_load_s, 4)}
 
-    job.train(el, train_step, args, log, faults, details)
+    job.train(el, train_step, args, log, faults, details, counter)
     el.exit(0)
     return 0
 

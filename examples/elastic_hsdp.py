@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     if not job.start(args):
         return 0
     hsdp = HSDP(lambda: job.build_model(args.seed), job.optimizer_for)
-    el = Elastic(hsdp, Settings(**job.hook_options(args)))
+    state, counter = job.training_state()
+    el = Elastic(hsdp, Settings(**job.hook_options(args)), state=state)
     log = job.StepLog(args.log)
     faults = job.Faults(args, log, fires=el.local_rank == 0)
 
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = el.last_plan
         return {"restore": plan.restore if plan else None, "resumed": plan.step if plan else None}
 
-    job.train(el, forward_backward, args, log, faults, details)
+    job.train(el, forward_backward, args, log, faults, details, counter)
     el.exit(0)
     return 0
 

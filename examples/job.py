@@ -27,6 +27,8 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
+from torchhook.state import TrainingState
+
 IN_DIM = 16
 FAULTS = ("none", "kill-in-backward", "stop-in-backward", "kill", "stop", "bug")
 
@@ -232,6 +234,28 @@ class Faults:
         os.killpg(os.getpgid(0), sig)
 
 
+class StepCounter:
+    """Steps completed, kept as the job's own state: registered in the engine's
+    ``TrainingState``, so after a world change every rank holds the count of the step it
+    goes on from (taken from the source rank, or from the checkpoint with FSDP)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.steps = int(state["steps"])
+
+
+def training_state() -> tuple[TrainingState, StepCounter]:
+    """The examples' training state: the RNG and a ``StepCounter``."""
+    state, counter = TrainingState(), StepCounter()
+    state.register("counter", counter)
+    return state, counter
+
+
 def stop_step(path: Path | None) -> int | None:
     if path is None or not path.exists():
         return None
@@ -246,9 +270,12 @@ def train(
     log: StepLog,
     faults: Faults,
     details: Callable[[], dict[str, Any]],
+    counter: StepCounter,
 ) -> None:
     """Run ``el.run_step(step)`` until ``--steps`` or the stop file's step, logging each
-    step (with ``details()``) and a final record with this process's checksum."""
+    step (with ``details()``) and a final record with this process's checksum. The
+    counter counts after ``run_step`` returns, where per-step state (a scheduler, a
+    sampler's position) is updated."""
 
     def where() -> dict[str, Any]:
         return {"t": time.time(), "node": el.node, "local_rank": el.local_rank, "pid": os.getpid()}
@@ -259,7 +286,9 @@ def train(
             break
         faults.before_step(el.step)
         loss = el.run_step(step)
+        counter.steps += 1
         record = {"step": el.step - 1, "loss": loss, "rank": el.rank, "world": el.world_size}
+        record |= {"counter": counter.steps}
         record |= {"leader": el.order[0], "formations": el.reconfigurations}
         record |= {"formation_s": round(el.last_formation_s, 4), "verdict_t": el.verdict_time}
         log.emit(record | details() | where())

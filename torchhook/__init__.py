@@ -31,7 +31,9 @@ __all__ = [
     "Settings",
     "SettingsError",
     "StepFailed",
+    "TrainingState",
     "View",
+    "World",
     "mesh_dim",
 ]
 
@@ -46,6 +48,8 @@ _HOMES = {
     "mesh_dim": "torchhook.parallel_hsdp",
     "Settings": "torchhook.settings",
     "Membership": "torchhook.client",
+    "TrainingState": "torchhook.state",
+    "World": "torchhook.state",
     "View": "torchhook.client",
     **{
         name: "torchhook.errors"
@@ -84,6 +88,7 @@ if TYPE_CHECKING:
     from torchhook.parallel_fsdp import FSDP
     from torchhook.parallel_hsdp import HSDP, mesh_dim
     from torchhook.settings import Settings
+    from torchhook.state import TrainingState, World
 
 
 def __getattr__(name: str) -> Any:

@@ -60,7 +60,7 @@ from torchhook.groups import ProcessGroups, ShrinkFailed, ShrinkStuck
 from torchhook.parallel import Group, Parallelism, micro_batches
 from torchhook.settings import ReformBudget, Settings
 from torchhook.state import ResetCallbackError, SnapshotError, TrainingState, World
-from torchhook.state_wire import broadcast_snapshot
+from torchhook.state_wire import broadcast_snapshot, decode, encode
 from torchhook.stores import TcpNet
 from torchhook.strategy import (
     Layout,
@@ -254,14 +254,11 @@ class Elastic:
         return micro_batches(self.parallelism, n)
 
     def paused(self, reason: str, max_s: float = DEFAULT_PAUSE_S) -> AbstractContextManager[None]:
-        """``with el.paused("checkpoint", max_s=300):`` tells the agent that this rank is
-        paused on purpose (an evaluation, a synchronous checkpoint): no hang verdict until
-        the block ends or ``max_s`` passes. A no-op with a client that cannot pause."""
+        """``with el.paused("checkpoint", max_s=300):`` this rank is paused on purpose (an
+        evaluation, a sync checkpoint): no hang verdict until the block ends or ``max_s``
+        passes (docs/training.md §8). A no-op with a client that cannot pause."""
         pause = getattr(self.membership, "paused", None)
-        if pause is None:
-            return contextlib.nullcontext()
-        context: AbstractContextManager[None] = pause(reason, max_s)
-        return context
+        return contextlib.nullcontext() if pause is None else pause(reason, max_s)
 
     def exit(self, code: int = 0) -> None:
         """Leave the process. With a stuck group in the graveyard a normal exit would block
@@ -458,6 +455,7 @@ class Elastic:
             self.settings.pg_timeout_s,
             self._wait,
             lambda bucket: self.watch.comm_hook(bucket, world),
+            lambda: encode(self.state.capture()),
         )
         self.step = self.parallelism.setup(group, plan)
         optimizer = self.parallelism.optimizer
@@ -466,6 +464,8 @@ class Elastic:
             self._bound_optimizer = optimizer
         if plan.receivers and self.parallelism.syncs_from_source():
             self._sync_state(group, plan.source)
+        elif (saved := self.parallelism.saved_state()) is not None:
+            self.state.restore(decode(saved))  # FSDP: the checkpoint's, on every rank
         self._reset(World(world, rank, self.order, self.step))
         self._group = group
         self._has_state = True

@@ -94,6 +94,8 @@ __all__ = ["CheckpointInfo", "Checkpointer", "complete_checkpoints", "is_linear_
 log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
+EXTRA = "state.bin"
+"""Beside the shards: the caller's extra bytes of that step (the engine's training state)."""
 LATEST = "latest"
 _PREFIX = "step-"
 # Modules that own the bulk of a model's parameters; each becomes one FSDP unit so that
@@ -171,9 +173,13 @@ def _read_marker(path: Path) -> CheckpointInfo | None:
 
 
 def _atomic_write(path: Path, text: str) -> None:
+    _atomic_write_bytes(path, text.encode())
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -216,9 +222,17 @@ class Checkpointer:
         self.timeout_s = timeout_s
         self._pg: dist.ProcessGroup | None = None
         self._pending: Future[CheckpointInfo | None] | None = None
+        self.loaded_path: Path | None = None
+        """The checkpoint the last ``load_latest`` loaded (None: none loaded)."""
         self._pending_step = -1
 
-    def maybe_save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+    def maybe_save(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extra: bytes | None = None,
+    ) -> bool:
         """Start an asynchronous save if ``step`` is a multiple of K; True if one started.
 
         Waits (bounded) for the previous save first. A previous save that failed is logged
@@ -235,7 +249,8 @@ class Checkpointer:
         )
         if not isinstance(started, Future):  # only the staging-response variant is not
             raise TypeError(f"unexpected async_save result {type(started).__name__}")
-        self._pending, self._pending_step = self._chain_marker(started, path, step), step
+        chained = self._chain_marker(started, path, step, extra)
+        self._pending, self._pending_step = chained, step
         return True
 
     def wait(self, timeout_s: float | None = None) -> CheckpointInfo | None:
@@ -260,7 +275,8 @@ class Checkpointer:
         return info
 
     def load_latest(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int | None:
-        """Load the newest complete checkpoint into a freshly sharded model and optimizer.
+        """Load the newest complete checkpoint into a freshly sharded model and optimizer
+        (its ``extra`` bytes, if saved, are in ``loaded_path / EXTRA``).
 
         DCP reshards to the current world size. Returns the checkpoint's step, or None
         (nothing loaded) when there is no complete checkpoint. Rank 0 picks the checkpoint
@@ -285,6 +301,7 @@ class Checkpointer:
         )
         self._wait(dist.broadcast(buf, group_src=0, group=pg, async_op=True))
         path = Path(buf.numpy().tobytes().decode())
+        self.loaded_path = path
         model_sd, optim_sd = get_state_dict(model, optimizer)
         # DCP loads in place into these very dicts, resharding to the current world size
         load({"model": model_sd, "optim": optim_sd}, checkpoint_id=path, process_group=pg)
@@ -338,7 +355,7 @@ class Checkpointer:
         return f"{int(value.item()):016x}"
 
     def _chain_marker(
-        self, started: Future[object], path: Path, step: int
+        self, started: Future[object], path: Path, step: int, extra: bytes | None
     ) -> Future[CheckpointInfo | None]:
         """A future that completes after DCP's save *and* rank 0's marker write."""
         done: Future[CheckpointInfo | None] = Future()
@@ -347,16 +364,19 @@ class Checkpointer:
         def on_saved(fut: Future[object]) -> None:
             try:
                 fut.result()
-                done.set_result(self._commit(path, step, world) if rank == 0 else None)
+                done.set_result(self._commit(path, step, world, extra) if rank == 0 else None)
             except BaseException as err:
                 done.set_exception(err)
 
         started.add_done_callback(on_saved)
         return done
 
-    def _commit(self, path: Path, step: int, world: int) -> CheckpointInfo:
+    def _commit(self, path: Path, step: int, world: int, extra: bytes | None) -> CheckpointInfo:
         """Rank 0, after DCP's save returned there. Every rank's shard is on disk by then:
-        DCP's last step gathers all ranks' write results to rank 0 before ``.metadata``."""
+        DCP's last step gathers all ranks' write results to rank 0 before ``.metadata``.
+        ``extra`` (the training state's snapshot) goes in before the marker."""
+        if extra is not None:
+            _atomic_write_bytes(path / EXTRA, extra)
         info = CheckpointInfo(step, time.time(), path, world)
         record = {"step": step, "saved_at": info.saved_at, "world": world}
         _atomic_write(path / MARKER, json.dumps(record))

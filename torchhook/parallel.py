@@ -63,6 +63,8 @@ class Group:
     """Wait for a ``Work`` in short slices; raises ``MembershipChanged`` on a verdict."""
     comm_hook: Callable[[Any], torch.futures.Future[torch.Tensor]]
     """DDP's gradient all-reduce (mean) behind a Future a verdict can fail."""
+    capture_state: Callable[[], bytes]
+    """The engine's training state now, encoded (``state_wire``): what a checkpoint keeps."""
 
     def broadcast_tensors(
         self, tensors: list[torch.Tensor], source: int, group: Any = None
@@ -117,6 +119,10 @@ class Parallelism(Protocol):
     def pending_in(self) -> str:
         """HSDP: the group whose reduced gradients this rank holds unapplied, else ""."""
 
+    def saved_state(self) -> bytes | None:
+        """The training state saved with what ``setup`` resumed from (FSDP: the
+        checkpoint's), to load on every rank; None: nothing to load."""
+
     def setup(self, group: Group, plan: Plan) -> int:
         """Build model and optimizer on ``group`` following ``plan``; the step to go on from."""
 
@@ -164,6 +170,9 @@ class DDP:
 
     def pending_in(self) -> str:
         return ""
+
+    def saved_state(self) -> bytes | None:
+        return None
 
     def setup(self, group: Group, plan: Plan) -> int:
         self._model.to(group.device)  # keeps the Parameter objects the optimizer holds

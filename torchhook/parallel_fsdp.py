@@ -17,12 +17,15 @@ shards with it: the survivors cannot go on from memory. Every new group therefor
 Old FSDP objects are never reused (they pin their group), and each group gets a new
 :class:`Checkpointer` with its own checkpoint group.
 
-Checkpoints: after every step whose count is a multiple of ``checkpoint_every``, inside the
-step (a failure while saving is handled like a failure in the step). Saves are
-asynchronous. A planned switch (a node joins, or the view changes while every member
-still answers the step-boundary all-reduce) first saves the current step synchronously, so
-a regrow loses nothing. A save or load that fails because a peer is gone re-forms the
-group; one that fails otherwise stops the job (``CheckpointFailed``).
+Checkpoints: of every step count that is a multiple of ``checkpoint_every``, started when
+the next step begins (so the engine's training state saved beside the shards includes
+what the caller updated after the step), inside ``run`` (a failure while saving is handled
+like a failure in the step). Saves are asynchronous. A planned switch (a node joins, or
+the view changes while every member still answers the step-boundary all-reduce) first
+saves the current step synchronously, so a regrow loses nothing. A save or load that
+fails because a peer is gone re-forms the group; one that fails otherwise stops the job
+(``CheckpointFailed``). The engine's training state (``TrainingState``: the caller's
+registered objects and RNG) is saved beside the shards and loaded with them.
 
 Escape: FSDP's all-gathers and reduce-scatters run inside forward and backward, and DCP's
 inside a save or load; a verdict cannot end them (gloo cannot abort), so a member blocked
@@ -45,7 +48,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchhook.errors import CheckpointFailed, GroupLost, is_group_failure
-from torchhook.fsdp import Checkpointer, shard
+from torchhook.fsdp import EXTRA, Checkpointer, shard
 from torchhook.parallel import Group, fsdp_no_sync
 from torchhook.strategy import Plan
 
@@ -94,6 +97,7 @@ class FSDP:
         self._group: Group | None = None
         self._step = 0
         self._saved_step = -1
+        self._saved_state: bytes | None = None
 
     @property
     def model(self) -> nn.Module | None:
@@ -112,12 +116,19 @@ class FSDP:
     def pending_in(self) -> str:
         return ""
 
+    def saved_state(self) -> bytes | None:
+        return self._saved_state
+
     def run(self, fn: Callable[[Any], T], group: Group, step: int) -> T:
         assert self._model is not None, "run before setup"
+        # a due checkpoint starts before the step, not after the last one: the caller
+        # updates its per-step state (scheduler, sampler) after ``run_step`` returns, and
+        # the training state saved with the shards must include that
+        self._step = step
+        if step % self.checkpoint_every == 0 and step > self._saved_step:
+            self._save(step)
         result = fn(self._model)
         self._step = step + 1
-        if self._step % self.checkpoint_every == 0:
-            self._save(self._step)
         return result
 
     def no_sync(self) -> AbstractContextManager[None]:
@@ -149,6 +160,8 @@ class FSDP:
             raise _checkpoint_error("loading the newest checkpoint", exc) from None
         self._model, self._optimizer = module, optimizer
         self._step = self._saved_step = loaded if loaded is not None else 0
+        extra = None if ckpt.loaded_path is None else ckpt.loaded_path / EXTRA
+        self._saved_state = extra.read_bytes() if extra is not None and extra.exists() else None
         self.resumed_step = loaded
         self.last_load_s = time.monotonic() - began
         log.info(
@@ -188,7 +201,8 @@ class FSDP:
         assert self.checkpointer is not None and self._model is not None
         assert self._optimizer is not None
         try:
-            self.checkpointer.maybe_save(step, self._model, self._optimizer)
+            extra = self._group.capture_state() if self._group is not None else None
+            self.checkpointer.maybe_save(step, self._model, self._optimizer, extra)
         except TimeoutError:
             raise SaveStuck(f"previous checkpoint still running before step {step}") from None
         except CheckpointException as exc:
@@ -202,7 +216,8 @@ class FSDP:
             model, optimizer = self._model, self._optimizer
             if model is not None and optimizer is not None and self._step > self._saved_step:
                 began = time.monotonic()
-                ckpt.maybe_save(self._step, model, optimizer)
+                extra = self._group.capture_state() if self._group is not None else None
+                ckpt.maybe_save(self._step, model, optimizer, extra)
                 ckpt.wait()
                 log.info(
                     "saved step %d before the switch in %.3f s",

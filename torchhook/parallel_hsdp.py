@@ -150,6 +150,9 @@ class HSDP:
     def pending_in(self) -> str:
         return self._pending_in
 
+    def saved_state(self) -> bytes | None:
+        return None
+
     # --- one step -----------------------------------------------------------------------
 
     def run(self, fn: Callable[[Any], T], group: Group, step: int) -> T:

@@ -78,6 +78,8 @@ def _check_consistent(
     losses: dict[int, float] = {}
     for r in (r for n in nodes for r in n.all_records() if "loss" in r):
         assert losses.setdefault(r["step"], r["loss"]) == r["loss"], "ranks disagree on a loss"
+        # the job's own registered state came with the model (newcomers took the source's)
+        assert r["counter"] == r["step"] + 1, r
     assert sorted(losses) == list(range(stop_at)), "every step ran exactly in order"
     reference = _reference(stop_at, losses[0], names)
     worst = max(abs(losses[s] - reference[s]) / abs(reference[s]) for s in range(stop_at))

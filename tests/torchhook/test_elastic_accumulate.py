@@ -135,7 +135,7 @@ def _work(cfg: dict[str, Any]) -> dict[str, Any]:
     group = Group(
         rank, WORLD, layout, "t0", node, local_rank, torch.device("cpu"),
         ProcessGroups("gloo", local_rank), TIMEOUT_S, lambda work: work.wait(),
-        lambda bucket: watch.comm_hook(bucket, WORLD),
+        lambda bucket: watch.comm_hook(bucket, WORLD), lambda: b"",
     )  # fmt: skip
     strategy = _strategy(cfg["kind"], cfg["tmp"])
     plan = Plan("reform", (), 0, "fresh", 0, providers=(0, 1) if tp else (), receivers=(1,))

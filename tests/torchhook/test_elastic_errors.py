@@ -172,3 +172,12 @@ def test_paused_goes_to_the_membership_and_is_a_no_op_without_it() -> None:
         assert calls == [("ckpt", 30.0)]
     with Elastic.paused(cast(Any, SimpleNamespace(membership=object())), "eval"):
         pass  # a client without pauses: nothing to tell
+
+
+def test_the_public_api_resolves() -> None:
+    import torchhook
+
+    for name in torchhook.__all__:
+        assert getattr(torchhook, name) is not None, name
+    with pytest.raises(AttributeError):
+        _ = torchhook.ElasticNothing
