@@ -367,18 +367,27 @@ def broadcast(
     unpacked copy (``into``'s tensors filled in place). ``device`` is where the buffers
     travel: ``cuda:<local_rank>`` for NCCL, CPU (the default) for gloo. ``wait`` waits
     for one collective (default ``Work.wait``); the engine passes its verdict-aware one.
-    Raises :class:`TransferError` on a receiver whose metadata is refused: then the
-    source's buffers are not sent and the group is unusable, as after any failed
-    collective."""
+    Raises :class:`TransferError` on every rank when the source cannot pack its state
+    (the header says so), and on a receiver whose header or metadata is refused: then
+    the group is out of step, as after any failed collective, and is abandoned."""
     where = torch.device(device) if device is not None else torch.device("cpu")
     waiter: Wait = wait if wait is not None else _plain_wait
     source = dist.get_rank() == src
-    packed = pack(state, device=where) if source else None
+    packed, failure = None, None
+    if source:
+        try:
+            packed = pack(state, device=where)
+        except TransferError as exc:
+            failure = exc  # told to the receivers (length 0), so they do not wait for it
     header = torch.zeros(2, dtype=torch.int64, device=where)
-    if packed is not None:
-        header[0], header[1] = METADATA_VERSION, len(packed.metadata)
+    if source:
+        header[0], header[1] = METADATA_VERSION, len(packed.metadata) if packed else 0
     waiter(dist.broadcast(header, src, group=group, async_op=True))
+    if failure is not None:
+        raise failure
     version, length = (int(v) for v in header.tolist())
+    if version == METADATA_VERSION and length == 0:
+        raise TransferError(f"transfer: rank {src} could not pack its state")
     if version != METADATA_VERSION or not 0 < length <= MAX_METADATA_BYTES:
         raise TransferError(f"transfer: header {version}/{length} refused")
     if packed is not None:
