@@ -1,62 +1,74 @@
-"""Training state over a process group as flat tensors: a small metadata record plus one
-contiguous buffer per dtype, never a pickle.
+"""Training state over a process group as tensors, never a pickle.
 
-A *state* is a nested structure of dicts (str or int keys), lists and tuples whose leaves
-are tensors or plain scalars (``None``, bool, int, float, str): a module's
-``state_dict()``, an optimizer's ``state_dict()`` (per-parameter dicts of tensors and
-scalars, ``param_groups`` with their hyperparameters), a step counter, or a dict of those.
-For DTensors (FSDP2, HSDP) the caller passes the local shards: :func:`local_state` and
-:func:`optimizer_state` replace every DTensor by its ``to_local()``, and
-:func:`load_optimizer` wraps shard-shaped state back onto the parameter's mesh.
+The format (``torchhook.state_codec``): a small msgpack record of the state's structure,
+scalars, tensor dtypes and shapes, plus one flat buffer per dtype holding the tensors'
+elements in walk order. :func:`broadcast` sends it from one source rank:
 
-Rules:
+- with ``dist.broadcast``: a header (version, metadata length), the metadata as a uint8
+  tensor, then the flat buffers, reinterpreted as bytes (a broadcast does no
+  arithmetic, so any dtype travels, bool and bfloat16 included, on gloo and NCCL alike);
+- each flat buffer goes in *segments*, in order, so the bytes on the wire are exactly
+  the buffer: a tensor of ``DIRECT_BYTES`` or more is its own segment, sent straight from
+  the source's tensor and received straight into the receiver's (the tensor given in
+  ``into``, else a new one), with no copy on either side; runs of smaller tensors are
+  coalesced into one staging segment of at most ``STAGING_BYTES``. A plain
+  "concatenate, broadcast, split" costs a copy of the whole state on each side, which
+  measured slower than the broadcast itself (BENCHMARKS.md, "State transfer");
+- every collective is issued with ``async_op=True`` and handed to ``wait``: the elastic
+  engine passes its verdict-aware wait, which ends a transfer whose group lost a member
+  within one wait slice;
+- receivers validate before they allocate or write: the header, the metadata (every
+  bound of ``state_codec``) and the tensors given in ``into`` (shape and dtype) are
+  checked before the first buffer byte is received, and a refusal raises
+  :class:`TransferError`. A source that cannot pack its state sends a header of length
+  0, so every rank raises instead of waiting. A transfer cut short (a verdict, a dead
+  peer) leaves ``into`` partly written: a receiver only receives because what it holds
+  is stale or absent, and the group that failed is abandoned anyway.
 
-- :func:`pack` walks the state depth-first; each tensor becomes a record (its dtype and
-  shape) and its elements go, in walk order, into the one flat buffer of its dtype. The
-  tree and the records are encoded with msgpack (``METADATA_VERSION``); containers are
-  tagged, so tuples stay tuples and int keys stay ints: an unpacked
-  ``optimizer.state_dict()`` compares equal to the original.
-- :func:`broadcast` sends from one source rank with ``dist.broadcast``: a header (version,
-  metadata length), the metadata as a uint8 tensor, then each flat buffer reinterpreted
-  as bytes (a broadcast does no arithmetic, so any dtype travels, bool and bfloat16
-  included, on gloo and NCCL alike). Every collective is issued with ``async_op=True``
-  and handed to ``wait``: the elastic engine passes its verdict-aware wait, which ends a
-  transfer whose group lost a member within one wait slice.
-- Receivers validate before they allocate or mutate: the metadata's length, its decoding
-  and every bound below are checked first, and a mismatch with the tensors to fill raises
-  :class:`TransferError` before any of them is touched. Tensors given in ``into`` (a
-  structure like the state, e.g. ``model.state_dict()``) are filled in place with
-  ``copy_``; the others become views into the received buffers (no second copy).
-- Cost: the source holds one extra copy of the state (its flat buffers) while it sends;
-  a receiver holds the received buffers until it has copied them into ``into``.
-
-Bounds (docs/design.md §8.3): metadata ``MAX_METADATA_BYTES``, tensors
-``MAX_TENSORS``, nesting ``MAX_DEPTH``, a receiver's new allocation ``max_bytes``
-(default ``MAX_STATE_BYTES``); each constant's comment says why. torch's own
-``broadcast_object_list`` pickles, which is slower for large states and runs code from
-the wire on load; torch.distributed.checkpoint's planner makes the same split of small
-metadata and bulk tensor bytes.
+DTensors (FSDP2, HSDP): the caller passes local shards. :func:`local_state` and
+:func:`optimizer_state` replace every DTensor by its ``to_local()`` (sharing storage, so
+they can serve as ``into``); :func:`load_optimizer` loads with ``load_state_dict`` and
+puts state shaped like a DTensor parameter's shard back onto its mesh. torch's
+``broadcast_object_list`` pickles instead: a copy of everything into one byte string on
+each side, and code from the wire run on load.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from torchhook.state_codec import (
+    MAX_DEPTH,
+    MAX_METADATA_BYTES,
+    MAX_STATE_BYTES,
+    MAX_TENSORS,
+    METADATA_VERSION,
+    Packed,
+    Record,
+    TransferError,
+    build,
+    decode,
+    encode,
+    pack,
+    targets,
+    unpack,
+)
+
 __all__ = [
+    "DIRECT_BYTES",
     "MAX_DEPTH",
     "MAX_METADATA_BYTES",
     "MAX_STATE_BYTES",
     "MAX_TENSORS",
+    "STAGING_BYTES",
     "Packed",
     "TransferError",
+    "Wait",
     "broadcast",
     "load_optimizer",
     "local_state",
@@ -65,290 +77,15 @@ __all__ = [
     "unpack",
 ]
 
-METADATA_VERSION = 1
-MAX_METADATA_BYTES = 16 * 1024 * 1024
-"""A tensor's record is ~20 bytes, a parameter's Adam state ~100: 16 MiB holds the
-records of ``MAX_TENSORS`` with room for long parameter names, and a corrupted length
-cannot make a receiver allocate more."""
-MAX_TENSORS = 200_000
-"""A 70B-parameter transformer has ~1,000 parameter tensors, ~3,000 with Adam's moments
-and step counters; 200,000 is 60 times that and keeps the walk and the records small."""
-MAX_DEPTH = 32
-"""An optimizer state dict nests 4 deep; a bound keeps a hostile record from exhausting
-the stack of the recursive walk."""
-MAX_STATE_BYTES = 256 * 1024**3
-"""Default bound on what a receiver allocates for one state: more than one accelerator's
-memory (141 GB on an H200), which is where one rank's shard and optimizer state live;
-a corrupted record cannot ask for more. Raise it with ``max_bytes``."""
-
-_DTYPES: dict[str, torch.dtype] = {
-    str(d).removeprefix("torch."): d
-    for d in (
-        torch.float64,
-        torch.float32,
-        torch.float16,
-        torch.bfloat16,
-        torch.complex64,
-        torch.complex128,
-        torch.int64,
-        torch.int32,
-        torch.int16,
-        torch.int8,
-        torch.uint8,
-        torch.bool,
-        torch.float8_e4m3fn,
-        torch.float8_e5m2,
-    )
-}
-_SCALARS = (type(None), bool, int, float, str)
-_DICT, _LIST, _TUPLE, _TENSOR = "d", "l", "u", "t"
+DIRECT_BYTES = 1 << 20
+"""Tensors this large travel as their own broadcast, without a copy: a broadcast's fixed
+cost (tens of microseconds) is then under 1 % of its time at gloo's GB/s rates, and the
+~1,000 large tensors of a big model stay far under ``MAX_TENSORS`` broadcasts."""
+STAGING_BYTES = 64 << 20
+"""At most this much of small tensors is copied into one staging segment: bounds the
+extra memory of a state made of many small tensors (biases, norms, step counters)."""
 
 Wait = Callable[[dist.Work], None]
-
-
-class TransferError(ValueError):
-    """A state that cannot be packed (a leaf of another type, a bound passed), metadata
-    that does not decode or passes a bound, or received tensors that do not match the
-    tensors they are to fill. Nothing the receiver holds is changed when it is raised."""
-
-
-@dataclass(frozen=True)
-class Packed:
-    """A packed state: the metadata record and one flat buffer per dtype, in the order of
-    the record's dtype list."""
-
-    metadata: bytes
-    buffers: tuple[torch.Tensor, ...]
-
-
-@dataclass(frozen=True)
-class _Record:
-    tree: Any
-    tensors: tuple[tuple[torch.dtype, tuple[int, ...]], ...]
-    dtypes: tuple[torch.dtype, ...]
-    numels: tuple[int, ...]
-
-
-# --- packing --------------------------------------------------------------------------
-
-
-def pack(state: Any, *, device: torch.device | str | None = None) -> Packed:
-    """Metadata and flat buffers of ``state`` (on ``device``; default: the first tensor's
-    device, else CPU). The buffers are copies: ``state`` may change afterwards."""
-    tensors: list[torch.Tensor] = []
-    tree = _encode(state, tensors, 0)
-    dtypes = list(dict.fromkeys(t.dtype for t in tensors))
-    for dtype in dtypes:
-        if dtype not in _DTYPES.values():
-            raise TransferError(f"transfer: dtype {dtype} is not supported")
-    where = torch.device(device) if device is not None else _first_device(tensors)
-    buffers = []
-    numels = []
-    for dtype in dtypes:
-        parts = [t.detach().reshape(-1).to(where) for t in tensors if t.dtype == dtype]
-        buffers.append(torch.cat(parts))
-        numels.append(sum(p.numel() for p in parts))
-    names = {d: i for i, d in enumerate(dtypes)}
-    record = {
-        "v": METADATA_VERSION,
-        "tree": tree,
-        "tensors": [[names[t.dtype], list(t.shape)] for t in tensors],
-        "dtypes": [_name(d) for d in dtypes],
-        "numels": numels,
-    }
-    metadata = msgpack.packb(record, use_bin_type=True)
-    if len(metadata) > MAX_METADATA_BYTES:
-        raise TransferError(
-            f"transfer: metadata of {len(metadata)} bytes passes MAX_METADATA_BYTES "
-            f"({MAX_METADATA_BYTES})"
-        )
-    return Packed(metadata, tuple(buffers))
-
-
-def _encode(value: Any, tensors: list[torch.Tensor], depth: int) -> Any:
-    if depth > MAX_DEPTH:
-        raise TransferError(f"transfer: state nests deeper than MAX_DEPTH ({MAX_DEPTH})")
-    if isinstance(value, torch.Tensor):
-        if isinstance(value, DTensor):
-            raise TransferError("transfer: pass a DTensor's local shard (local_state)")
-        if len(tensors) >= MAX_TENSORS:
-            raise TransferError(f"transfer: more than MAX_TENSORS ({MAX_TENSORS}) tensors")
-        tensors.append(value)
-        return [_TENSOR, len(tensors) - 1]
-    if isinstance(value, _SCALARS):
-        return value
-    if isinstance(value, Mapping):
-        items: list[Any] = []
-        for key, item in value.items():
-            if not isinstance(key, (str, int)) or isinstance(key, bool):
-                raise TransferError(f"transfer: key {key!r} is neither str nor int")
-            items += [key, _encode(item, tensors, depth + 1)]
-        return [_DICT, items]
-    if isinstance(value, (list, tuple)):
-        tag = _TUPLE if isinstance(value, tuple) else _LIST
-        return [tag, [_encode(item, tensors, depth + 1) for item in value]]
-    raise TransferError(f"transfer: cannot send a {type(value).__name__}")
-
-
-def _first_device(tensors: list[torch.Tensor]) -> torch.device:
-    return tensors[0].device if tensors else torch.device("cpu")
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-# --- unpacking ------------------------------------------------------------------------
-
-
-def unpack(packed: Packed, into: Any = None, *, max_bytes: int = MAX_STATE_BYTES) -> Any:
-    """The state ``packed`` holds. Tensors at the same place in ``into`` are filled in
-    place (and returned); the others are views into ``packed.buffers``."""
-    record = _decode(packed.metadata, max_bytes)
-    _check_buffers(record, packed.buffers)
-    return _materialize(record, packed.buffers, into)
-
-
-def _materialize(record: _Record, buffers: tuple[torch.Tensor, ...], into: Any) -> Any:
-    views = _views(record, buffers)
-    targets: list[torch.Tensor | None] = [None] * len(views)
-    _match(record.tree, into, targets)
-    for i, target in enumerate(targets):  # every check before anything is written
-        if target is not None and (target.shape, target.dtype) != (views[i].shape, views[i].dtype):
-            raise TransferError(
-                f"transfer: received {views[i].dtype} {tuple(views[i].shape)} for a tensor "
-                f"of {target.dtype} {tuple(target.shape)}"
-            )
-    with torch.no_grad():
-        for i, target in enumerate(targets):
-            if target is not None:
-                target.copy_(views[i])
-                views[i] = target
-    return _build(record.tree, views)
-
-
-def _decode(metadata: bytes, max_bytes: int) -> _Record:
-    if len(metadata) > MAX_METADATA_BYTES:
-        raise TransferError(f"transfer: metadata of {len(metadata)} bytes is too large")
-    try:
-        raw = msgpack.unpackb(metadata, raw=False, strict_map_key=False)
-    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as exc:
-        raise TransferError(f"transfer: metadata does not decode: {exc}") from None
-    if not isinstance(raw, dict) or raw.get("v") != METADATA_VERSION:
-        version = raw.get("v") if isinstance(raw, dict) else None
-        raise TransferError(f"transfer: metadata version {version!r}, want {METADATA_VERSION}")
-    names, numels, specs = raw.get("dtypes"), raw.get("numels"), raw.get("tensors")
-    if not (isinstance(names, list) and isinstance(numels, list) and isinstance(specs, list)):
-        raise TransferError("transfer: metadata lacks dtypes, numels or tensors")
-    if len(specs) > MAX_TENSORS or len(names) != len(numels) or len(names) > len(_DTYPES):
-        raise TransferError("transfer: metadata counts are out of bounds or inconsistent")
-    if any(n not in _DTYPES for n in names) or len(set(names)) != len(names):
-        raise TransferError(f"transfer: unknown or repeated dtypes {names!r}")
-    dtypes = tuple(_DTYPES[n] for n in names)
-    tensors = tuple(_spec(s, len(dtypes)) for s in specs)
-    sums = [0] * len(dtypes)
-    for index, shape in tensors:
-        sums[index] += math.prod(shape)
-    if sums != numels:
-        raise TransferError(f"transfer: buffer sizes {numels} do not match the shapes {sums}")
-    total = sum(n * d.itemsize for n, d in zip(numels, dtypes, strict=True))
-    if total > max_bytes:
-        raise TransferError(f"transfer: state of {total} bytes passes max_bytes ({max_bytes})")
-    seen = [False] * len(tensors)
-    _check_tree(raw.get("tree"), seen, 0)
-    if not all(seen):
-        raise TransferError("transfer: metadata lists tensors its tree never uses")
-    return _Record(
-        raw["tree"], tuple((dtypes[i], shape) for i, shape in tensors), dtypes, tuple(numels)
-    )
-
-
-def _spec(spec: Any, dtypes: int) -> tuple[int, tuple[int, ...]]:
-    ok = isinstance(spec, list) and len(spec) == 2 and isinstance(spec[1], list)
-    ok = ok and _is_int(spec[0]) and 0 <= spec[0] < dtypes and len(spec[1]) <= MAX_DEPTH
-    if ok and all(_is_int(n) and 0 <= n < 2**62 for n in spec[1]):
-        return spec[0], tuple(spec[1])
-    raise TransferError(f"transfer: bad tensor record {spec!r}"[:200])
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_tree(node: Any, seen: list[bool], depth: int) -> None:
-    if depth > MAX_DEPTH:
-        raise TransferError(f"transfer: metadata nests deeper than MAX_DEPTH ({MAX_DEPTH})")
-    if isinstance(node, _SCALARS):
-        return
-    if not (isinstance(node, list) and len(node) == 2):
-        raise TransferError(f"transfer: bad node in metadata: {node!r}"[:200])
-    tag, body = node
-    if tag == _TENSOR:
-        if not (_is_int(body) and 0 <= body < len(seen)) or seen[body]:
-            raise TransferError(f"transfer: bad or repeated tensor reference {body!r}")
-        seen[body] = True
-        return
-    if tag not in (_DICT, _LIST, _TUPLE) or not isinstance(body, list):
-        raise TransferError(f"transfer: bad node in metadata: {node!r}"[:200])
-    if tag == _DICT:
-        if len(body) % 2 or not all(isinstance(k, (str, int)) for k in body[::2]):
-            raise TransferError("transfer: bad dict in metadata")
-        body = body[1::2]
-    for child in body:
-        _check_tree(child, seen, depth + 1)
-
-
-def _check_buffers(record: _Record, buffers: tuple[torch.Tensor, ...]) -> None:
-    got = [(b.dtype, b.numel()) for b in buffers]
-    want = list(zip(record.dtypes, record.numels, strict=True))
-    if got != want:
-        raise TransferError(f"transfer: buffers {got} do not match the metadata {want}")
-
-
-def _views(record: _Record, buffers: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
-    offsets = [0] * len(buffers)
-    index = {d: i for i, d in enumerate(record.dtypes)}
-    views = []
-    for dtype, shape in record.tensors:
-        b = index[dtype]
-        n = math.prod(shape)
-        views.append(buffers[b][offsets[b] : offsets[b] + n].view(shape))
-        offsets[b] += n
-    return views
-
-
-def _match(node: Any, into: Any, targets: list[torch.Tensor | None]) -> None:
-    """Which tensor of ``into`` receives each received tensor; checks shapes and dtypes."""
-    if into is None or not isinstance(node, list):
-        return
-    tag, body = node
-    if tag == _TENSOR:
-        if not isinstance(into, torch.Tensor):
-            return
-        targets[body] = into  # shape and dtype checked by _materialize
-        return
-    if tag == _DICT and isinstance(into, Mapping):
-        for key, child in zip(body[::2], body[1::2], strict=True):
-            if key in into:
-                _match(child, into[key], targets)
-    elif tag in (_LIST, _TUPLE) and isinstance(into, (list, tuple)):
-        for child, target in zip(body, into, strict=False):
-            _match(child, target, targets)
-
-
-def _build(node: Any, views: list[torch.Tensor]) -> Any:
-    if not isinstance(node, list):
-        return node
-    tag, body = node
-    if tag == _TENSOR:
-        return views[body]
-    if tag == _DICT:
-        return {k: _build(v, views) for k, v in zip(body[::2], body[1::2], strict=True)}
-    items = [_build(child, views) for child in body]
-    return tuple(items) if tag == _TUPLE else items
-
-
-# --- over a process group -------------------------------------------------------------
 
 
 def broadcast(
@@ -364,24 +101,24 @@ def broadcast(
     """Collective: every rank of ``group`` calls it; ``src`` (a global rank, as in
     ``dist.broadcast``) passes ``state``, the others anything (ignored). Returns the
     state on every rank: the source's own ``state`` object, or on a receiver the
-    unpacked copy (``into``'s tensors filled in place). ``device`` is where the buffers
-    travel: ``cuda:<local_rank>`` for NCCL, CPU (the default) for gloo. ``wait`` waits
-    for one collective (default ``Work.wait``); the engine passes its verdict-aware one.
-    Raises :class:`TransferError` on every rank when the source cannot pack its state
-    (the header says so), and on a receiver whose header or metadata is refused: then
-    the group is out of step, as after any failed collective, and is abandoned."""
+    received copy, with ``into``'s tensors filled in place and new tensors elsewhere.
+    ``device`` is where the bytes travel: ``cuda:<local_rank>`` for NCCL, CPU (the
+    default) for gloo. ``wait`` waits for one collective (default ``Work.wait``).
+    Raises :class:`TransferError` on every rank when the source cannot pack its state,
+    and on a receiver that refuses the header, the metadata or ``into``: then the group
+    is out of step, as after any failed collective, and is to be abandoned."""
     where = torch.device(device) if device is not None else torch.device("cpu")
     waiter: Wait = wait if wait is not None else _plain_wait
     source = dist.get_rank() == src
-    packed, failure = None, None
+    encoded, failure = None, None
     if source:
         try:
-            packed = pack(state, device=where)
+            encoded = encode(state)
         except TransferError as exc:
             failure = exc  # told to the receivers (length 0), so they do not wait for it
     header = torch.zeros(2, dtype=torch.int64, device=where)
     if source:
-        header[0], header[1] = METADATA_VERSION, len(packed.metadata) if packed else 0
+        header[0], header[1] = METADATA_VERSION, len(encoded[0]) if encoded else 0
     waiter(dist.broadcast(header, src, group=group, async_op=True))
     if failure is not None:
         raise failure
@@ -390,33 +127,111 @@ def broadcast(
         raise TransferError(f"transfer: rank {src} could not pack its state")
     if version != METADATA_VERSION or not 0 < length <= MAX_METADATA_BYTES:
         raise TransferError(f"transfer: header {version}/{length} refused")
-    if packed is not None:
-        meta = torch.frombuffer(bytearray(packed.metadata), dtype=torch.uint8).to(where)
+    if encoded is not None:
+        meta = torch.frombuffer(bytearray(encoded[0]), dtype=torch.uint8).to(where)
     else:
         meta = torch.empty(length, dtype=torch.uint8, device=where)
     waiter(dist.broadcast(meta, src, group=group, async_op=True))
-    if packed is not None:
-        buffers = packed.buffers
-        record = None
-    else:
-        record = _decode(bytes(meta.cpu().numpy()), max_bytes)
-        buffers = tuple(torch.empty(n, dtype=d, device=where) for d, n in _sizes(record))
-    works = [
-        dist.broadcast(_as_bytes(b), src, group=group, async_op=True) for b in buffers if b.numel()
-    ]
+    if encoded is not None:
+        _, record, tensors = encoded
+        _send(record, tensors, src, group, where, waiter)
+        return state
+    record = decode(bytes(meta.cpu().numpy()), max_bytes)
+    found = targets(record, into)  # refuses before anything is received or written
+    return build(record, _receive(record, found, src, group, where, waiter))
+
+
+def _segments(record: Record) -> list[list[int]]:
+    """The tensors (walk-order indices) of each segment, in wire order: per dtype in the
+    record's order, a large tensor alone, runs of small ones together."""
+    out: list[list[int]] = []
+    for dtype in record.dtypes:
+        run: list[int] = []
+        run_bytes = 0
+        for i, (d, shape) in enumerate(record.tensors):
+            if d != dtype:
+                continue
+            size = _numel(shape) * dtype.itemsize
+            if size >= DIRECT_BYTES or run_bytes + size > STAGING_BYTES:
+                if run:
+                    out.append(run)
+                run, run_bytes = [], 0
+            if size >= DIRECT_BYTES:
+                out.append([i])
+            else:
+                run.append(i)
+                run_bytes += size
+        if run:
+            out.append(run)
+    return out
+
+
+def _send(
+    record: Record,
+    tensors: list[torch.Tensor],
+    src: int,
+    group: dist.ProcessGroup | None,
+    where: torch.device,
+    waiter: Wait,
+) -> None:
+    works = []
+    keep = []  # staging and converted tensors must outlive their broadcast
+    for segment in _segments(record):
+        parts = [tensors[i].detach().reshape(-1).to(where) for i in segment]
+        flat = parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)
+        keep.append(flat)
+        if flat.numel():
+            works.append(dist.broadcast(_as_bytes(flat), src, group=group, async_op=True))
     for work in works:
         waiter(work)
-    if record is None:
-        return state
-    return _materialize(record, buffers, into)
 
 
-def _sizes(record: _Record) -> list[tuple[torch.dtype, int]]:
-    return list(zip(record.dtypes, record.numels, strict=True))
+def _receive(
+    record: Record,
+    found: list[torch.Tensor | None],
+    src: int,
+    group: dist.ProcessGroup | None,
+    where: torch.device,
+    waiter: Wait,
+) -> list[torch.Tensor]:
+    """Received tensors in walk order: ``found``'s where given, new ones elsewhere."""
+    out: list[torch.Tensor] = [
+        t if t is not None else torch.empty(shape, dtype=dtype, device=where)
+        for t, (dtype, shape) in zip(found, record.tensors, strict=True)
+    ]
+    works = []
+    copies: list[tuple[torch.Tensor, list[int]]] = []
+    for segment in _segments(record):
+        first = out[segment[0]]
+        if len(segment) == 1 and first.is_contiguous() and first.device == where:
+            flat = first.detach().view(-1)  # straight into the tensor
+        else:
+            dtype = record.tensors[segment[0]][0]
+            flat = torch.empty(sum(out[i].numel() for i in segment), dtype=dtype, device=where)
+            copies.append((flat, segment))
+        if flat.numel():
+            works.append(dist.broadcast(_as_bytes(flat), src, group=group, async_op=True))
+    for work in works:
+        waiter(work)
+    with torch.no_grad():
+        for flat, segment in copies:
+            offset = 0
+            for i in segment:
+                n = out[i].numel()
+                out[i].copy_(flat[offset : offset + n].view_as(out[i]))
+                offset += n
+    return out
 
 
-def _as_bytes(buffer: torch.Tensor) -> torch.Tensor:
-    return buffer.view(torch.uint8) if buffer.dtype != torch.uint8 else buffer
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _as_bytes(flat: torch.Tensor) -> torch.Tensor:
+    return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
 
 
 def _plain_wait(work: dist.Work) -> None:
@@ -451,16 +266,16 @@ def load_optimizer(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -
         for p in group["params"]:
             if not isinstance(p, DTensor) or p not in optimizer.state:
                 continue
-            local = p.to_local()
+            shape = p.to_local().shape
             optimizer.state[p] = {
-                k: _wrap(p, v)
-                if isinstance(v, torch.Tensor)
-                and not isinstance(v, DTensor)
-                and v.dim() > 0
-                and v.shape == local.shape
-                else v
+                k: _wrap(p, v) if _is_shard_of(v, shape) else v
                 for k, v in optimizer.state[p].items()
             }
+
+
+def _is_shard_of(v: Any, shape: torch.Size) -> bool:
+    plain = isinstance(v, torch.Tensor) and not isinstance(v, DTensor)
+    return plain and v.dim() > 0 and v.shape == shape
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from agent.procs import stop
-from torchhook import transfer
+from torchhook import state_codec, transfer
 from torchhook.transfer import TransferError
 
 TCPStore = dist.TCPStore  # type: ignore[attr-defined]  # implicit re-export (test_fsdp.py)
@@ -197,12 +197,12 @@ def test_bounds_are_enforced_on_both_sides(monkeypatch: pytest.MonkeyPatch) -> N
     good = transfer.pack({"a": torch.ones(2)})
     with pytest.raises(TransferError, match="MAX_DEPTH"):
         transfer.unpack(transfer.Packed(_record(tree=nested), good.buffers))
-    monkeypatch.setattr(transfer, "MAX_TENSORS", 3)
+    monkeypatch.setattr(state_codec, "MAX_TENSORS", 3)
     with pytest.raises(TransferError, match="MAX_TENSORS"):
         transfer.pack([torch.ones(1)] * 4)
     with pytest.raises(TransferError):  # a received record with too many tensors
         transfer.unpack(transfer.Packed(_record(tensors=[[0, [1]]] * 4), good.buffers))
-    monkeypatch.setattr(transfer, "MAX_METADATA_BYTES", 64)
+    monkeypatch.setattr(state_codec, "MAX_METADATA_BYTES", 64)
     with pytest.raises(TransferError, match="MAX_METADATA_BYTES"):
         transfer.pack({"x" * 100: 1})
 
@@ -211,6 +211,24 @@ def test_bounds_are_enforced_on_both_sides(monkeypatch: pytest.MonkeyPatch) -> N
 def test_unsupported_leaves_and_keys_are_refused_at_pack(leaf: Any) -> None:
     with pytest.raises(TransferError):
         transfer.pack({"x": leaf})
+
+
+def test_large_tensors_travel_alone_and_small_ones_in_bounded_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(transfer, "STAGING_BYTES", 1000)
+    big = transfer.DIRECT_BYTES // 4  # float32 elements of one direct tensor
+    state = [
+        torch.ones(100),  # 400 B
+        torch.ones(big),
+        torch.ones(100, dtype=torch.int64),  # another dtype: its own buffer
+        torch.ones(100),
+        torch.ones(100),
+        torch.ones(100),  # the third 400 B passes 1000 B: a new run
+        torch.ones(0),
+    ]
+    _, record, _ = state_codec.encode(state)
+    assert transfer._segments(record) == [[0], [1], [3, 4], [5, 6], [2]]
 
 
 def test_buffers_that_do_not_match_the_metadata_are_refused() -> None:
@@ -256,12 +274,15 @@ def _worker(rank: int, port: int, out: str) -> None:
         {"model": model.state_dict(), "optimizer": opt.state_dict()}, f"{out}/{rank}-stepped.pt"
     )
     _dtensor_part(rank, out)
+    in_place = _mixed_part(rank, out)
     try:  # a state the source cannot pack fails on every rank, no one waits for it
         transfer.broadcast({"x": object()}, SOURCE)
         refused = ""
     except TransferError as exc:
         refused = str(exc)
-    Path(f"{out}/{rank}.json").write_text(json.dumps({"waits": len(waits), "refused": refused}))
+    Path(f"{out}/{rank}.json").write_text(
+        json.dumps({"waits": len(waits), "refused": refused, "in_place": in_place})
+    )
     dist.destroy_process_group()
 
 
@@ -299,6 +320,25 @@ def _dtensor_part(rank: int, out: str) -> None:
     )
 
 
+def _mixed_part(rank: int, out: str) -> bool:
+    """Large tensors sent straight (into a given tensor, or a new one), a non-contiguous
+    target, several staging runs (a small ``STAGING_BYTES``), bool and bfloat16."""
+    transfer.STAGING_BYTES = 4096  # this worker process only
+    gen = torch.Generator().manual_seed(0 if rank == SOURCE else rank)
+    big = torch.randn(300_000, generator=gen)  # 1.2 MB: over DIRECT_BYTES
+    state = {
+        "big": big,
+        "bf": torch.randn(600_000, generator=gen).to(torch.bfloat16),
+        "odd": torch.randn(5, 7, generator=gen),
+        "small": [torch.randn(100, generator=gen) for _ in range(40)],
+        "mask": torch.rand(50, generator=gen) > 0.5,
+    }
+    odd = torch.zeros(7, 5).t()  # a non-contiguous target
+    got = transfer.broadcast(state, SOURCE, into={"big": big, "odd": odd})
+    torch.save(got, f"{out}/{rank}-mixed.pt")
+    return got["big"] is big and got["odd"] is (state["odd"] if rank == SOURCE else odd)
+
+
 def _worker_main(rank: int, port: int, out: str) -> None:
     err = os.open(f"{out}/{rank}.err", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(err, 2)
@@ -333,7 +373,7 @@ def test_a_trained_model_and_adam_state_reach_every_rank_bitwise(tmp_path: Path)
     def load(rank: int, what: str) -> Any:
         return torch.load(tmp_path / f"{rank}-{what}.pt", weights_only=True)
 
-    for what in ("received", "stepped", "dtensor"):
+    for what in ("received", "stepped", "dtensor", "mixed"):
         source = load(SOURCE, what)
         for rank in set(range(WORLD)) - {SOURCE}:
             assert _bitwise_equal(load(rank, what), source), (rank, what)
@@ -346,5 +386,5 @@ def test_a_trained_model_and_adam_state_reach_every_rank_bitwise(tmp_path: Path)
     # header, metadata and one buffer per dtype (float32, int64), each through ``wait``
     for rank in range(WORLD):
         result = json.loads((tmp_path / f"{rank}.json").read_text())
-        assert result["waits"] == 4
+        assert result["waits"] == 4 and result["in_place"]
         assert ("cannot send" if rank == SOURCE else "could not pack") in result["refused"]
