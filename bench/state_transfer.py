@@ -12,16 +12,17 @@ with no state. Per repetition, alternating so that load drift hits both alike:
   already allocated on every rank: the wire's rate, the upper bound;
 - *transfer*: ``torchhook.transfer.broadcast`` of ``{"model": local_state(model),
   "optimizer": optimizer_state(opt), "step": …}`` with the receivers' parameters as
-  ``into``, then ``load_optimizer``: packing on the source, the header and metadata, one
-  buffer per dtype, the copy into the parameters and the optimizer load all count.
+  ``into``, then ``load_optimizer``: the encoding on the source, the header and metadata,
+  the buffers (large tensors straight into the parameters or into new tensors) and the
+  optimizer load all count.
 
 Each is timed from a barrier to the slowest rank's end (an all-reduce of the elapsed
-times, MAX). Once per world, after the timed repetitions, *the old way* is timed the same
-way: one broadcast per parameter tensor and ``broadcast_object_list`` of the optimizer's
-state dict (a pickle), then ``load_state_dict``. After every transfer the receivers'
-state is checked against the source's (a float64 checksum of every tensor, all-reduced
-MIN and MAX). The processes share this host's cores, so rates are a loopback figure, not
-a network's.
+times, MAX), after one untimed repetition of both. Once per world, after the timed
+repetitions, *the old way* is timed the same way: one broadcast per parameter tensor
+and ``broadcast_object_list`` of the optimizer's state dict (a pickle), then
+``load_state_dict``. After every transfer the receivers' state is checked against the
+source's (a float64 checksum of every tensor, all-reduced MIN and MAX). The processes
+share this host's cores, so rates are a loopback figure, not a network's.
 
     python -m bench.state_transfer [--params-m 100] [--worlds 2,3] [--runs 5]
 """
@@ -137,12 +138,14 @@ def _worker(rank: int, world: int, port: int, cfg: dict[str, Any]) -> None:
             transfer.load_optimizer(opt, got["optimizer"])
 
     times: dict[str, list[float]] = {"plain": [], "transfer": []}
-    for _ in range(cfg["runs"]):
+    for run in range(cfg["runs"] + 1):  # the first is untimed: first touches, warm-up
         for name, fn in (("plain", plain_broadcast), ("transfer", tensor_transfer)):
             if not source:
                 opt.state.clear()  # each transfer starts from a receiver without state
                 gc.collect()
-            times[name].append(_timed(fn))
+            elapsed = _timed(fn)
+            if run:
+                times[name].append(elapsed)
         _checksum(model, opt)
     plain = torch.empty(0, dtype=torch.uint8)  # frees the baseline buffer
     old_s = None
@@ -286,6 +289,14 @@ def _result(rows: list[dict[str, Any]], args: argparse.Namespace, layers: int) -
         ratios.append(
             {"label": f"world {w}: transfer rate / plain broadcast rate", "value": r["ratio"]}
         )
+        if r["old_s"] is not None:
+            ratios.append(
+                {
+                    "label": f"world {w}: old way (pickle) time / transfer time",
+                    "value": r["old_s"] / statistics.median(r["transfer_s"]),
+                    "digits": 1,
+                }
+            )
         table_rows.append(
             {
                 "world": w,
@@ -303,11 +314,12 @@ def _result(rows: list[dict[str, Any]], args: argparse.Namespace, layers: int) -
             f"A stack of {layers} Linear({HIDDEN}, {HIDDEN}) layers on CPU ({params_m:.1f} M "
             "fp32 parameters) with Adam state (two moments and a step per parameter), sent "
             "from one rank to the others of a gloo group over loopback with "
-            "torchhook.transfer.broadcast (pack, metadata, one buffer per dtype, copy into "
-            "the receivers' parameters, load_optimizer), alternating with one dist.broadcast "
-            f"of a preallocated flat tensor of the same bytes; {args.runs} repetitions each, "
-            "timed from a barrier to the slowest rank's end. The old way (a broadcast per "
-            "parameter, the optimizer state dict through broadcast_object_list) once."
+            "torchhook.transfer.broadcast (metadata, then the tensors: large ones straight "
+            "into the receivers' parameters or new tensors; then load_optimizer), alternating with one dist.broadcast "
+            f"of a preallocated flat tensor of the same bytes; {args.runs} repetitions each "
+            "after one untimed, timed from a barrier to the slowest rank's end. The old way "
+            "(a broadcast per parameter, the optimizer state dict through "
+            "broadcast_object_list) once."
         ),
         "figures": figures,
         "peers": ["plain dist.broadcast of the same bytes", "broadcast_object_list (pickle)"],
