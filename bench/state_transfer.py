@@ -287,7 +287,10 @@ def _result(rows: list[dict[str, Any]], args: argparse.Namespace, layers: int) -
             runs=len(r["plain_s"]),
         )
         ratios.append(
-            {"label": f"world {w}: transfer rate / plain broadcast rate", "value": r["ratio"]}
+            {
+                "label": f"world {w}: transfer rate / plain broadcast rate (median per run)",
+                "value": r["ratio"],
+            }
         )
         if r["old_s"] is not None:
             ratios.append(
@@ -308,8 +311,11 @@ def _result(rows: list[dict[str, Any]], args: argparse.Namespace, layers: int) -
             }
         )
     return {
-        "question": f"state-transfer-{round(params_m)}m-{worlds}",
-        "title": f"State transfer: {params_m:.0f} M parameters and Adam state as tensors",
+        "question": f"state-transfer-{args.params_m}m-{worlds}",
+        "title": (
+            f"State transfer: a {params_m:.1f} M-parameter model and its Adam state, "
+            f"{worlds.replace('-', ' and ')} ranks"
+        ),
         "method": (
             f"A stack of {layers} Linear({HIDDEN}, {HIDDEN}) layers on CPU ({params_m:.1f} M "
             "fp32 parameters) with Adam state (two moments and a step per parameter), sent "
