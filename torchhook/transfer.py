@@ -19,11 +19,12 @@ elements in walk order. :func:`broadcast` sends it from one source rank:
   within one wait slice;
 - receivers validate before they allocate or write: the header, the metadata (every
   bound of ``state_codec``) and the tensors given in ``into`` (shape and dtype) are
-  checked before the first buffer byte is received, and a refusal raises
-  :class:`TransferError`. A source that cannot pack its state sends a header of length
-  0, so every rank raises instead of waiting. A transfer cut short (a verdict, a dead
-  peer) leaves ``into`` partly written: a receiver only receives because what it holds
-  is stale or absent, and the group that failed is abandoned anyway.
+  checked before the first buffer byte moves. One small all-reduce then tells every rank
+  whether anyone refused; if so, every rank raises :class:`TransferError` and the group
+  stays in step (no rank waits for bytes that never come). A source that cannot pack its
+  state sends a header of length 0, to the same effect. A transfer cut short (a verdict,
+  a dead peer) leaves ``into`` partly written: a receiver only receives because what it
+  holds is stale or absent, and the group that failed is abandoned anyway.
 
 DTensors (FSDP2, HSDP): the caller passes local shards. :func:`local_state` and
 :func:`optimizer_state` replace every DTensor by its ``to_local()`` (sharing storage, so
@@ -104,9 +105,10 @@ def broadcast(
     received copy, with ``into``'s tensors filled in place and new tensors elsewhere.
     ``device`` is where the bytes travel: ``cuda:<local_rank>`` for NCCL, CPU (the
     default) for gloo. ``wait`` waits for one collective (default ``Work.wait``).
-    Raises :class:`TransferError` on every rank when the source cannot pack its state,
-    and on a receiver that refuses the header, the metadata or ``into``: then the group
-    is out of step, as after any failed collective, and is to be abandoned."""
+    Raises :class:`TransferError` on every rank when the source cannot pack its state
+    or a receiver refuses the metadata or ``into`` (the group stays usable), and on a
+    receiver that refuses the header (the group is then out of step, as after any failed
+    collective, and is to be abandoned)."""
     where = torch.device(device) if device is not None else torch.device("cpu")
     waiter: Wait = wait if wait is not None else _plain_wait
     source = dist.get_rank() == src
@@ -132,12 +134,24 @@ def broadcast(
     else:
         meta = torch.empty(length, dtype=torch.uint8, device=where)
     waiter(dist.broadcast(meta, src, group=group, async_op=True))
+    refusal: TransferError | None = None
+    if encoded is None:
+        try:  # refuses before anything is received or written
+            record = decode(bytes(meta.cpu().numpy()), max_bytes)
+            found = targets(record, into)
+        except TransferError as exc:
+            refusal = exc
+    # every rank learns of a refusal before any bytes move, so the group stays in step
+    refused = torch.tensor([0 if refusal is None else 1], dtype=torch.int32, device=where)
+    waiter(dist.all_reduce(refused, op=dist.ReduceOp.MAX, group=group, async_op=True))
+    if refusal is not None:
+        raise refusal
+    if refused.item():
+        raise TransferError("transfer: a receiver refused the state (its log says why)")
     if encoded is not None:
         _, record, tensors = encoded
         _send(record, tensors, src, group, where, waiter)
         return state
-    record = decode(bytes(meta.cpu().numpy()), max_bytes)
-    found = targets(record, into)  # refuses before anything is received or written
     return build(record, _receive(record, found, src, group, where, waiter))
 
 

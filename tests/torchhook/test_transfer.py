@@ -275,14 +275,14 @@ def _worker(rank: int, port: int, out: str) -> None:
     )
     _dtensor_part(rank, out)
     in_place = _mixed_part(rank, out)
-    try:  # a state the source cannot pack fails on every rank, no one waits for it
-        transfer.broadcast({"x": object()}, SOURCE)
-        refused = ""
-    except TransferError as exc:
-        refused = str(exc)
-    Path(f"{out}/{rank}.json").write_text(
-        json.dumps({"waits": len(waits), "refused": refused, "in_place": in_place})
-    )
+    refused = [
+        _refusal({"x": object()}, None),
+        _refusal({"w": torch.ones(3)}, {"w": torch.ones(2)}),
+    ]
+    # after a refusal the group is still in step: the next transfer works
+    after = transfer.broadcast({"n": torch.tensor([rank])}, SOURCE)["n"].item()
+    result = {"waits": len(waits), "refused": refused, "in_place": in_place, "after": after}
+    Path(f"{out}/{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
@@ -318,6 +318,15 @@ def _dtensor_part(rank: int, out: str) -> None:
         },
         f"{out}/{rank}-dtensor.pt",
     )
+
+
+def _refusal(state: Any, into: Any) -> str:
+    """The error of a transfer that must fail on every rank: "" if it did not."""
+    try:
+        transfer.broadcast(state, SOURCE, into=into)
+    except TransferError as exc:
+        return str(exc)
+    return ""
 
 
 def _mixed_part(rank: int, out: str) -> bool:
@@ -383,8 +392,13 @@ def test_a_trained_model_and_adam_state_reach_every_rank_bitwise(tmp_path: Path)
     assert received["optimizer"]["state"][0]["step"].item() == 3.0
     # the receivers' optimizer state is a DTensor again, not a plain tensor
     assert load(0, "dtensor")["kinds"] == ["Tensor", "DTensor", "DTensor"]
-    # header, metadata and one buffer per dtype (float32, int64), each through ``wait``
+    # header, metadata, the refusal check and one buffer per dtype (float32, int64),
+    # each through ``wait``
     for rank in range(WORLD):
         result = json.loads((tmp_path / f"{rank}.json").read_text())
-        assert result["waits"] == 4 and result["in_place"]
-        assert ("cannot send" if rank == SOURCE else "could not pack") in result["refused"]
+        assert result["waits"] == 5 and result["in_place"] and result["after"] == SOURCE
+        # the source cannot pack: every rank raises, none waits for bytes
+        assert ("cannot send" if rank == SOURCE else "could not pack") in result["refused"][0]
+        # a receiver's tensor has another shape: every rank raises, the group stays usable
+        why = "a receiver refused" if rank == SOURCE else "for a tensor of"
+        assert why in result["refused"][1], result
