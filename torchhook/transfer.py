@@ -147,7 +147,7 @@ def broadcast(
     if refusal is not None:
         raise refusal
     if refused.item():
-        raise TransferError("transfer: a receiver refused the state (its log says why)")
+        raise TransferError("transfer: a receiver refused the state (its own error says why)")
     if encoded is not None:
         _, record, tensors = encoded
         _send(record, tensors, src, group, where, waiter)
