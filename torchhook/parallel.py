@@ -14,7 +14,8 @@ re-formation. A *strategy* owns only what differs between DDP, HSDP and FSDP:
   rank; R: rank j of every node holds shard j of R).
 
 A strategy talks to the group only through ``Group``: its rank and layout, and waits that
-a verdict can end (``wait``, ``broadcast_tensors``, ``broadcast_object``), so every
+a verdict can end (``wait``, ``broadcast_tensors``, and ``torchhook.transfer`` for
+optimizer state, as flat tensors), so every
 collective it issues is interruptible unless docs/training.md ("Collectives a verdict
 cannot end") lists it.
 """
@@ -22,7 +23,6 @@ cannot end") lists it.
 from __future__ import annotations
 
 import contextlib
-import pickle
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -33,15 +33,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from torchhook import transfer
 from torchhook.groups import ProcessGroups, flatten, unflatten_into
 from torchhook.strategy import Layout, Plan
 
 __all__ = ["DDP", "Group", "Parallelism", "micro_batches"]
 
 T = TypeVar("T")
-MAX_OBJECT_BYTES = 1 << 34
-"""An object broadcast larger than 16 GiB is refused: its size travels first, and a
-corrupt size must not allocate the host away."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,22 +80,10 @@ class Group:
             for flat, ts in flats:
                 unflatten_into(flat, ts)
 
-    def broadcast_object(self, obj: Any, source: int, group: Any = None) -> Any:
-        """``obj`` of global rank ``source`` on every rank of ``group`` (pickled; its size,
-        then its bytes, each wait interruptible, unlike ``broadcast_object_list``)."""
-        device = self.device if self.device.type == "cuda" else torch.device("cpu")
-        data = pickle.dumps(obj) if self.rank == source else b""
-        size = torch.tensor([len(data)], dtype=torch.int64, device=device)
-        self.wait(dist.broadcast(size, source, group=group, async_op=True))
-        n = int(size.item())
-        if not 0 <= n <= MAX_OBJECT_BYTES:
-            raise ValueError(f"object broadcast of {n} bytes (limit {MAX_OBJECT_BYTES})")
-        if self.rank == source:
-            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-        else:
-            buf = torch.empty(n, dtype=torch.uint8, device=device)
-        self.wait(dist.broadcast(buf, source, group=group, async_op=True))
-        return obj if self.rank == source else pickle.loads(buf.cpu().numpy().tobytes())
+    @property
+    def wire(self) -> torch.device | None:
+        """Where state travels: this rank's GPU for NCCL, else the CPU (None)."""
+        return self.device if self.device.type == "cuda" else None
 
 
 class Parallelism(Protocol):
@@ -183,8 +169,9 @@ class DDP:
             # ourselves, interruptibly, instead of DDP's init sync from rank 0
             tensors = [*self._model.parameters(), *self._model.buffers()]
             group.broadcast_tensors([t.data for t in tensors], plan.source)
+            # the optimizer state as flat tensors (torchhook.transfer), never a pickle
             mine = self._optimizer.state_dict() if group.rank == plan.source else None
-            state = group.broadcast_object(mine, plan.source)
+            state = transfer.broadcast(mine, plan.source, device=group.wire, wait=group.wait)
             if group.rank != plan.source:
                 self._optimizer.load_state_dict(state)
         device_ids = [group.device] if group.device.type == "cuda" else None

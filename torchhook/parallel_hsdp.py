@@ -31,7 +31,8 @@ shards, buffers and optimizer state as plain tensors; the new group builds a fre
 on the meta device, parallelizes it on the new mesh, allocates it (``to_empty``) and
 copies the kept tensors in: the local shapes do not change, because the node's mesh did
 not. Ranks that are behind or new (``plan.receivers``) take local rank j's tensors and
-optimizer state from ``plan.providers[j]`` over their replicate group. A shard with no
+optimizer state from ``plan.providers[j]`` over their replicate group, as flat tensors
+(``torchhook.transfer``; no pickle). A shard with no
 copy left anywhere raises ``NoSurvivingCopy``; a fresh start (no state anywhere) uses
 ``build_model`` as is, which must then be the same on every rank (seed it).
 
@@ -54,11 +55,13 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from torchhook import transfer
 from torchhook.errors import NoSurvivingCopy
 from torchhook.fsdp import shard
 from torchhook.groups import flatten, unflatten_into
 from torchhook.parallel import Group, fsdp_no_sync
 from torchhook.strategy import Plan
+from torchhook.transfer import load_optimizer, optimizer_state
 
 __all__ = ["HSDP", "mesh_dim"]
 
@@ -249,14 +252,13 @@ class HSDP:
         with torch.no_grad():
             tensors = [*(_local(p) for p in params), *self._model.buffers()]
             group.broadcast_tensors(tensors, source, group=self._replicas)
-        mine = None
-        if group.rank == source:
-            states = _optimizer_locals(self._optimizer, params)
-            cpu = [{k: _copy(v, torch.device("cpu")) for k, v in st.items()} for st in states]
-            mine = (cpu, _hyperparameters(self._optimizer))
-        states, hyper = group.broadcast_object(mine, source, group=self._replicas)
+        # the optimizer state as flat tensors over the replicate group, never a pickle
+        mine = optimizer_state(self._optimizer) if group.rank == source else None
+        got = transfer.broadcast(
+            mine, source, group=self._replicas, device=group.wire, wait=group.wait
+        )
         if group.rank != source:
-            self._load_optimizer(states, hyper, group.device)
+            load_optimizer(self._optimizer, got)
 
     def _load_optimizer(
         self, states: list[dict[str, Any]], groups: list[dict[str, Any]], device: torch.device

@@ -180,12 +180,65 @@ def _work(cfg: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _restore(cfg: dict[str, Any]) -> dict[str, Any]:
+    """HSDP over 2 nodes × 1 rank: one step, then node 1's rank loses its state and
+    re-forms as a receiver: it must take node 0's parameters and Adam moments (over
+    ``torchhook.transfer``) and step identically."""
+    rank = cfg["rank"]
+    torch.set_num_threads(1)
+    client = TCPStore("127.0.0.1", cfg["port"], is_master=False)
+    dist.init_process_group(
+        "gloo", store=PrefixStore("pg", client), rank=rank, world_size=WORLD,
+        timeout=timedelta(seconds=TIMEOUT_S),
+    )  # fmt: skip
+    layout = Layout((Node("n0", 1, 1), Node("n1", 2, 1)))
+
+    def group(token: str) -> Group:
+        return Group(
+            rank, WORLD, layout, token, f"n{rank}", 0, torch.device("cpu"),
+            ProcessGroups("gloo", 0), TIMEOUT_S, lambda work: work.wait(),
+            lambda bucket: torch.futures.Future(), lambda: b"",
+        )  # fmt: skip
+
+    hsdp = HSDP(_model, lambda m: torch.optim.AdamW(m.parameters(), lr=0.01))
+    x, y = _data()
+
+    def step(model: nn.Module) -> None:
+        torch.autograd.backward(F.mse_loss(model(x), y))
+
+    first = group("t1")
+    hsdp.setup(first, Plan("reform", (), 0, "fresh", 0, providers=(0,)))
+    hsdp.run(step, first, 0)
+    # rank 1 forgets everything it held: its next module is uninitialized memory
+    # (built on the meta device) and its optimizer fresh, unless it receives
+    hsdp.abandon(failed=rank == 1)
+    if rank == 1:
+        hsdp._kept = None
+    again = group("t2")
+    hsdp.setup(again, Plan("reform", (), 1, "memory", 0, providers=(0,), receivers=(1,)))
+    hsdp.run(step, again, 1)
+    assert hsdp.model is not None and hsdp.optimizer is not None
+    out = [_plain(p).reshape(-1).tolist() for p in hsdp.model.parameters()]
+    moments = [
+        _plain(v).reshape(-1).tolist()
+        for st in hsdp.optimizer.state.values()
+        for k, v in sorted(st.items())
+        if k == "exp_avg"
+    ]
+    return {"params": out, "moments": moments}
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def _worker_main(cfg_json: str, out: str) -> None:
     """Writes its result, then leaves with ``os._exit`` at once: no group teardown (the
     test is over, and the process dies with its sockets)."""
     code = 0
     try:
-        result = _work(json.loads(cfg_json))
+        cfg = json.loads(cfg_json)
+        result = _restore(cfg) if cfg["kind"] == "restore" else _work(cfg)
     except Exception as exc:  # reported to the test through the file
         result = {"error": f"{type(exc).__name__}: {exc}"}
         code = 3
@@ -201,8 +254,7 @@ def _close(a: list[list[float]], b: list[list[float]]) -> bool:
     )
 
 
-@pytest.mark.parametrize("kind", ["ddp", "fsdp", "hsdp-tp"])
-def test_micro_batches_accumulate_to_the_whole_batch(tmp_path: Path, kind: str) -> None:
+def _run(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     procs: list[ForkServerProcess] = []
     try:
@@ -221,6 +273,18 @@ def test_micro_batches_accumulate_to_the_whole_batch(tmp_path: Path, kind: str) 
                 proc.kill()
                 proc.join(5)
     assert all("error" not in r for r in results), results
+    return results
+
+
+def test_an_hsdp_receiver_takes_the_shards_and_optimizer_state(tmp_path: Path) -> None:
+    results = _run(tmp_path, "restore")
+    assert results[0]["moments"], "Adam's moments exist after a step"
+    assert results[0] == results[1], "the receiver stepped from the provider's state"
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp", "hsdp-tp"])
+def test_micro_batches_accumulate_to_the_whole_batch(tmp_path: Path, kind: str) -> None:
+    results = _run(tmp_path, kind)
     reference = _reference()
     for r in results:
         assert _close(r["whole"], reference), "one backward over the rank's share"
