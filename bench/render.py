@@ -61,8 +61,9 @@ TOPICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "rendezvous, stock torchrun with c10d). Pure FSDP, which keeps no second copy of "
         "a shard, recovers by reloading the newest complete checkpoint, resharded "
         "(docs/training.md); it has no timed benchmark yet. Last, how long the agreement on "
-        "a new group takes as the job grows.",
-        ("training-recovery-", "torchrun-recovery-", "formation-"),
+        "a new group takes as the job grows, and how fast a rank's model and optimizer "
+        "state reach a new one.",
+        ("training-recovery-", "torchrun-recovery-", "formation-", "state-transfer-"),
     ),
     (
         "Step efficiency",
