@@ -4,8 +4,8 @@ as memberlist implements it, plus Lifeguard's refutation health.
 Rules (hashicorp/memberlist @ 1b4c746 state.go ``aliveNode``, ``suspectNode``, ``deadNode``,
 ``refute``, ``mergeState``, ``resetNodes``; docs/design.md §5.6):
 - Validate, decide, mutate. An alive, suspect or dead message passes the input checks
-  (malformed, a claim on our address under another name, a new address that may not
-  reclaim its name, the member limit); the ``PRECEDENCE`` table decides from whom it is
+  (malformed, a claim on our address under another name, a known name claimed from a new
+  address, judged by ``swim.claims``, the member limit); the ``PRECEDENCE`` table decides from whom it is
   about, what we know and how the incarnations compare: ignore, apply, confirm, refute,
   re-announce.
 - The table in words is docs/design.md §5.6. A refutation sets our incarnation to
@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import Enum, IntEnum
 
 from swim import push_pull, wire
+from swim.claims import Claim, Claims
 from swim.context import Context
 from swim.effects import EventKind
 from swim.failed import FailedMembers
@@ -59,8 +60,8 @@ class About(IntEnum):
     US = 0
     MEMBER = 1
     RECLAIMED = 2
-    """A member that left, or died more than ``dead_node_reclaim_time_ms`` ago, announced
-    alive from a new address: a new process under the old name (alive messages only)."""
+    """A member that left or died, announced alive from a new address by a claim that
+    ``swim.claims`` lets take the name: a new process under the old name (alive only)."""
 
 
 class News(IntEnum):
@@ -145,9 +146,13 @@ def _news(incarnation: int, known: int) -> News:
 class Membership:
     """The member table of one node, including the node itself."""
 
-    def __init__(self, ctx: Context, local: MemberState) -> None:
+    def __init__(
+        self, ctx: Context, local: MemberState, tell: Callable[[Address, bytes], None]
+    ) -> None:
         self._ctx = ctx
         self.local_name = local.name
+        self.claims = Claims(ctx, local.name, tell)
+        """Known names claimed from other addresses (``swim.claims``)."""
         self._members = MemberTable(local)
         self._suspicions = Suspicions(ctx)
         self.push_pull = push_pull.OurSide(self._members)
@@ -234,6 +239,7 @@ class Membership:
         if self._ring is not None:
             self._ring.discard(m.name)
         self._suspicions.cancel(m.name)
+        self.claims.forget(m.name)
         self._ctx.rtt.forget(m.name)
         self._ctx.event(EventKind.REAPED, m.snapshot())
 
@@ -264,17 +270,12 @@ class Membership:
                 return
             state = self._insert(a.node, address, a)
         elif state.address != address:
-            if not self._may_reclaim(state):
+            if is_local and state.state == _LEFT:
+                return  # nothing about us is news once we have left
+            if self.claims.judge(a, address, state) is not Claim.RECLAIM:
                 ctx.drop(DropReason.REJECTED)
-                ctx.notice(
-                    "error",
-                    "address_conflict",
-                    f"conflicting address for {a.node}: ours {state.address}, theirs "
-                    f"{address}, state {state.state.name.lower()}",
-                )
                 return
-            if not is_local:
-                about = About.RECLAIMED
+            about = About.RECLAIMED
         outcome = PRECEDENCE[about, state.state, _ALIVE, _news(a.incarnation, state.incarnation)]
         if outcome is _IGNORE:
             return
@@ -318,16 +319,6 @@ class Membership:
                 ctx.drop(DropReason.INVALID_VERSION)
                 return False
         return True
-
-    def _may_reclaim(self, state: MemberState) -> bool:
-        reclaim_ms = self._ctx.config.dead_node_reclaim_time_ms
-        if state.state == NodeStateType.LEFT:
-            return True
-        return (
-            state.state == NodeStateType.DEAD
-            and reclaim_ms > 0
-            and self._ctx.now_ms - state.state_change_ms > reclaim_ms
-        )
 
     def _insert(self, name: str, address: Address, a: Alive) -> MemberState:
         # New members start "dead" so that becoming alive reports a join (state.go).
@@ -445,6 +436,9 @@ class Membership:
             self.failed.forget(d.node)
         kind = EventKind.LEFT if state.state == _LEFT else EventKind.DEAD
         ctx.event(kind, state.snapshot())
+        claim = self.claims.take(d.node) if d.node != self.local_name else None
+        if claim is not None:  # a claim refused while it was live: judged again (swim.claims)
+            self.apply_alive(claim)
 
     def refute(self, accused_incarnation: int) -> None:
         """state.go ``refute``: outbid the accusation and tell everyone we are alive."""
