@@ -5,9 +5,9 @@ Rules (hashicorp/memberlist @ 1b4c746 state.go ``aliveNode``, ``suspectNode``, `
 ``refute``, ``mergeState``, ``resetNodes``; docs/design.md §5.6):
 - Validate, decide, mutate. An alive, suspect or dead message passes the input checks
   (malformed, a claim on our address under another name, a known name claimed from a new
-  address, judged by ``swim.claims``, the member limit); the ``PRECEDENCE`` table decides from whom it is
-  about, what we know and how the incarnations compare: ignore, apply, confirm, refute,
-  re-announce.
+  address, judged by ``swim.claims``, the member limit); the ``PRECEDENCE`` table decides
+  from whom it is about, what we know and how the incarnations compare: ignore, apply,
+  confirm, refute, re-announce.
 - The table in words is docs/design.md §5.6. A refutation sets our incarnation to
   max(own+1, accused+1) and raises our health score by 1 (``swim.awareness``); only the
   node itself ever raises its incarnation. A dead message sent by the member itself means

@@ -16,6 +16,10 @@ others have noticed its death (the hardest case: its old record is still alive t
 - A real conflict (two live agents claiming one name): refused everywhere with the log
   line, counted in ``address_conflicts``; the first keeps the name.
 
+The same three cases also run as whole agents on the in-memory transport and trio's
+MockClock (``local`` profile), where the timing can be asserted exactly: the name moves at
+the death verdict, not a push-pull later.
+
 Every process is stopped by pid (agent/procs.py ``stop``).
 """
 
@@ -29,11 +33,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 
 from agent.control import ControlClient, ControlError
 from agent.demo import agent_command
-from agent.procs import free_port, stop, until
+from agent.memory_transport import address_of
+from agent.procs import free_port, stop, until, until_async
 from bench.procs import SERF, LocalSerf, SerfError
+from swim import EventKind, NodeStateType
+from tests.agent.test_agent_memory import Member, cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVERGE_S = 10.0
@@ -118,9 +127,7 @@ def ours(tmp_path: Path) -> Iterator[list[Agent]]:
 
 def _all_alive(agents: list[Agent], n: int) -> bool:
     try:
-        return all(
-            sum(m["status"] == "alive" for m in a.members().values()) == n for a in agents
-        )
+        return all(sum(m["status"] == "alive" for m in a.members().values()) == n for a in agents)
     except (ControlError, OSError):
         return False
 
@@ -252,3 +259,84 @@ def test_serf_refuses_a_member_restarted_at_a_new_address(tmp_path: Path) -> Non
     finally:
         for s in started:
             s.stop(signal.SIGKILL)
+
+
+# --- whole agents in memory, on a virtual clock --------------------------------------------
+
+SEED = f"{address_of(1).host}:{address_of(1).port}"
+
+
+def _lists(members: list[Member], name: str, i: int) -> bool:
+    """Every member lists ``name`` alive at ``address_of(i)``."""
+    want = (address_of(i), NodeStateType.ALIVE)
+    found = [x.node.member(name) for x in members]
+    return all(m is not None and (m.address, m.state) == want for m in found)
+
+
+async def _record(
+    channel: trio.MemoryReceiveChannel[dict[str, Any]], name: str, into: list[tuple[float, str]]
+) -> None:
+    async for event in channel:
+        if event.get("node") == name:
+            into.append((trio.current_time(), f"{event['type']}@{event.get('addr')}"))
+
+
+@pytest.mark.trio
+async def test_in_memory_a_claim_made_before_the_death_takes_the_name_at_the_verdict(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster(3) as c, trio.open_nursery() as watchers:
+        n0, n1, n2 = c.members
+        await until_async(lambda: _lists([n0, n1, n2], "n2", 3), 20)
+        seen: list[tuple[float, str]] = []
+        watchers.start_soon(_record, n0.agent.subscribe(), "n2", seen)
+        c.crash(n2)
+        again = await c.start("n2", 9, join=[SEED])
+        # refused while its old record is live (the local profile takes seconds to notice)
+        await until_async(lambda: n0.node.stats.address_conflicts > 0, 5)
+        old = n0.node.member("n2")
+        assert old is not None and old.address == address_of(3) and old.state != NodeStateType.DEAD
+        await until_async(lambda: _lists([n0, n1, again], "n2", 9), 30)
+        await trio.sleep(1)
+        kinds = [k for _, k in seen]
+        assert kinds[-2:] == [
+            f"{EventKind.DEAD.value}@{address_of(3).host}",
+            f"{EventKind.JOINED.value}@{address_of(9).host}",
+        ], seen
+        # the name moved with the verdict (the claimant outbids it within a round trip),
+        # not a push-pull (15 s) or a reap (15 s) later
+        assert seen[-1][0] - seen[-2][0] < 0.5, seen
+        watchers.cancel_scope.cancel()
+
+
+@pytest.mark.trio
+async def test_in_memory_a_member_that_left_comes_back_at_a_new_address_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster(3) as c:
+        n0, n1, n2 = c.members
+        await until_async(lambda: _lists([n0, n1, n2], "n2", 3), 20)
+        n2.agent.request_shutdown()  # a graceful leave
+        await n2.agent.stopped.wait()
+        await until_async(lambda: n0.state_of("n2") == NodeStateType.LEFT, 5)
+        start = trio.current_time()
+        again = await c.start("n2", 9, join=[SEED])
+        await until_async(lambda: _lists([n0, n1, again], "n2", 9), 5)
+        assert trio.current_time() - start < 2
+        assert n0.node.stats.address_conflicts == 0
+
+
+@pytest.mark.trio
+async def test_in_memory_a_real_conflict_is_refused_for_good(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with cluster(3) as c:
+        n0, n1, n2 = c.members
+        await until_async(lambda: _lists([n0, n1, n2], "n1", 2), 20)
+        await c.start("n1", 9, join=[SEED])
+        await until_async(lambda: n0.node.stats.address_conflicts > 0, 5)
+        # a minute: past push-pulls, gossip to the dead and reconnects, the first keeps it
+        for _ in range(60):
+            assert _lists([n0, n1, n2], "n1", 2)
+            await trio.sleep(1)
+        assert n2.node.stats.address_conflicts > 0

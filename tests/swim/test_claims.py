@@ -165,7 +165,7 @@ def test_a_claim_on_our_own_name_is_refused_and_counted_never_refuted() -> None:
 
 def test_a_probe_of_the_old_address_does_not_suspect_the_new_process() -> None:
     o = _knowing(ALIVE, Config.lan(disable_tcp_pings=True))  # the probe ends at its deadline
-    out, ping = o.probe("m", now_ms=1_000)
+    out, _ = o.probe("m", now_ms=1_000)
     assert [p.dest for p in out.packets] == [addr(2)]
     # while the probe runs, m dies and a new process takes its name from 10.0.0.9
     o.receive(addr(3), Dead(KNOWN, "m", "z"), alive("m", NEW, KNOWN + 1), now_ms=1_010)
