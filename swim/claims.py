@@ -16,10 +16,13 @@ docs/runbook.md "A node came back at a new address").
 Rules (``CLAIM_RULES``: the state we know the name in, and whether the claim's incarnation
 is newer than the one we know -> ``Claim``):
 
-- A live record (alive or suspect) keeps its name: ``CONFLICT``. The claim is refused,
-  logged as an error and counted (``NodeStats.address_conflicts``), as memberlist refuses
-  it. This is a real name conflict as far as we can tell: two processes answer to one
-  name, and names must be unique.
+- An alive record keeps its name: ``CONFLICT``. The claim is refused, logged as an error
+  and counted (``NodeStats.address_conflicts``), as memberlist refuses it. This is a real
+  name conflict as far as we can tell: two processes answer to one name, and names must
+  be unique.
+- A suspect record keeps it too, for now: ``HOLD`` (refused as memberlist does, logged as
+  a warning, not counted). A suspect that someone claims from elsewhere is most likely a
+  crashed process whose successor is already up; the verdict decides.
 - A member that left gives its name up: ``RECLAIM`` (memberlist).
 - A dead member's name goes to a claim that outbids the death verdict (a newer
   incarnation): ``RECLAIM``. Ours, not memberlist's: the claimant can only hold a higher
@@ -31,7 +34,7 @@ is newer than the one we know -> ``Claim``):
   (memberlist's reclaim, then ``RECLAIM``). On ``WAIT`` we tell the claimant the verdict
   directly (a dead message to the claim's address, at most once per name per probe
   interval), so it refutes with a higher incarnation and its next alive takes the name.
-- A claim refused while the record was live is remembered (``PendingClaims``: the newest
+- A claim refused while the record was alive or suspect is remembered (``PendingClaims``: the newest
   per name, ``MAX_PENDING_CLAIMS`` names, for ``gossip_to_the_dead_time_ms``) and judged
   again the moment that record is declared dead or left, so a member restarted before the
   cluster noticed its old process die takes its name then, not a push-pull later.
@@ -64,7 +67,9 @@ class Claim(Enum):
     """What to do with an alive for a known name from another address."""
 
     CONFLICT = "conflict"
-    """A live member holds the name: refuse, log an error, count, remember the claim."""
+    """An alive member holds the name: refuse, log an error, count, remember the claim."""
+    HOLD = "hold"
+    """A suspect holds it: refuse, log a warning, remember the claim for the verdict."""
     WAIT = "wait"
     """Its holder is dead but the claim does not outbid the verdict: refuse, and tell the
     claimant (unless dead past ``dead_node_reclaim_time_ms``: then ``RECLAIM``)."""
@@ -83,8 +88,8 @@ CLAIM_RULES: Mapping[tuple[NodeStateType, bool], Claim] = {
     # (the state we know, the claim's incarnation is newer than ours) -> claim
     (_ALIVE, False): Claim.CONFLICT,
     (_ALIVE, True): Claim.CONFLICT,
-    (_SUSPECT, False): Claim.CONFLICT,
-    (_SUSPECT, True): Claim.CONFLICT,
+    (_SUSPECT, False): Claim.HOLD,
+    (_SUSPECT, True): Claim.HOLD,
     (_DEAD, False): Claim.WAIT,
     (_DEAD, True): Claim.RECLAIM,
     (_LEFT, False): Claim.RECLAIM,
@@ -131,10 +136,18 @@ class Claims:
             ctx.notice(
                 "error",
                 "address_conflict",
-                f"conflicting address for {a.node}: ours {state.address} "
-                f"({state.state.name.lower()}), theirs {address}; refused, names must be "
-                "unique (docs/runbook.md, 'A node came back at a new address')",
+                f"conflicting address for {a.node}: ours {state.address} (alive), theirs "
+                f"{address}; refused, names must be unique (docs/runbook.md, 'A node came "
+                "back at a new address')",
             )
+        elif claim is Claim.HOLD:
+            ctx.notice(
+                "warning",
+                "address_claim_held",
+                f"{a.node} claimed from {address} while suspect at {state.address}: "
+                "refused until the suspicion ends",
+            )
+        if claim is not Claim.WAIT:
             if state.name != self._local_name:
                 self._remember(a)
             return claim

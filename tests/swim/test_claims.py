@@ -30,13 +30,14 @@ NEW = 9
 
 def test_the_table_is_the_rules_worked_out_by_hand() -> None:
     """An oracle independent of the table (the row test below reads the table)."""
-    conflict, wait, reclaim = Claim.CONFLICT, Claim.WAIT, Claim.RECLAIM
+    conflict, hold, wait, reclaim = Claim.CONFLICT, Claim.HOLD, Claim.WAIT, Claim.RECLAIM
     assert dict(CLAIM_RULES) == {
-        # a live holder keeps its name, whatever the claim's incarnation (memberlist)
+        # a live holder keeps its name, whatever the claim's incarnation (memberlist); only
+        # an alive one makes it a conflict, a suspect one waits for its verdict
         (ALIVE, False): conflict,
         (ALIVE, True): conflict,
-        (SUSPECT, False): conflict,
-        (SUSPECT, True): conflict,
+        (SUSPECT, False): hold,
+        (SUSPECT, True): hold,
         # a dead one: only a claim that outbids the verdict takes it at once (ours)
         (DEAD, False): wait,
         (DEAD, True): reclaim,
@@ -85,6 +86,9 @@ def test_every_row_does_what_it_says(key: tuple[NodeStateType, bool], claim: Cla
     if claim is Claim.CONFLICT:
         assert kinds == ["address_conflict"] and told == []
         assert o.node.stats.address_conflicts == 1
+    elif claim is Claim.HOLD:
+        assert kinds == ["address_claim_held"] and told == []
+        assert o.node.stats.address_conflicts == 0
     else:
         assert claim is Claim.WAIT
         assert kinds == ["address_claim_waits"]
@@ -105,9 +109,12 @@ def test_a_waiting_claim_is_reclaimed_past_the_reclaim_time_and_told_once_per_in
     assert o.member("m").address == addr(NEW)
 
 
+@pytest.mark.parametrize("known", [ALIVE, SUSPECT])
 @pytest.mark.parametrize("incarnation", [KNOWN, KNOWN + 1])
-def test_a_claim_refused_while_live_is_judged_again_at_the_death_verdict(incarnation: int) -> None:
-    o = _knowing(ALIVE)
+def test_a_claim_refused_while_live_is_judged_again_at_the_death_verdict(
+    incarnation: int, known: NodeStateType
+) -> None:
+    o = _knowing(known)
     o.receive(addr(3), alive("m", NEW, incarnation), now_ms=100)
     assert o.member("m").address == addr(2)
     out = o.receive(addr(3), Dead(KNOWN, "m", "z"), now_ms=200)
