@@ -160,6 +160,7 @@ class Membership:
         self.failed = FailedMembers(ctx)
         """Members declared dead, for serf's reconnect (``swim.failed``)."""
         self._ring = ProbeRing(local.name) if ctx.config.coordinated_probes else None
+        self._ring_round = 0
         # The table's own lookups, bound once: several per datagram, and a wrapper
         # method around each cost a Python call apiece.
         self.get: Callable[[str], MemberState | None] = self._members.get
@@ -218,6 +219,10 @@ class Membership:
         With ``coordinated_probes``, the ring's target for ``round_no`` (``swim.schedule``)."""
         local = self.local_name
         if self._ring is not None:
+            ring_round = round_no // (len(self._ring) or 1)
+            if ring_round != self._ring_round:  # as the round robin reaps at its wrap
+                self._ring_round = ring_round
+                self._reap()
             target = self._members.get(self._ring.target(round_no) or local)
             return None if target is None or target.name == local else target
         return self._members.next_in_round(

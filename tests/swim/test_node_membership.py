@@ -350,6 +350,22 @@ def test_dead_and_left_are_reaped_when_the_probe_order_wraps_after_the_window() 
     assert [m.name for m in o.node.members()] == ["b", "o"]
 
 
+def test_coordinated_probes_reap_too_once_per_ring_round_after_the_window() -> None:
+    """``fast``'s ring (``coordinated_probes``) has no round-robin wrap; it reaps when its
+    own round turns, so dead and left members do not stay in the table for good."""
+    o = _with_dead_and_left(Config.fast())
+    interval = o.node.config.probe_interval_ms
+    window = o.node.config.gossip_to_the_dead_time_ms
+    events: list[tuple[EventKind, str]] = []
+    now = 1000
+    while now <= 1000 + window + 4 * interval:  # a ring round is 2 live members' rounds
+        events += _probe_ticks(o, now, 1)
+        if now <= 1000 + window:
+            assert events == [], now
+        now += interval
+    assert sorted(events) == [(EventKind.REAPED, "d"), (EventKind.REAPED, "l")]
+
+
 # --- push-pull ------------------------------------------------------------------------------
 
 
