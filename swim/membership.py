@@ -15,7 +15,8 @@ Rules (hashicorp/memberlist @ 1b4c746 state.go ``aliveNode``, ``suspectNode``, `
 - Dead and left members stay, gossiped to, for gossip_to_the_dead_time; they are reaped
   when the round-robin order wraps, which is then reshuffled (SWIM §4.3); new members land
   at a random place among those still to probe this round (drawn incrementally,
-  ``swim.table``). ``coordinated_probes`` instead keeps the ring of ``swim.schedule``.
+  ``swim.table``). ``coordinated_probes`` instead keeps the ring of ``swim.schedule``
+  and reaps when the ring's round turns.
 - Storage is copy-on-write over an optional shared ``MembershipSnapshot`` (``bootstrap``).
 - Hostile or invalid input is dropped and counted before anything changes.
 """
