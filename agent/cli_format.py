@@ -169,6 +169,7 @@ STAT_SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("cross_check_probes_failed", "cross-checks failed"),
             ("refutations", "refutations"),
             ("deaths_declared", "deaths declared"),
+            ("address_conflicts", "name conflicts"),
         ),
     ),
     (

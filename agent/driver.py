@@ -208,6 +208,7 @@ class Driver:
             "cross_check_probes_failed": st.cross_check_probes_failed,
             "refutations": st.refutations,
             "deaths_declared": st.deaths_declared,
+            "address_conflicts": st.address_conflicts,
             "urgent_probes": dict(st.urgent_probes),
             "urgent_probes_failed": st.urgent_probes_failed,
             "dropped": dict(st.dropped),

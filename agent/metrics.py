@@ -21,6 +21,7 @@ Metric names (all prefixed ``swim_``; counters end in ``_total``; base units):
   ``swim_refutations_total``, ``swim_deaths_declared_total``,
   ``swim_suspicion_timeouts_degraded_total``, ``swim_suspicion_verifications_total``,
   ``swim_cross_check_probes_total``, ``swim_cross_check_probes_failed_total``
+- ``swim_address_conflicts_total`` (alives refused: a live member holds the name elsewhere)
 - ``swim_health_score``, ``swim_broadcast_queue_depth``, ``swim_incarnation`` gauges
 - ``swim_packets_received_total``, ``swim_packets_sent_total``,
   ``swim_received_bytes_total``, ``swim_sent_bytes_total``
@@ -172,6 +173,13 @@ _SCALARS: tuple[_Scalar, ...] = (
         "Members this node declared dead after their suspicion timed out.",
         True,
         lambda n: n.stats.deaths_declared,
+    ),
+    _Scalar(
+        "swim_address_conflicts",
+        "Alive messages refused because a live member holds their name at another address "
+        "(two processes under one name; docs/runbook.md).",
+        True,
+        lambda n: n.stats.address_conflicts,
     ),
     _Scalar(
         "swim_suspicion_timeouts_degraded",

@@ -236,6 +236,9 @@ class NodeStats:
     suspicions_refuted_by_others: int = 0
     refutations: int = 0
     deaths_declared: int = 0
+    address_conflicts: int = 0
+    """Alives refused because a live member holds their name at another address
+    (``swim.claims``: a real name conflict)."""
     suspicion_timeouts_degraded: int = 0
     suspicion_verifications: int = 0
     cross_check_probes: int = 0

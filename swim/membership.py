@@ -4,10 +4,10 @@ as memberlist implements it, plus Lifeguard's refutation health.
 Rules (hashicorp/memberlist @ 1b4c746 state.go ``aliveNode``, ``suspectNode``, ``deadNode``,
 ``refute``, ``mergeState``, ``resetNodes``; docs/design.md §5.6):
 - Validate, decide, mutate. An alive, suspect or dead message passes the input checks
-  (malformed, a claim on our address under another name, a new address that may not
-  reclaim its name, the member limit); the ``PRECEDENCE`` table decides from whom it is
-  about, what we know and how the incarnations compare: ignore, apply, confirm, refute,
-  re-announce.
+  (malformed, a claim on our address under another name, a known name claimed from a new
+  address, judged by ``swim.claims``, the member limit); the ``PRECEDENCE`` table decides
+  from whom it is about, what we know and how the incarnations compare: ignore, apply,
+  confirm, refute, re-announce.
 - The table in words is docs/design.md §5.6. A refutation sets our incarnation to
   max(own+1, accused+1) and raises our health score by 1 (``swim.awareness``); only the
   node itself ever raises its incarnation. A dead message sent by the member itself means
@@ -15,7 +15,8 @@ Rules (hashicorp/memberlist @ 1b4c746 state.go ``aliveNode``, ``suspectNode``, `
 - Dead and left members stay, gossiped to, for gossip_to_the_dead_time; they are reaped
   when the round-robin order wraps, which is then reshuffled (SWIM §4.3); new members land
   at a random place among those still to probe this round (drawn incrementally,
-  ``swim.table``). ``coordinated_probes`` instead keeps the ring of ``swim.schedule``.
+  ``swim.table``). ``coordinated_probes`` instead keeps the ring of ``swim.schedule``
+  and reaps when the ring's round turns.
 - Storage is copy-on-write over an optional shared ``MembershipSnapshot`` (``bootstrap``).
 - Hostile or invalid input is dropped and counted before anything changes.
 """
@@ -26,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import Enum, IntEnum
 
 from swim import push_pull, wire
+from swim.claims import Claim, Claims
 from swim.context import Context
 from swim.effects import EventKind
 from swim.failed import FailedMembers
@@ -59,8 +61,8 @@ class About(IntEnum):
     US = 0
     MEMBER = 1
     RECLAIMED = 2
-    """A member that left, or died more than ``dead_node_reclaim_time_ms`` ago, announced
-    alive from a new address: a new process under the old name (alive messages only)."""
+    """A member that left or died, announced alive from a new address by a claim that
+    ``swim.claims`` lets take the name: a new process under the old name (alive only)."""
 
 
 class News(IntEnum):
@@ -145,9 +147,13 @@ def _news(incarnation: int, known: int) -> News:
 class Membership:
     """The member table of one node, including the node itself."""
 
-    def __init__(self, ctx: Context, local: MemberState) -> None:
+    def __init__(
+        self, ctx: Context, local: MemberState, tell: Callable[[Address, bytes], None]
+    ) -> None:
         self._ctx = ctx
         self.local_name = local.name
+        self.claims = Claims(ctx, local.name, tell)
+        """Known names claimed from other addresses (``swim.claims``)."""
         self._members = MemberTable(local)
         self._suspicions = Suspicions(ctx)
         self.push_pull = push_pull.OurSide(self._members)
@@ -155,6 +161,7 @@ class Membership:
         self.failed = FailedMembers(ctx)
         """Members declared dead, for serf's reconnect (``swim.failed``)."""
         self._ring = ProbeRing(local.name) if ctx.config.coordinated_probes else None
+        self._ring_round = 0
         # The table's own lookups, bound once: several per datagram, and a wrapper
         # method around each cost a Python call apiece.
         self.get: Callable[[str], MemberState | None] = self._members.get
@@ -213,6 +220,10 @@ class Membership:
         With ``coordinated_probes``, the ring's target for ``round_no`` (``swim.schedule``)."""
         local = self.local_name
         if self._ring is not None:
+            ring_round = round_no // (len(self._ring) or 1)
+            if ring_round != self._ring_round:  # as the round robin reaps at its wrap
+                self._ring_round = ring_round
+                self._reap()
             target = self._members.get(self._ring.target(round_no) or local)
             return None if target is None or target.name == local else target
         return self._members.next_in_round(
@@ -234,6 +245,7 @@ class Membership:
         if self._ring is not None:
             self._ring.discard(m.name)
         self._suspicions.cancel(m.name)
+        self.claims.forget(m.name)
         self._ctx.rtt.forget(m.name)
         self._ctx.event(EventKind.REAPED, m.snapshot())
 
@@ -264,17 +276,12 @@ class Membership:
                 return
             state = self._insert(a.node, address, a)
         elif state.address != address:
-            if not self._may_reclaim(state):
+            if is_local and state.state == _LEFT:
+                return  # nothing about us is news once we have left
+            if self.claims.judge(a, address, state) is not Claim.RECLAIM:
                 ctx.drop(DropReason.REJECTED)
-                ctx.notice(
-                    "error",
-                    "address_conflict",
-                    f"conflicting address for {a.node}: ours {state.address}, theirs "
-                    f"{address}, state {state.state.name.lower()}",
-                )
                 return
-            if not is_local:
-                about = About.RECLAIMED
+            about = About.RECLAIMED
         outcome = PRECEDENCE[about, state.state, _ALIVE, _news(a.incarnation, state.incarnation)]
         if outcome is _IGNORE:
             return
@@ -318,16 +325,6 @@ class Membership:
                 ctx.drop(DropReason.INVALID_VERSION)
                 return False
         return True
-
-    def _may_reclaim(self, state: MemberState) -> bool:
-        reclaim_ms = self._ctx.config.dead_node_reclaim_time_ms
-        if state.state == NodeStateType.LEFT:
-            return True
-        return (
-            state.state == NodeStateType.DEAD
-            and reclaim_ms > 0
-            and self._ctx.now_ms - state.state_change_ms > reclaim_ms
-        )
 
     def _insert(self, name: str, address: Address, a: Alive) -> MemberState:
         # New members start "dead" so that becoming alive reports a join (state.go).
@@ -445,6 +442,9 @@ class Membership:
             self.failed.forget(d.node)
         kind = EventKind.LEFT if state.state == _LEFT else EventKind.DEAD
         ctx.event(kind, state.snapshot())
+        claim = self.claims.take(d.node) if d.node != self.local_name else None
+        if claim is not None:  # a claim refused while it was live: judged again (swim.claims)
+            self.apply_alive(claim)
 
     def refute(self, accused_incarnation: int) -> None:
         """state.go ``refute``: outbid the accusation and tell everyone we are alive."""

@@ -104,7 +104,8 @@ class Node:
         self._keyring = keyring
         vsn = local_vsn(self.config)
         local = MemberState(name, address, meta, 0, NodeStateType.ALIVE, now_ms, vsn)
-        self._members = Membership(self._ctx, local)
+        # a claimant waiting on a death verdict is told it directly (swim.claims)
+        self._members = Membership(self._ctx, local, lambda dest, msg: self._sender.send(dest, msg))
         self._sender = Sender(self._ctx, self._members, keyring, nonce_source)
         self._prober = Prober(self._ctx, self._members, self)
         self._inbound = Inbound(self._ctx, self._members, self._prober)

@@ -374,7 +374,8 @@ class Prober:
         # Suspect first, then end the probe: a tick that arrived meanwhile starts the next
         # probe, which must see the suspicion (memberlist runs it after probeNode returns).
         target = self._members.get(probe.target)
-        if target is not None and not target.dead_or_left():
+        # a probe of an address its name has since left (swim.claims) says nothing of it now
+        if target and not target.dead_or_left() and target.address == probe.target_address:
             if probe.cross_check:
                 kind, how = "cross_check_failed", " (cross-check of an accusation)"
             elif probe.urgent:

@@ -161,6 +161,7 @@ def test_every_scalar_stat_is_exported() -> None:
         "suspicions_refuted_by_others": "swim_suspicions_refuted_total",
         "refutations": "swim_refutations_total",
         "deaths_declared": "swim_deaths_declared_total",
+        "address_conflicts": "swim_address_conflicts_total",
         "suspicion_timeouts_degraded": "swim_suspicion_timeouts_degraded_total",
         "urgent_probes_failed": "swim_urgent_probes_failed_total",
         "suspicion_verifications": "swim_suspicion_verifications_total",

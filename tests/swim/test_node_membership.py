@@ -244,29 +244,44 @@ def _dead_member(config: Config, sender: str = "z") -> Peer:
     return o
 
 
-def test_dead_member_is_reclaimed_from_a_new_address_only_after_the_reclaim_time() -> None:
+def test_dead_member_is_reclaimed_at_its_incarnation_only_after_the_reclaim_time() -> None:
     o = _dead_member(Config.lan(dead_node_reclaim_time_ms=10_000))
     assert _state(o, "m") == (DEAD, 3)
     for now in (5_000, 11_000):  # 11 000 − 1 000 is not more than the reclaim time
-        out = o.receive(addr(9), alive("m", 9, 4), now_ms=now)
-        assert [n.kind for n in out.notices] == ["address_conflict"]
+        out = o.receive(addr(9), alive("m", 9, 3), now_ms=now)
+        assert [n.kind for n in out.notices] == ["address_claim_waits"]
         assert out.events == []
+        # the claimant is told the verdict it has to outbid, at its new address (with what
+        # gossip fits beside it)
+        assert [(p.dest, decode(p.data)[0]) for p in out.packets] == [(addr(9), Dead(3, "m", "o"))]
     assert o.node.stats.dropped["rejected"] == 2
+    assert o.node.stats.address_conflicts == 0  # a dead holder is no conflict
     assert o.member("m").address == addr(2)
-    out = o.receive(addr(9), alive("m", 9, 4), now_ms=11_001)
+    out = o.receive(addr(9), alive("m", 9, 3), now_ms=11_001)
     assert [e.kind for e in out.events] == [EventKind.JOINED]
     assert o.member("m").address == addr(9)
+    assert _state(o, "m") == (ALIVE, 3)
+
+
+def test_dead_member_is_reclaimed_at_once_by_a_claim_that_outbids_its_death() -> None:
+    o = _dead_member(Config.lan())
+    out = o.receive(addr(9), alive("m", 9, 4), now_ms=1001)
+    assert [e.kind for e in out.events] == [EventKind.JOINED]
+    assert (o.member("m").address, _state(o, "m")) == (addr(9), (ALIVE, 4))
+    # stale gossip about the dead incarnation is older news to the new process's record
+    o.receive(addr(3), Dead(3, "m", "z"), Suspect(3, "m", "z"), now_ms=1002)
     assert _state(o, "m") == (ALIVE, 4)
 
 
-def test_dead_member_is_never_reclaimed_by_default_nor_an_alive_one() -> None:
+def test_dead_member_is_never_reclaimed_by_default_at_its_incarnation_nor_an_alive_one() -> None:
     o = _dead_member(Config.lan())
-    o.receive(addr(9), alive("m", 9, 4), now_ms=10**9)
+    o.receive(addr(9), alive("m", 9, 3), now_ms=10**9)
     assert o.member("m").address == addr(2)
     o.receive(addr(4), alive("x", 4), now_ms=10**9)
     o.receive(addr(9), alive("x", 9, 7), now_ms=10**9 + 1)
     assert o.member("x").address == addr(4)
     assert o.node.stats.dropped["rejected"] == 2
+    assert o.node.stats.address_conflicts == 1  # x is alive: a real conflict
 
 
 def test_left_member_may_come_back_from_a_new_address_at_once() -> None:
@@ -333,6 +348,22 @@ def test_dead_and_left_are_reaped_when_the_probe_order_wraps_after_the_window() 
     events = _probe_ticks(o, 1001 + window, 3)
     assert sorted(events) == [(EventKind.REAPED, "d"), (EventKind.REAPED, "l")]
     assert [m.name for m in o.node.members()] == ["b", "o"]
+
+
+def test_coordinated_probes_reap_too_once_per_ring_round_after_the_window() -> None:
+    """``fast``'s ring (``coordinated_probes``) has no round-robin wrap; it reaps when its
+    own round turns, so dead and left members do not stay in the table for good."""
+    o = _with_dead_and_left(Config.fast())
+    interval = o.node.config.probe_interval_ms
+    window = o.node.config.gossip_to_the_dead_time_ms
+    events: list[tuple[EventKind, str]] = []
+    now = 1000
+    while now <= 1000 + window + 4 * interval:  # a ring round is 2 live members' rounds
+        events += _probe_ticks(o, now, 1)
+        if now <= 1000 + window:
+            assert events == [], now
+        now += interval
+    assert sorted(events) == [(EventKind.REAPED, "d"), (EventKind.REAPED, "l")]
 
 
 # --- push-pull ------------------------------------------------------------------------------
