@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 
 from torchhook.state import TrainingState
 
@@ -52,10 +53,17 @@ def optimizer_for(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
+def scheduler_for(optimizer: torch.optim.Optimizer) -> LambdaLR:
+    """A decaying learning rate: the loss curve matches the reference only if the
+    scheduler's position and ``lr`` travel with the model (and roll back with FSDP)."""
+    return LambdaLR(optimizer, lambda step: 1.0 / (1.0 + 0.02 * step))
+
+
 def reference(steps: int, global_batch: int, seed: int) -> list[float]:
     """The same training in one process on the whole batch: the failure-free curve."""
     model = build_model(seed)
     opt = optimizer_for(model)
+    sched = scheduler_for(opt)
     losses = []
     for step in range(steps):
         x, y = batch(step, global_batch)
@@ -63,6 +71,7 @@ def reference(steps: int, global_batch: int, seed: int) -> list[float]:
         loss = nn.functional.mse_loss(model(x), y)
         torch.autograd.backward(loss)
         opt.step()
+        sched.step()
         losses.append(float(loss.detach()))
     return losses
 
@@ -272,10 +281,13 @@ def train(
     details: Callable[[], dict[str, Any]],
     counter: StepCounter,
 ) -> None:
-    """Run ``el.run_step(step)`` until ``--steps`` or the stop file's step, logging each
+    """Run ``el.run_step(step)`` (and the LR scheduler, registered in the engine's
+    training state) until ``--steps`` or the stop file's step, logging each
     step (with ``details()``) and a final record with this process's checksum. The
     counter counts after ``run_step`` returns, where per-step state (a scheduler, a
     sampler's position) is updated."""
+
+    sched = el.scheduler("lr", scheduler_for)
 
     def where() -> dict[str, Any]:
         return {"t": time.time(), "node": el.node, "local_rank": el.local_rank, "pid": os.getpid()}
@@ -286,6 +298,7 @@ def train(
             break
         faults.before_step(el.step)
         loss = el.run_step(step)
+        sched.step()  # per-step state: after run_step returns
         counter.steps += 1
         record = {"step": el.step - 1, "loss": loss, "rank": el.rank, "world": el.world_size}
         record |= {"counter": counter.steps}

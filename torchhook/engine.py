@@ -53,14 +53,21 @@ import torch.distributed as dist
 from torch import nn
 from torch._C._distributed_c10d import TCPStore
 
+from torchhook.carry import Carry
 from torchhook.client import Membership, MembershipClosed, View, local_place
 from torchhook.errors import ReformBudgetSpent, classify
 from torchhook.formation import Formation, Retry
 from torchhook.groups import ProcessGroups, ShrinkFailed, ShrinkStuck
 from torchhook.parallel import Group, Parallelism, micro_batches
 from torchhook.settings import ReformBudget, Settings
-from torchhook.state import ResetCallbackError, SnapshotError, TrainingState, World
-from torchhook.state_wire import broadcast_snapshot, decode, encode
+from torchhook.state import (
+    Rebuilt,
+    ResetCallbackError,
+    SnapshotError,
+    Stateful,
+    TrainingState,
+)
+from torchhook.state_wire import encode
 from torchhook.stores import TcpNet
 from torchhook.strategy import (
     Layout,
@@ -77,6 +84,7 @@ __all__ = ["PASS_THROUGH", "Elastic"]
 
 log = logging.getLogger("torchhook.elastic")
 T = TypeVar("T")
+S = TypeVar("S", bound=Stateful)
 PASS_THROUGH: tuple[type[BaseException], ...] = (
     MembershipClosed,
     ResetCallbackError,
@@ -118,9 +126,7 @@ class Elastic:
         self.settings = settings
         self.parallelism = parallelism
         self.state = TrainingState() if state is None else state
-        self._bound_optimizer: torch.optim.Optimizer | None = None
-        self._world: World | None = None
-        """The current (or last) group as ``on_reset`` sees it."""
+        self._carry = Carry(self.state)
         local_rank, local_world_size = local_place(settings.local_rank, settings.local_world_size)
         backend = settings.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.groups = ProcessGroups(backend, local_rank)
@@ -236,6 +242,18 @@ class Elastic:
             f"step {self.step}: the group changed {self.settings.reform_attempts} times "
             "(reform_attempts) before the step could finish"
         )
+
+    def scheduler(self, name: str, factory: Callable[[torch.optim.Optimizer], S]) -> Rebuilt[S]:
+        """``factory(optimizer)`` (an LR scheduler) over the strategy's optimizer, in
+        ``state`` under ``name``, rebuilt over every new optimizer. HSDP and FSDP build the
+        optimizer only with the first group: then this forms it. Call it on every rank
+        before the first step; step the returned object (``.step()``)."""
+        optimizer = self.parallelism.optimizer
+        if optimizer is not None:
+            return self.state.scheduler(name, factory, optimizer)
+        self._carry.pending[name] = factory
+        self._ensure_group()
+        return self.state.rebuilt(name)
 
     def all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
         """An all-reduce that a membership verdict can interrupt (MembershipChanged)."""
@@ -458,15 +476,8 @@ class Elastic:
             lambda: encode(self.state.capture()),
         )
         self.step = self.parallelism.setup(group, plan)
-        optimizer = self.parallelism.optimizer
-        if optimizer is not None and optimizer is not self._bound_optimizer:
-            self.state.rebind(optimizer)  # schedulers follow a rebuilt optimizer
-            self._bound_optimizer = optimizer
-        if plan.receivers and self.parallelism.syncs_from_source():
-            self._sync_state(group, plan.source)
-        elif (saved := self.parallelism.saved_state()) is not None:
-            self.state.restore(decode(saved))  # FSDP: the checkpoint's, on every rank
-        self._reset(World(world, rank, self.order, self.step))
+        # schedulers, the snapshot from the source or a checkpoint, on_reset (carry.py)
+        self._carry.after_setup(group, plan, self.parallelism, self.order, self.step)
         self._group = group
         self._has_state = True
         self._applied_in = token  # every rank of the group now holds the same state
@@ -481,19 +492,3 @@ class Elastic:
             plan.action,
             plan.source,
         )
-
-    def _sync_state(self, group: Group, source: int) -> None:
-        """The training state (registered objects, RNG) from the source, its waits
-        interruptible; checked whole before anything loads (``SnapshotError``)."""
-        mine = self.state.capture() if group.rank == source else None
-        device = group.device if group.device.type == "cuda" else None
-        snapshot = broadcast_snapshot(mine, source, device=device, wait=self._wait)
-        if group.rank != source:
-            self.state.restore(snapshot)
-
-    def _reset(self, new: World) -> None:
-        """``on_reset(old, new)`` callbacks, from this process's second group on (its
-        first has no old world); their errors are fatal (``ResetCallbackError``)."""
-        old, self._world = self._world, new
-        if old is not None:
-            self.state.reset(old, new)
