@@ -17,8 +17,8 @@ import job
 from torch import nn
 
 from agent.control import ControlClient
+from torchhook import DDP, Elastic, Settings
 from torchhook.client import local_place
-from torchhook.elastic import ElasticDDP
 
 
 def rank_seed(node: str, local_rank: int) -> int:
@@ -40,13 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     local_rank, local_world_size = local_place(args.local_rank, args.local_world_size)
     model = job.build_model(rank_seed(node, local_rank))
     opt = job.optimizer_for(model)
-    el = ElasticDDP(
-        model,
-        opt,
-        local_rank=local_rank,
-        local_world_size=local_world_size,
-        **job.hook_options(args),
+    settings = Settings(
+        local_rank=local_rank, local_world_size=local_world_size, **job.hook_options(args)
     )
+    state, counter = job.training_state()
+    el = Elastic(DDP(model, opt), settings, state=state)
     log = job.StepLog(args.log)
     faults = job.Faults(args, log, fires=el.local_rank == 0)
 
@@ -56,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     def details() -> dict[str, object]:
         return {"source": el.last_plan.source if el.last_plan else None}
 
-    job.train(el, train_step, args, log, faults, details)
+    job.train(el, train_step, args, log, faults, details, counter)
     el.exit(0)
     return 0
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import job
 from torch import nn
 
-from torchhook.elastic_fsdp import ElasticFSDP
+from torchhook import FSDP, Elastic, Settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,13 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not job.start(args):
         return 0
-    el = ElasticFSDP(
+    fsdp = FSDP(
         lambda: job.build_model(args.seed),
         job.optimizer_for,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=args.checkpoint_every,
-        **job.hook_options(args),
     )
+    state, counter = job.training_state()
+    el = Elastic(fsdp, Settings(**job.hook_options(args)), state=state)
     log = job.StepLog(args.log)
     every = args.checkpoint_every
     faults = job.Faults(args, log, fires=el.local_rank == 0, skip=lambda step: step % every == 0)
@@ -46,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         return job.slice_step(el, model, args, faults, el.optimizer)
 
     def details() -> dict[str, object]:
-        return {"resumed": el.resumed_step, "load_s": round(el.last_load_s, 4)}
+        return {"resumed": fsdp.resumed_step, "load_s": round(fsdp.last_load_s, 4)}
 
-    job.train(el, train_step, args, log, faults, details)
+    job.train(el, train_step, args, log, faults, details, counter)
     el.exit(0)
     return 0
 

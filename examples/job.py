@@ -1,7 +1,7 @@
 """What the in-process example trainers share: one job (model, data, optimizer, the
 failure-free reference), their command line and the hook options it sets, one step on a
 rank's slice of the global batch, their step log, planned faults and the training loop.
-elastic_ddp.py, elastic_hsdp.py and elastic_fsdp.py differ only in the hook they drive and
+elastic_ddp.py, elastic_hsdp.py and elastic_fsdp.py differ only in the strategy they plug in and
 in what they pass to one step. Run as scripts, this directory is on sys.path.
 
 The job: a small MLP on a fixed synthetic regression. The global batch of each step is
@@ -26,9 +26,12 @@ from typing import Any, TextIO
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from torchhook.state import TrainingState
 
 IN_DIM = 16
-FAULTS = ("none", "kill-in-backward", "stop-in-backward", "kill", "stop")
+FAULTS = ("none", "kill-in-backward", "stop-in-backward", "kill", "stop", "bug")
 
 
 def build_model(seed: int) -> nn.Module:
@@ -50,10 +53,17 @@ def optimizer_for(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
+def scheduler_for(optimizer: torch.optim.Optimizer) -> LambdaLR:
+    """A decaying learning rate: the loss curve matches the reference only if the
+    scheduler's position and ``lr`` travel with the model (and roll back with FSDP)."""
+    return LambdaLR(optimizer, lambda step: 1.0 / (1.0 + 0.02 * step))
+
+
 def reference(steps: int, global_batch: int, seed: int) -> list[float]:
     """The same training in one process on the whole batch: the failure-free curve."""
     model = build_model(seed)
     opt = optimizer_for(model)
+    sched = scheduler_for(opt)
     losses = []
     for step in range(steps):
         x, y = batch(step, global_batch)
@@ -61,6 +71,7 @@ def reference(steps: int, global_batch: int, seed: int) -> list[float]:
         loss = nn.functional.mse_loss(model(x), y)
         torch.autograd.backward(loss)
         opt.step()
+        sched.step()
         losses.append(float(loss.detach()))
     return losses
 
@@ -109,7 +120,7 @@ def parser(description: str | None, *, job: str, pg_timeout_s: float) -> argpars
 
 
 def hook_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments every elastic hook takes from the command line."""
+    """The ``torchhook.Settings`` fields every example takes from the command line."""
     return {
         "job": args.job,
         "control": args.control,
@@ -128,9 +139,10 @@ def slice_step(
 ) -> float:
     """Forward and backward on this rank's equal slice of step ``el.step``'s global batch
     (``faults`` may fire inside backward), between ``opt.zero_grad()`` and ``opt.step()``
-    when ``opt`` is given (ElasticHSDP steps its optimizer itself); returns the global
+    when ``opt`` is given (HSDP steps its optimizer itself); returns the global
     batch's mean loss, from the ranks' slice means weighted by slice size."""
     lo, hi = el.shard(args.global_batch)
+    faults.in_step(el.step)
     x, y = batch(el.step, args.global_batch)
     if opt is not None:
         opt.zero_grad()
@@ -139,7 +151,7 @@ def slice_step(
     torch.autograd.backward(loss)
     # every collective of the step before any local state changes: a verdict during the
     # loss all-reduce re-runs the step, and an optimizer step taken before it would then
-    # be applied twice on this rank (ElasticDDP.run_step's rule)
+    # be applied twice on this rank (Elastic.run_step's rule)
     total = el.all_reduce(loss.detach().clone() * (hi - lo))
     if opt is not None:
         opt.step()
@@ -186,7 +198,8 @@ class Faults:
     """A planned failure of this node: SIGKILL or SIGSTOP of its whole process group (agent
     and every local rank, when the caller started them in one), at ``--fault-step`` or at
     the first step after ``--fault-file`` appears (and that ``skip`` does not reject), at
-    the step boundary or inside backward. Only local rank 0 fires it."""
+    the step boundary or inside backward; or (``bug``) an exception from the step
+    function. Only local rank 0 fires it."""
 
     def __init__(
         self,
@@ -213,6 +226,12 @@ class Faults:
         if self.fires and step == self.step and self.kind in ("kill", "stop"):
             self._fire()
 
+    def in_step(self, step: int) -> None:
+        """``bug``: the step function raises, as a bug in the user's code would."""
+        if self.fires and step == self.step and self.kind == "bug":
+            self.log.emit({"fault": self.kind, "t": time.time(), "pid": os.getpid()})
+            raise ValueError(f"a planned bug in the step function at step {step}")
+
     def in_backward(self, step: int, loss: torch.Tensor) -> None:
         """Call with the loss before ``backward``: fires as gradients start flowing."""
         if self.fires and step == self.step and self.kind.endswith("in-backward"):
@@ -222,6 +241,28 @@ class Faults:
         self.log.emit({"fault": self.kind, "t": time.time(), "pid": os.getpid()})
         sig = signal.SIGKILL if self.kind.startswith("kill") else signal.SIGSTOP
         os.killpg(os.getpgid(0), sig)
+
+
+class StepCounter:
+    """Steps completed, kept as the job's own state: registered in the engine's
+    ``TrainingState``, so after a world change every rank holds the count of the step it
+    goes on from (taken from the source rank, or from the checkpoint with FSDP)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.steps = int(state["steps"])
+
+
+def training_state() -> tuple[TrainingState, StepCounter]:
+    """The examples' training state: the RNG and a ``StepCounter``."""
+    state, counter = TrainingState(), StepCounter()
+    state.register("counter", counter)
+    return state, counter
 
 
 def stop_step(path: Path | None) -> int | None:
@@ -238,9 +279,15 @@ def train(
     log: StepLog,
     faults: Faults,
     details: Callable[[], dict[str, Any]],
+    counter: StepCounter,
 ) -> None:
-    """Run ``el.run_step(step)`` until ``--steps`` or the stop file's step, logging each
-    step (with ``details()``) and a final record with this process's checksum."""
+    """Run ``el.run_step(step)`` (and the LR scheduler, registered in the engine's
+    training state) until ``--steps`` or the stop file's step, logging each
+    step (with ``details()``) and a final record with this process's checksum. The
+    counter counts after ``run_step`` returns, where per-step state (a scheduler, a
+    sampler's position) is updated."""
+
+    sched = el.scheduler("lr", scheduler_for)
 
     def where() -> dict[str, Any]:
         return {"t": time.time(), "node": el.node, "local_rank": el.local_rank, "pid": os.getpid()}
@@ -251,7 +298,10 @@ def train(
             break
         faults.before_step(el.step)
         loss = el.run_step(step)
+        sched.step()  # per-step state: after run_step returns
+        counter.steps += 1
         record = {"step": el.step - 1, "loss": loss, "rank": el.rank, "world": el.world_size}
+        record |= {"counter": counter.steps}
         record |= {"leader": el.order[0], "formations": el.reconfigurations}
         record |= {"formation_s": round(el.last_formation_s, 4), "verdict_t": el.verdict_time}
         log.emit(record | details() | where())

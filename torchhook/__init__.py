@@ -1,0 +1,98 @@
+"""torchhook: elastic PyTorch training on swim's membership.
+
+The public API: the engine (``Elastic``), its settings, the parallelism strategies, the
+errors it raises, and the membership client. Everything else in the package is a part of
+the engine with its own rules (docs/design.md lists them). Importing the package does not
+import torch; the names that need it load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "DDP",
+    "FSDP",
+    "HSDP",
+    "CheckpointFailed",
+    "Elastic",
+    "ElasticDDP",
+    "ElasticError",
+    "ElasticFSDP",
+    "ElasticHSDP",
+    "Fatal",
+    "GroupLost",
+    "Membership",
+    "MembershipChanged",
+    "NoSurvivingCopy",
+    "OutOfMemory",
+    "ReformBudgetSpent",
+    "Settings",
+    "SettingsError",
+    "StepFailed",
+    "TrainingState",
+    "View",
+    "World",
+    "mesh_dim",
+]
+
+_HOMES = {
+    "Elastic": "torchhook.engine",
+    "ElasticDDP": "torchhook.elastic",
+    "ElasticHSDP": "torchhook.elastic",
+    "ElasticFSDP": "torchhook.elastic",
+    "DDP": "torchhook.parallel",
+    "HSDP": "torchhook.parallel_hsdp",
+    "FSDP": "torchhook.parallel_fsdp",
+    "mesh_dim": "torchhook.parallel_hsdp",
+    "Settings": "torchhook.settings",
+    "Membership": "torchhook.client",
+    "TrainingState": "torchhook.state",
+    "World": "torchhook.state",
+    "View": "torchhook.client",
+    **{
+        name: "torchhook.errors"
+        for name in (
+            "CheckpointFailed",
+            "ElasticError",
+            "Fatal",
+            "GroupLost",
+            "MembershipChanged",
+            "NoSurvivingCopy",
+            "OutOfMemory",
+            "ReformBudgetSpent",
+            "SettingsError",
+            "StepFailed",
+        )
+    },
+}
+
+if TYPE_CHECKING:
+    from torchhook.client import Membership, View
+    from torchhook.elastic import ElasticDDP, ElasticFSDP, ElasticHSDP
+    from torchhook.engine import Elastic
+    from torchhook.errors import (
+        CheckpointFailed,
+        ElasticError,
+        Fatal,
+        GroupLost,
+        MembershipChanged,
+        NoSurvivingCopy,
+        OutOfMemory,
+        ReformBudgetSpent,
+        SettingsError,
+        StepFailed,
+    )
+    from torchhook.parallel import DDP
+    from torchhook.parallel_fsdp import FSDP
+    from torchhook.parallel_hsdp import HSDP, mesh_dim
+    from torchhook.settings import Settings
+    from torchhook.state import TrainingState, World
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'torchhook' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

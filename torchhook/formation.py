@@ -91,7 +91,7 @@ from torchhook.stores import (
 from torchhook.strategy import Layout, Plan, RankInfo
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import TCPStore  # noqa: F401 (Formation's base, quoted)
+    from torch._C._distributed_c10d import TCPStore
 
 __all__ = [
     "STORE_CONNECT",
@@ -175,7 +175,10 @@ class FormationOn(Generic[S]):
         op_timeout: timedelta,
         net: Net[S],
         clock: Clock | None = None,
+        directory: S | None = None,
     ) -> None:
+        """``directory``: the directory store this process serves, made by the caller
+        before it registers the store's port; None: local rank 0 serves one here."""
         self.view_now = view_now
         self.beat = beat
         self.timeout_s = timeout_s
@@ -185,8 +188,8 @@ class FormationOn(Generic[S]):
         self.nonce = os.urandom(8).hex()
         """Tags this process's rank claims (rule 5)."""
         # only local rank 0 can lead (its port is the node's registration's store_port)
-        self.directory: S | None = None
-        if local_rank == 0:
+        self.directory: S | None = directory
+        if directory is None and local_rank == 0:
             self.directory = self.net.serve(store_host, op_timeout)
         self._dir_clients: dict[tuple[str, int], S] = {}
 
@@ -426,6 +429,7 @@ class Formation(FormationOn["TCPStore"]):
         timeout_s: float,
         store_host: str,
         op_timeout: timedelta,
+        directory: TCPStore | None = None,
     ) -> None:
         super().__init__(
             view_now,
@@ -435,6 +439,7 @@ class Formation(FormationOn["TCPStore"]):
             store_host=store_host,
             op_timeout=op_timeout,
             net=TcpNet(),
+            directory=directory,
         )
 
 

@@ -1,8 +1,9 @@
 """FSDP2 sharding and resharding checkpoints for the elastic hook.
 
 When a node of a pure-FSDP job dies its parameter shard is gone, so the survivors cannot
-carry on from memory: they form a new, smaller process group (``torchhook.elastic`` does
-that), build a fresh module, call :func:`shard` on it and :meth:`Checkpointer.load_latest`,
+carry on from memory: they form a new, smaller process group (``torchhook.engine`` does
+that), build a fresh module, shard it (the user's ``parallelize``, :func:`shard` by default)
+and call :meth:`Checkpointer.load_latest`,
 which reloads the newest complete checkpoint resharded to the new world size, and train on
 from that step. The steps taken since that checkpoint are lost (rollback).
 
@@ -55,11 +56,12 @@ With HSDP every node holds a full copy of the model, sharded over its own ranks
 (replicate across nodes × shard within a node). When a node dies only the replicate
 dimension shrinks: the survivors still hold every shard in memory and go on from the
 current step, with no rollback and no checkpoint read (torchft's fault tolerance covers
-the replicated dimension only, for the same reason). ``torchhook.elastic_hsdp`` does
-that, with :func:`shard` on the node's part of a ``nodes × ranks`` mesh. Pure FSDP (a 1-D
+the replicated dimension only, for the same reason). ``torchhook.parallel_hsdp`` does
+that, with the user's ``parallelize`` (default :func:`shard`) on the node's part of a
+``nodes × ranks`` mesh. Pure FSDP (a 1-D
 mesh over all ranks) has no second copy of a shard, so losing any rank loses part of the
 model and optimizer state, and recovery must roll back to the last checkpoint with
-:meth:`Checkpointer.load_latest` (``torchhook.elastic_fsdp``).
+:meth:`Checkpointer.load_latest` (``torchhook.parallel_fsdp``).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -91,6 +94,8 @@ __all__ = ["CheckpointInfo", "Checkpointer", "complete_checkpoints", "is_linear_
 log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
+EXTRA = "state.bin"
+"""Beside the shards: the caller's extra bytes of that step (the engine's training state)."""
 LATEST = "latest"
 _PREFIX = "step-"
 # Modules that own the bulk of a model's parameters; each becomes one FSDP unit so that
@@ -168,9 +173,13 @@ def _read_marker(path: Path) -> CheckpointInfo | None:
 
 
 def _atomic_write(path: Path, text: str) -> None:
+    _atomic_write_bytes(path, text.encode())
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -194,19 +203,36 @@ class Checkpointer:
     """
 
     def __init__(
-        self, directory: Path, every_steps: int, keep: int = 2, *, timeout_s: float = 120.0
+        self,
+        directory: Path,
+        every_steps: int,
+        keep: int = 2,
+        *,
+        timeout_s: float = 120.0,
+        wait: Callable[[Any], None] | None = None,
     ) -> None:
         if every_steps < 1 or keep < 1 or timeout_s <= 0:
             raise ValueError("every_steps and keep must be >= 1, timeout_s > 0")
+        self._wait: Callable[[Any], None] = wait or (lambda work: work.wait())
+        """How our own broadcasts (nonce, choice) wait: the elastic engine passes one a
+        verdict can end; DCP's collectives inside a save or load wait on their own."""
         self.directory = Path(directory)
         self.every_steps = every_steps
         self.keep = keep
         self.timeout_s = timeout_s
         self._pg: dist.ProcessGroup | None = None
         self._pending: Future[CheckpointInfo | None] | None = None
+        self.loaded_path: Path | None = None
+        """The checkpoint the last ``load_latest`` loaded (None: none loaded)."""
         self._pending_step = -1
 
-    def maybe_save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+    def maybe_save(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extra: bytes | None = None,
+    ) -> bool:
         """Start an asynchronous save if ``step`` is a multiple of K; True if one started.
 
         Waits (bounded) for the previous save first. A previous save that failed is logged
@@ -223,7 +249,8 @@ class Checkpointer:
         )
         if not isinstance(started, Future):  # only the staging-response variant is not
             raise TypeError(f"unexpected async_save result {type(started).__name__}")
-        self._pending, self._pending_step = self._chain_marker(started, path, step), step
+        chained = self._chain_marker(started, path, step, extra)
+        self._pending, self._pending_step = chained, step
         return True
 
     def wait(self, timeout_s: float | None = None) -> CheckpointInfo | None:
@@ -248,7 +275,8 @@ class Checkpointer:
         return info
 
     def load_latest(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> int | None:
-        """Load the newest complete checkpoint into a freshly sharded model and optimizer.
+        """Load the newest complete checkpoint into a freshly sharded model and optimizer
+        (its ``extra`` bytes, if saved, are in ``loaded_path / EXTRA``).
 
         DCP reshards to the current world size. Returns the checkpoint's step, or None
         (nothing loaded) when there is no complete checkpoint. Rank 0 picks the checkpoint
@@ -258,13 +286,22 @@ class Checkpointer:
         self._finish_previous()
         pg = self._group()
         newest = complete_checkpoints(self.directory)[-1:] if dist.get_rank() == 0 else []
-        choice: list[tuple[str, int] | None] = [
-            (str(newest[0].path), newest[0].step) if newest else None
-        ]
-        dist.broadcast_object_list(choice, group_src=0, group=pg)
-        if choice[0] is None:
+        # the choice as a tensor (its step, then its path's bytes): two broadcasts whose
+        # waits the engine can end, unlike broadcast_object_list
+        raw = str(newest[0].path).encode() if newest else b""
+        head = torch.tensor([newest[0].step if newest else -1, len(raw)], dtype=torch.int64)
+        self._wait(dist.broadcast(head, group_src=0, group=pg, async_op=True))
+        step, size = int(head[0]), int(head[1])
+        if step < 0:
             return None
-        path, step = Path(choice[0][0]), choice[0][1]
+        buf = (
+            torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+            if raw
+            else torch.empty(size, dtype=torch.uint8)
+        )
+        self._wait(dist.broadcast(buf, group_src=0, group=pg, async_op=True))
+        path = Path(buf.numpy().tobytes().decode())
+        self.loaded_path = path
         model_sd, optim_sd = get_state_dict(model, optimizer)
         # DCP loads in place into these very dicts, resharding to the current world size
         load({"model": model_sd, "optim": optim_sd}, checkpoint_id=path, process_group=pg)
@@ -314,11 +351,11 @@ class Checkpointer:
     def _nonce(self, pg: dist.ProcessGroup) -> str:
         # secrets, not torch's RNG: the user's random state must not change when we save
         value = torch.tensor([secrets.randbits(62) if dist.get_rank() == 0 else 0])
-        dist.broadcast(value, group_src=0, group=pg)
+        self._wait(dist.broadcast(value, group_src=0, group=pg, async_op=True))
         return f"{int(value.item()):016x}"
 
     def _chain_marker(
-        self, started: Future[object], path: Path, step: int
+        self, started: Future[object], path: Path, step: int, extra: bytes | None
     ) -> Future[CheckpointInfo | None]:
         """A future that completes after DCP's save *and* rank 0's marker write."""
         done: Future[CheckpointInfo | None] = Future()
@@ -327,16 +364,19 @@ class Checkpointer:
         def on_saved(fut: Future[object]) -> None:
             try:
                 fut.result()
-                done.set_result(self._commit(path, step, world) if rank == 0 else None)
+                done.set_result(self._commit(path, step, world, extra) if rank == 0 else None)
             except BaseException as err:
                 done.set_exception(err)
 
         started.add_done_callback(on_saved)
         return done
 
-    def _commit(self, path: Path, step: int, world: int) -> CheckpointInfo:
+    def _commit(self, path: Path, step: int, world: int, extra: bytes | None) -> CheckpointInfo:
         """Rank 0, after DCP's save returned there. Every rank's shard is on disk by then:
-        DCP's last step gathers all ranks' write results to rank 0 before ``.metadata``."""
+        DCP's last step gathers all ranks' write results to rank 0 before ``.metadata``.
+        ``extra`` (the training state's snapshot) goes in before the marker."""
+        if extra is not None:
+            _atomic_write_bytes(path / EXTRA, extra)
         info = CheckpointInfo(step, time.time(), path, world)
         record = {"step": step, "saved_at": info.saved_at, "world": world}
         _atomic_write(path / MARKER, json.dumps(record))

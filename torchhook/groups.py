@@ -68,6 +68,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import PrefixStore, Store
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from torchhook.errors import MembershipChanged as MembershipChanged  # its old home
 from torchhook.strategy import Teardown
 
 log = logging.getLogger("torchhook.groups")
@@ -140,10 +141,6 @@ ACCELERATORS: dict[str, Accelerator] = {
     "gloo": Accelerator("gloo", _cpu, False, None),
     "nccl": Accelerator("nccl", _cuda, True, torch.cuda.set_device),
 }
-
-
-class MembershipChanged(RuntimeError):
-    """A collective was abandoned because the view dropped a member."""
 
 
 class ShrinkFailed(RuntimeError):

@@ -1,7 +1,7 @@
 """What a new process group looks like and how to get there: pure rules, no torch, no I/O.
 
-The elastic hooks (``torchhook.elastic`` for DDP, ``torchhook.elastic_hsdp`` for HSDP)
-consult these functions and do the process-group plumbing; the tests iterate the tables.
+The elastic engine (``torchhook.engine``, with its DDP, HSDP and FSDP strategies) consults
+these functions and does the process-group plumbing; the tests iterate the tables.
 
 Layout (``Layout.of``): a job's view lists nodes oldest registration first, each with its
 number of local ranks; global ranks follow that order, then the local rank (node 0's

@@ -78,6 +78,8 @@ def _check_consistent(
     losses: dict[int, float] = {}
     for r in (r for n in nodes for r in n.all_records() if "loss" in r):
         assert losses.setdefault(r["step"], r["loss"]) == r["loss"], "ranks disagree on a loss"
+        # the job's own registered state came with the model (newcomers took the source's)
+        assert r["counter"] == r["step"] + 1, r
     assert sorted(losses) == list(range(stop_at)), "every step ran exactly in order"
     reference = _reference(stop_at, losses[0], names)
     worst = max(abs(losses[s] - reference[s]) / abs(reference[s]) for s in range(stop_at))
@@ -155,3 +157,25 @@ def test_one_hung_trainer_takes_its_node_out_then_back(tmp_path: Path) -> None:
     finally:
         for n in nodes:
             n.stop()
+
+
+def test_a_bug_in_the_step_function_stops_the_trainer_at_once(tmp_path: Path) -> None:
+    """An exception from the step function that is not a group failure is not retried
+    (formerly: re-formed for up to 600 s): the trainer stops with ``StepFailed`` naming the
+    step and the cause."""
+    (node,) = start_nodes(["n0"], tmp_path, ranks=1)
+    try:
+        node.start_trainers(
+            SCRIPT, "--job", "j", "--steps", "100", "--fault", "bug", "--fault-step", "3"
+        )
+        until(lambda: any("fault" in r for r in node.records()), 60, "the bug fires")
+        fired = next(float(r["t"]) for r in node.records() if "fault" in r)
+        code = node.trainers[0].wait(30)
+        stopped = time.time()
+        log = node.tail()
+        assert code != 0, log
+        assert "StepFailed: step 3 raised ValueError: a planned bug" in log, log
+        assert [r["step"] for r in node.steps()] == [0, 1, 2], "no step after the bug"
+        print(json.dumps({"bug_to_exit_s": round(stopped - fired, 2)}))
+    finally:
+        node.stop()

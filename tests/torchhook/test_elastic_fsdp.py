@@ -67,6 +67,8 @@ def _check(
         assert [r["step"] for r in shrunk] == list(range(start, stop_at)), n.name
         first_new.append(shrunk[0])
         for r in steps:
+            # the job's registered state rolled back with the model (saved beside it)
+            assert r["counter"] == r["step"] + 1, (n.name, r)
             rel = abs(r["loss"] - ref[r["step"]]) / abs(ref[r["step"]])
             assert rel < LOSS_RTOL, (n.name, r, ref[r["step"]])
             worst = max(worst, rel)

@@ -62,6 +62,7 @@ def test_a_node_dies_and_the_replicas_go_on_from_memory(tmp_path: Path) -> None:
                 assert after and {r["restore"] for r in after} == {"memory"}, after[:1]
                 assert after[0]["resumed"] == after[0]["step"], "went on at the step it was at"
                 for r in steps:
+                    assert r["counter"] == r["step"] + 1, r  # the job's registered state
                     rel = abs(r["loss"] - reference[r["step"]]) / abs(reference[r["step"]])
                     worst = max(worst, rel)
         assert worst < LOSS_RTOL, f"loss curve off the reference by {worst:.2e} (relative)"

@@ -1,0 +1,142 @@
+"""Every option of the elastic engine, in one frozen dataclass checked on construction.
+
+A wrong value raises ``SettingsError`` naming the field before anything is built (no agent
+connection, no store, no process group). The parallelism's own options (checkpoint
+directory, mesh shape) belong to its strategy object, not here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchhook.errors import ReformBudgetSpent, SettingsError
+
+__all__ = ["QUORUMS", "ReformBudget", "Settings"]
+
+QUORUMS = ("majority", "any")
+BACKENDS = ("gloo", "nccl")
+MAX_REFORM_ATTEMPTS = 10_000
+"""A re-formation budget larger than this is a mistake, not a policy."""
+RETRY_WAIT_S = 0.2
+"""After a formation whose leader was unreachable: wait at least this long for a new view."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Options of one trainer process; every field but ``job`` has a default.
+
+    Bounds: ``formation_timeout_s`` bounds one agreement, ``reform_attempts`` and
+    ``reform_timeout_s`` the failed formations in a row (with backoff between them),
+    ``join_timeout_s`` the wait for a view the job can use (``min_nodes``, quorum),
+    ``pg_timeout_s`` every collective as a backstop (the verdict ends ours first)."""
+
+    job: str
+    control: str | Path | None = None
+    """The agent's control socket (default: ``SWIM_CONTROL``, else the agent's default)."""
+    min_nodes: int = 1
+    quorum: str = "majority"
+    """``majority``: a member of a previous group re-forms only with a strict majority of
+    that group's nodes (a partitioned minority waits); ``any``: no such rule."""
+    pg_timeout_s: float = 60.0
+    formation_timeout_s: float = 30.0
+    join_timeout_s: float = 600.0
+    reform_attempts: int = 50
+    """Failed formations in a row before the job stops (``ReformBudgetSpent``)."""
+    reform_timeout_s: float = 300.0
+    """Time from the first failed formation in a row until the job stops."""
+    reform_backoff_s: float = 0.05
+    """Wait before the third attempt (the second runs at once); doubles per failure. A
+    new view ends the wait early."""
+    reform_backoff_max_s: float = 2.0
+    heartbeat_pause_ms: int = 30_000
+    store_host: str = "0.0.0.0"
+    local_rank: int | None = None
+    """Default: torchrun's ``LOCAL_RANK``, else 0."""
+    local_world_size: int | None = None
+    """Default: torchrun's ``LOCAL_WORLD_SIZE``, else 1."""
+    backend: str | None = None
+    """``gloo`` or ``nccl``; default ``nccl`` when CUDA is available, else ``gloo``."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.job, str) or not self.job:
+            raise SettingsError(f"job must be a non-empty string, got {self.job!r}")
+        if self.quorum not in QUORUMS:
+            raise SettingsError(f"quorum must be one of {QUORUMS}, got {self.quorum!r}")
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise SettingsError(f"backend must be one of {BACKENDS} or None, got {self.backend!r}")
+        _int_at_least("min_nodes", self.min_nodes, 1)
+        _int_at_least("reform_attempts", self.reform_attempts, 1, MAX_REFORM_ATTEMPTS)
+        _int_at_least("heartbeat_pause_ms", self.heartbeat_pause_ms, 1)
+        for name in ("pg_timeout_s", "formation_timeout_s", "join_timeout_s", "reform_timeout_s"):
+            _positive(name, getattr(self, name))
+        _positive("reform_backoff_s", self.reform_backoff_s, zero_ok=True)
+        _positive("reform_backoff_max_s", self.reform_backoff_max_s, zero_ok=True)
+        if self.reform_backoff_max_s < self.reform_backoff_s:
+            raise SettingsError("reform_backoff_max_s must be >= reform_backoff_s")
+        if self.local_rank is not None:
+            _int_at_least("local_rank", self.local_rank, 0)
+        if self.local_world_size is not None:
+            _int_at_least("local_world_size", self.local_world_size, 1)
+            if self.local_rank is not None and self.local_rank >= self.local_world_size:
+                raise SettingsError(
+                    f"local_rank ({self.local_rank}) must be < local_world_size "
+                    f"({self.local_world_size})"
+                )
+
+
+def _int_at_least(name: str, value: object, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise SettingsError(f"{name} must be an integer >= {low}, got {value!r}")
+    if high is not None and value > high:
+        raise SettingsError(f"{name} must be <= {high}, got {value!r}")
+
+
+def _positive(name: str, value: object, *, zero_ok: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and isinstance(value, (int, float)):
+        ok = math.isfinite(value) and (value >= 0 if zero_ok else value > 0)
+    if not ok:
+        bound = ">= 0" if zero_ok else "> 0"
+        raise SettingsError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
+class ReformBudget:
+    """Failed formations in a row, against ``reform_attempts`` and ``reform_timeout_s``
+    (from the first failure), and the backoff between them: none after the first failure
+    (a changed view is the usual cause), then ``reform_backoff_s`` doubling up to
+    ``reform_backoff_max_s``; at least ``RETRY_WAIT_S`` after an unreachable leader. The
+    caller waits that long for a new view, which ends the wait early."""
+
+    def __init__(self, settings: Settings, now: Callable[[], float]) -> None:
+        self.settings = settings
+        self._now = now
+        self.failures = 0
+        self._first: float | None = None
+
+    def failed(self, why: str, *, unreachable: bool) -> float:
+        """Count one failure (``why`` names it); the seconds to wait before the next
+        attempt. Raises ``ReformBudgetSpent`` once the budget is spent."""
+        s = self.settings
+        now = self._now()
+        self.failures += 1
+        self._first = now if self._first is None else self._first
+        if self.failures >= s.reform_attempts:
+            raise ReformBudgetSpent(
+                f"no group formed in {self.failures} attempts "
+                f"(reform_attempts={s.reform_attempts}); last: {why}"
+            )
+        if now - self._first > s.reform_timeout_s:
+            raise ReformBudgetSpent(
+                f"no group formed for {now - self._first:.1f} s "
+                f"(reform_timeout_s={s.reform_timeout_s}); last: {why}"
+            )
+        delay = 0.0
+        if self.failures >= 2:
+            # the exponent is capped: 2**10000 would not fit a float
+            delay = min(
+                s.reform_backoff_max_s, s.reform_backoff_s * 2 ** min(self.failures - 2, 64)
+            )
+        return max(delay, RETRY_WAIT_S) if unreachable else delay
