@@ -1,0 +1,187 @@
+"""Every sample of an epoch exactly once, across real node losses: ``Elastic.data`` with a
+``DataLoader`` (two worker processes per trainer), real agents, trainers and gloo.
+
+examples/elastic_data.py logs, per committed step, the sample indices each rank consumed
+(read back from the loader's batches, which its workers built) and, per micro-batch taken,
+an ``attempt`` record. "Exactly once" is counted over committed steps: the steps whose
+updates the final model holds. With DDP no committed step is ever lost, so every step is
+committed once, and the concatenation of the committed steps' indices (ranks in order)
+is the job's sample stream: each epoch a permutation of the dataset, no gap, no repeat. A
+step cut short by a node loss (an attempt of a group that never committed it) is taken
+again, whole, in the next group, at its split.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.procs import stop, until
+from agent.training_nodes import ROOT, TrainingNode, start_nodes
+
+pytest.importorskip("torch", reason="the torch hook needs torch (pip install '.[torch]')")
+
+from torchhook.batching import FixedGlobalBatch
+from torchhook.data import ElasticSampler
+
+pytestmark = pytest.mark.slow
+SCRIPT = "examples/elastic_data.py"
+RANKS = 2
+SAMPLES = 100  # not a multiple of the global batch: steps cross epoch boundaries
+GLOBAL_BATCH = 24
+MAX_MICRO_BATCH = 2
+SEED = 3
+LOSS_RTOL = 1e-4
+REFERENCE_STEPS = 400
+"""More steps than the run takes (about 110 here; the test asserts it stays below)."""
+
+
+def _args(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "--job", "j", "--steps", "100000", "--stop-file", str(tmp_path / "stop"),
+        "--step-sleep", "0.02", "--pg-timeout", "60", "--min-nodes", "2",
+        "--samples", str(SAMPLES), "--global-batch", str(GLOBAL_BATCH),
+        "--max-micro-batch", str(MAX_MICRO_BATCH), "--seed", str(SEED), *extra,
+    ]  # fmt: skip
+
+
+def _stream(steps: int) -> list[int]:
+    sampler = ElasticSampler(SAMPLES, FixedGlobalBatch(GLOBAL_BATCH), seed=SEED)
+    return sampler.indices(0, steps * GLOBAL_BATCH)
+
+
+def _start_reference(steps: int) -> subprocess.Popen[str]:
+    """The failure-free curve, computed while the job runs (one process, the same stream)."""
+    args = _args(Path("."))[4:]  # without --job and --steps
+    return subprocess.Popen(
+        [sys.executable, SCRIPT, "--reference", "--steps", str(steps), *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+def _reference(proc: subprocess.Popen[str], steps: int) -> list[float]:
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    losses: list[float] = json.loads(out)
+    assert len(losses) >= steps, f"the reference ran {len(losses)} steps, the job {steps}"
+    return losses
+
+
+def _kill(node: TrainingNode, fault_file: Path, world: int, others: list[TrainingNode]) -> None:
+    fault_file.touch()
+    until(lambda: any("fault" in r for r in node.records()), 20, f"{node.name} is killed")
+    until(lambda: all(n.training_at(world) for n in others), 60, f"survivors train at {world}")
+
+
+def _finish(nodes: list[TrainingNode], tmp_path: Path) -> int:
+    last = max(int(r["step"]) for n in nodes for r in n.all_records() if "loss" in r)
+    stop_at = last + 10
+    (tmp_path / "stop").write_text(str(stop_at))
+    until(lambda: all(None not in n.finals() for n in nodes), 60, "every trainer finishes")
+    for n in nodes:
+        assert all(t.wait(20) == 0 for t in n.trainers), n.tail()
+    return stop_at
+
+
+def _check_exactly_once(records: list[dict[str, Any]], stop_at: int) -> dict[str, Any]:
+    committed = [r for r in records if "loss" in r]
+    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for r in committed:
+        by_step[r["step"]].append(r)
+        assert r["counter"] == r["step"] + 1, r  # the job's own state travelled too
+    assert sorted(by_step) == list(range(stop_at)), "every step committed, in order"
+    stream = _stream(stop_at)
+    consumed: list[int] = []
+    worlds: list[int] = []
+    for step in range(stop_at):
+        ranks = sorted(by_step[step], key=lambda r: r["rank"])
+        world = ranks[0]["world"]
+        # committed once: by every rank of one group, each rank once
+        assert [r["rank"] for r in ranks] == list(range(world)), (step, ranks)
+        assert len({r["token"] for r in ranks}) == 1, (step, ranks)
+        share = GLOBAL_BATCH // world
+        assert all(r["micro_batches"] == -(-share // MAX_MICRO_BATCH) for r in ranks)
+        assert all(len(r["indices"]) == share for r in ranks)
+        indices = [i for r in ranks for i in r["indices"]]
+        assert indices == stream[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH], step
+        consumed += indices
+        if not worlds or worlds[-1] != world:
+            worlds.append(world)
+    epochs = len(consumed) // SAMPLES
+    for e in range(epochs):  # each index of each full epoch exactly once
+        assert sorted(consumed[e * SAMPLES : (e + 1) * SAMPLES]) == list(range(SAMPLES)), e
+    tail = consumed[epochs * SAMPLES :]
+    assert len(set(tail)) == len(tail), "a repeat in the last, partial epoch"
+    # steps cut short: attempts of a group that never committed that step
+    done = {(r["step"], r["token"]) for r in committed}
+    cut: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for r in records:
+        if "attempt" in r and (r["attempt"], r["token"]) not in done:
+            cut[(r["attempt"], r["token"])] += r["indices"]
+    for (step, _), indices in cut.items():
+        again = [i for r in by_step[step] for i in r["indices"]]
+        assert set(indices) <= set(again), f"step {step} was not taken again whole"
+    return {"worlds": worlds, "epochs": epochs, "cut_short": sorted(s for s, _ in cut)}
+
+
+def test_ddp_two_node_losses_and_a_regrow_consume_each_sample_once(tmp_path: Path) -> None:
+    """3 nodes x 2 ranks, a DataLoader with 2 workers per rank: n2 is killed (SIGKILL of the
+    node, inside the backward of a step's first micro-batch), n3 joins, n1 is killed:
+    world sizes 6, 4, 6, 4, with 2 and 3 micro-batches per rank and step."""
+    began = time.monotonic()
+    phases: dict[str, float] = {}
+
+    def phase(name: str) -> None:
+        phases[name] = round(time.monotonic() - began, 1)
+
+    nodes = start_nodes(["n0", "n1", "n2"], tmp_path, ranks=RANKS)
+    n0, n1, n2 = nodes
+    faults = {n.name: tmp_path / f"fault-{n.name}" for n in (n1, n2)}
+    reference_run: subprocess.Popen[str] | None = None
+    try:
+        for n in nodes:
+            extra = []
+            if n.name in faults:
+                extra = ["--fault", "kill-in-backward", "--fault-file", str(faults[n.name])]
+            n.start_trainers(SCRIPT, *_args(tmp_path, *extra))
+        until(lambda: all(n.training_at(6) for n in nodes), 150, "3 nodes x 2 ranks train")
+        phase("world6")
+        reference_run = _start_reference(REFERENCE_STEPS)
+        _kill(n2, faults["n2"], 4, [n0, n1])
+        phase("world4")
+        n3 = TrainingNode("n3", tmp_path, n0.port, ranks=RANKS)
+        nodes.append(n3)
+        n3.wait_ready()
+        n3.start_trainers(SCRIPT, *_args(tmp_path))
+        until(lambda: all(n.training_at(6) for n in (n0, n1, n3)), 120, "regrown to 6")
+        phase("regrown")
+        _kill(n1, faults["n1"], 4, [n0, n3])
+        phase("world4_again")
+        stop_at = _finish([n0, n3], tmp_path)
+        phase("finished")
+        records = [r for n in nodes for r in n.all_records()]
+        result = _check_exactly_once(records, stop_at)
+        # the job may start small while the nodes' trainers come up
+        assert result["worlds"][-4:] == [6, 4, 6, 4], result
+        assert len(result["cut_short"]) >= 2, "each node loss cut a step short"
+        losses = {r["step"]: r["loss"] for r in records if "loss" in r}
+        reference = _reference(reference_run, stop_at)
+        worst = max(abs(losses[s] - reference[s]) / abs(reference[s]) for s in range(stop_at))
+        assert worst < LOSS_RTOL, f"loss curve off the failure-free run by {worst:.2e}"
+        phase("checked")
+        print(json.dumps({**result, "steps": stop_at, "worst_rel_loss_diff": worst, **phases}))
+    finally:
+        for n in nodes:
+            n.stop()
+        if reference_run is not None:
+            stop(reference_run, sig=signal.SIGKILL)
