@@ -93,45 +93,61 @@ def _finish(nodes: list[TrainingNode], tmp_path: Path) -> int:
     return stop_at
 
 
-def _check_exactly_once(records: list[dict[str, Any]], stop_at: int) -> dict[str, Any]:
-    committed = [r for r in records if "loss" in r]
-    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for r in committed:
-        by_step[r["step"]].append(r)
-        assert r["counter"] == r["step"] + 1, r  # the job's own state travelled too
-    assert sorted(by_step) == list(range(stop_at)), "every step committed, in order"
+def _check_exactly_once(
+    records: list[dict[str, Any]], stop_at: int, *, rollback: bool = False
+) -> dict[str, Any]:
+    """Every commit of a step (by one group) holds that step's slice of the stream, split
+    over the group's ranks in order; the final history (each step's last commit) covers
+    steps ``0..stop_at-1`` and so every full epoch once. Without ``rollback`` (DDP, HSDP)
+    each step is committed by one group only; with it (FSDP) the steps after the
+    checkpoint are committed again by the next group, with the same samples."""
+    commits: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        if "loss" in r:
+            commits[(r["step"], r["token"])].append(r)
+            assert r["counter"] == r["step"] + 1, r  # the job's own state travelled too
     stream = _stream(stop_at)
-    consumed: list[int] = []
-    worlds: list[int] = []
-    for step in range(stop_at):
-        ranks = sorted(by_step[step], key=lambda r: r["rank"])
+    final: dict[int, tuple[float, list[int], int]] = {}
+    for (step, _), ranks in commits.items():
+        ranks.sort(key=lambda r: r["rank"])
         world = ranks[0]["world"]
-        # committed once: by every rank of one group, each rank once
+        # by every rank of one group, each rank once, in micro-batches of the bound
         assert [r["rank"] for r in ranks] == list(range(world)), (step, ranks)
-        assert len({r["token"] for r in ranks}) == 1, (step, ranks)
         share = GLOBAL_BATCH // world
         assert all(r["micro_batches"] == -(-share // MAX_MICRO_BATCH) for r in ranks)
         assert all(len(r["indices"]) == share for r in ranks)
         indices = [i for r in ranks for i in r["indices"]]
         assert indices == stream[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH], step
-        consumed += indices
-        if not worlds or worlds[-1] != world:
-            worlds.append(world)
+        t = max(float(r["t"]) for r in ranks)
+        if step not in final or final[step][0] < t:
+            final[step] = (t, indices, world)
+    assert sorted(final) == list(range(stop_at)), "every step committed, in order"
+    again = sorted({s for s, _ in commits if sum(1 for k in commits if k[0] == s) > 1})
+    assert rollback or not again, f"steps committed twice without a rollback: {again}"
+    consumed = [i for s in range(stop_at) for i in final[s][1]]
     epochs = len(consumed) // SAMPLES
     for e in range(epochs):  # each index of each full epoch exactly once
         assert sorted(consumed[e * SAMPLES : (e + 1) * SAMPLES]) == list(range(SAMPLES)), e
     tail = consumed[epochs * SAMPLES :]
     assert len(set(tail)) == len(tail), "a repeat in the last, partial epoch"
-    # steps cut short: attempts of a group that never committed that step
-    done = {(r["step"], r["token"]) for r in committed}
-    cut: dict[tuple[int, str], list[int]] = defaultdict(list)
+    worlds: list[int] = []
+    for s in range(stop_at):
+        if not worlds or worlds[-1] != final[s][2]:
+            worlds.append(final[s][2])
+    # steps cut short: attempts of a group that never committed that step, taken again
+    # whole by a later group (its commit holds the step's whole slice, checked above)
+    cut: dict[tuple[int, str], set[int]] = defaultdict(set)
     for r in records:
-        if "attempt" in r and (r["attempt"], r["token"]) not in done:
-            cut[(r["attempt"], r["token"])] += r["indices"]
-    for (step, _), indices in cut.items():
-        again = [i for r in by_step[step] for i in r["indices"]]
-        assert set(indices) <= set(again), f"step {step} was not taken again whole"
-    return {"worlds": worlds, "epochs": epochs, "cut_short": sorted(s for s, _ in cut)}
+        if "attempt" in r and (r["attempt"], r["token"]) not in commits:
+            cut[(r["attempt"], r["token"])].update(r["indices"])
+    for (step, _), taken in cut.items():
+        assert taken <= set(final[step][1]), f"step {step} was not taken again whole"
+    return {
+        "worlds": worlds,
+        "epochs": epochs,
+        "cut_short": sorted(s for s, _ in cut),
+        "committed_again": again,
+    }
 
 
 def test_ddp_two_node_losses_and_a_regrow_consume_each_sample_once(tmp_path: Path) -> None:
@@ -180,6 +196,47 @@ def test_ddp_two_node_losses_and_a_regrow_consume_each_sample_once(tmp_path: Pat
         assert worst < LOSS_RTOL, f"loss curve off the failure-free run by {worst:.2e}"
         phase("checked")
         print(json.dumps({**result, "steps": stop_at, "worst_rel_loss_diff": worst, **phases}))
+    finally:
+        for n in nodes:
+            n.stop()
+        if reference_run is not None:
+            stop(reference_run, sig=signal.SIGKILL)
+
+
+def test_fsdp_rolls_the_samples_back_with_the_model(tmp_path: Path) -> None:
+    """3 nodes x 1 rank, FSDP2 with a checkpoint every 4 steps: n2 is killed between
+    checkpoints; the survivors reload the newest checkpoint, the sampler's position with
+    it, and take the rolled-back steps again with the same samples (at the new split). In
+    the final history every index of every epoch is consumed once."""
+    nodes = start_nodes(["n0", "n1", "n2"], tmp_path)
+    n0, n1, n2 = nodes
+    fault = tmp_path / "fault"
+    reference_run: subprocess.Popen[str] | None = None
+    fsdp = [
+        "--strategy", "fsdp", "--checkpoint-dir", str(tmp_path / "ckpt"),
+        "--checkpoint-every", "4", "--pg-timeout", "15",
+    ]  # fmt: skip
+    try:
+        for n in nodes:
+            extra = ["--fault", "kill-in-backward", "--fault-file", str(fault)] if n is n2 else []
+            n.start_trainers(SCRIPT, *_args(tmp_path, *fsdp, *extra))
+        until(lambda: all(n.training_at(3) for n in nodes), 150, "3 nodes train")
+        reference_run = _start_reference(REFERENCE_STEPS)
+        _kill(n2, fault, 2, [n0, n1])
+        stop_at = _finish([n0, n1], tmp_path)
+        records = [r for n in nodes for r in n.all_records()]
+        result = _check_exactly_once(records, stop_at, rollback=True)
+        assert result["worlds"][-2:] == [3, 2], result
+        assert result["committed_again"], "the steps after the checkpoint ran again"
+        assert result["cut_short"], "the node loss cut a step short"
+        final: dict[int, tuple[float, float]] = {}
+        for r in (r for r in records if "loss" in r):
+            if r["step"] not in final or final[r["step"]][0] < r["t"]:
+                final[r["step"]] = (r["t"], r["loss"])
+        reference = _reference(reference_run, stop_at)
+        worst = max(abs(final[s][1] - reference[s]) / abs(reference[s]) for s in range(stop_at))
+        assert worst < LOSS_RTOL, f"loss curve off the failure-free run by {worst:.2e}"
+        print(json.dumps({**result, "steps": stop_at, "worst_rel_loss_diff": worst}))
     finally:
         for n in nodes:
             n.stop()
