@@ -203,31 +203,40 @@ def test_ddp_two_node_losses_and_a_regrow_consume_each_sample_once(tmp_path: Pat
             stop(reference_run, sig=signal.SIGKILL)
 
 
-def test_fsdp_rolls_the_samples_back_with_the_model(tmp_path: Path) -> None:
-    """3 nodes x 1 rank, FSDP2 with a checkpoint every 4 steps: n2 is killed between
-    checkpoints; the survivors reload the newest checkpoint, the sampler's position with
-    it, and take the rolled-back steps again with the same samples (at the new split). In
-    the final history every index of every epoch is consumed once."""
-    nodes = start_nodes(["n0", "n1", "n2"], tmp_path)
+@pytest.mark.parametrize("strategy", ["hsdp", "fsdp"])
+def test_a_sharded_model_loses_a_node_and_each_sample_stays_once(
+    tmp_path: Path, strategy: str
+) -> None:
+    """HSDP, 3 nodes x 2 ranks: n2 is killed inside a step; the replicas go on from memory
+    with the sampler's position they hold (no step committed twice). FSDP2, 3 nodes x 1
+    rank, a checkpoint every 4 steps: n2 is killed between checkpoints; the survivors
+    reload the newest checkpoint, the sampler's position with it, and take the
+    rolled-back steps again with the same samples (at the new split). Either way every
+    index of every epoch is consumed once in the final history."""
+    ranks = 2 if strategy == "hsdp" else 1
+    nodes = start_nodes(["n0", "n1", "n2"], tmp_path, ranks=ranks)
     n0, n1, n2 = nodes
     fault = tmp_path / "fault"
     reference_run: subprocess.Popen[str] | None = None
-    fsdp = [
-        "--strategy", "fsdp", "--checkpoint-dir", str(tmp_path / "ckpt"),
-        "--checkpoint-every", "4", "--pg-timeout", "15",
-    ]  # fmt: skip
+    options = ["--strategy", strategy]
+    if strategy == "fsdp":
+        options += [
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "4",
+            "--pg-timeout", "15",
+        ]  # fmt: skip
     try:
         for n in nodes:
             extra = ["--fault", "kill-in-backward", "--fault-file", str(fault)] if n is n2 else []
-            n.start_trainers(SCRIPT, *_args(tmp_path, *fsdp, *extra))
-        until(lambda: all(n.training_at(3) for n in nodes), 150, "3 nodes train")
+            n.start_trainers(SCRIPT, *_args(tmp_path, *options, *extra))
+        until(lambda: all(n.training_at(3 * ranks) for n in nodes), 150, "3 nodes train")
         reference_run = _start_reference(REFERENCE_STEPS)
-        _kill(n2, fault, 2, [n0, n1])
+        _kill(n2, fault, 2 * ranks, [n0, n1])
         stop_at = _finish([n0, n1], tmp_path)
         records = [r for n in nodes for r in n.all_records()]
-        result = _check_exactly_once(records, stop_at, rollback=True)
-        assert result["worlds"][-2:] == [3, 2], result
-        assert result["committed_again"], "the steps after the checkpoint ran again"
+        result = _check_exactly_once(records, stop_at, rollback=strategy == "fsdp")
+        assert result["worlds"][-2:] == [3 * ranks, 2 * ranks], result
+        if strategy == "fsdp":
+            assert result["committed_again"], "the steps after the checkpoint ran again"
         assert result["cut_short"], "the node loss cut a step short"
         final: dict[int, tuple[float, float]] = {}
         for r in (r for r in records if "loss" in r):
