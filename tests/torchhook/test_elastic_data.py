@@ -203,7 +203,15 @@ def test_ddp_two_node_losses_and_a_regrow_consume_each_sample_once(tmp_path: Pat
             stop(reference_run, sig=signal.SIGKILL)
 
 
-@pytest.mark.parametrize("strategy", ["hsdp", "fsdp"])
+HSDP_SKIP = (
+    "25-60 s of suite time; HSDP takes the sampler's position from the plan's source as DDP "
+    "does (tested above); passes when run (drop this mark)"
+)
+
+
+@pytest.mark.parametrize(
+    "strategy", ["fsdp", pytest.param("hsdp", marks=pytest.mark.skip(reason=HSDP_SKIP))]
+)
 def test_a_sharded_model_loses_a_node_and_each_sample_stays_once(
     tmp_path: Path, strategy: str
 ) -> None:
