@@ -110,7 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     state, counter = job.training_state()
     el = Elastic(strategy(args), Settings(**job.hook_options(args)), state=state)
     sampler = sampler_for(args)
-    loader = DataLoader(Samples(args.samples), batch_sampler=sampler, num_workers=args.workers)
+    loader = DataLoader(
+        Samples(args.samples),
+        batch_sampler=sampler,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,  # a world change restarts no worker
+    )
     feed = el.data(loader)  # before el.scheduler: with HSDP/FSDP that forms the group
     sched = el.scheduler("lr", job.scheduler_for)
     log = job.StepLog(args.log)

@@ -83,6 +83,13 @@ def _kill(node: TrainingNode, fault_file: Path, world: int, others: list[Trainin
     until(lambda: all(n.training_at(world) for n in others), 60, f"survivors train at {world}")
 
 
+def _recovery(victim: TrainingNode, records: list[dict[str, Any]]) -> float:
+    """From the planned SIGKILL to the survivors' first committed step after it (a new
+    loader iterator, its workers started, is part of that step)."""
+    fault = next(float(r["t"]) for r in victim.records() if "fault" in r)
+    return round(min(float(r["t"]) for r in records if "loss" in r and r["t"] > fault) - fault, 3)
+
+
 def _finish(nodes: list[TrainingNode], tmp_path: Path) -> int:
     last = max(int(r["step"]) for n in nodes for r in n.all_records() if "loss" in r)
     stop_at = last + 10
@@ -195,7 +202,9 @@ def test_ddp_two_node_losses_and_a_regrow_consume_each_sample_once(tmp_path: Pat
         worst = max(abs(losses[s] - reference[s]) / abs(reference[s]) for s in range(stop_at))
         assert worst < LOSS_RTOL, f"loss curve off the failure-free run by {worst:.2e}"
         phase("checked")
+        recovery = {f"{v.name}_fault_to_next_step_s": _recovery(v, records) for v in (n2, n1)}
         print(json.dumps({**result, "steps": stop_at, "worst_rel_loss_diff": worst, **phases}))
+        print(json.dumps(recovery))
     finally:
         for n in nodes:
             n.stop()
