@@ -29,9 +29,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from torchhook import DDP, FSDP, HSDP, Elastic, Settings
-from torchhook.batching import FixedGlobalBatch
-from torchhook.data import ElasticSampler
+from torchhook import DDP, FSDP, HSDP, Elastic, ElasticSampler, FixedGlobalBatch, Settings
 from torchhook.parallel import Parallelism
 
 
