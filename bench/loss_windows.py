@@ -19,7 +19,9 @@ average at its start and end. Implementations:
 
 - ``swim-lan``: our agent, profile ``lan`` (memberlist's ``DefaultLANConfig``: 1 s probes,
   500 ms probe timeout, 3 indirect checks, suspicion α = 4, β = 6, so k = 2 confirmations);
-- ``swim-lan-a6``: the same with ``suspicion_mult = 6`` (the knob: docs/tuning.md);
+- ``swim-lan-a5``, ``swim-lan-a6``: the same with ``suspicion_mult`` 5 or 6 (the knob:
+  docs/tuning.md; at 5 members α = 6 asks for k = 4 confirmations where only 3 members
+  could give them, so k falls to 0 and every suspicion runs exactly min = 6 s);
 - ``serf-lan``: Debian's ``serf agent -profile=lan`` (the same memberlist defaults).
 
 The simulator beside them (``--sim-seeds``): the same 5-member ``lan`` world that the
@@ -40,10 +42,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import math
 import os
 import queue
+import re
 import signal
 import statistics
 import sys
@@ -58,6 +62,7 @@ from agent.procs import until
 from bench import results
 from tests.netns.harness import HarnessError, MemberEvent, Testbed, unavailable_reason
 
+_LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"
 HOSTS = 5
 VICTIM = 5
 DETECT_TIMEOUT_S = 40.0
@@ -65,6 +70,7 @@ DETECT_TIMEOUT_S = 40.0
 CONVERGE_TIMEOUT_S = 60.0
 IMPLS: dict[str, tuple[str, str | None]] = {
     "swim-lan": ("swim", None),
+    "swim-lan-a5": ("swim", "[protocol]\nsuspicion_mult = 5\n"),
     "swim-lan-a6": ("swim", "[protocol]\nsuspicion_mult = 6\n"),
     "serf-lan": ("serf", None),
 }
@@ -89,6 +95,33 @@ def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
     lower = 0.0 if k == 0 else solve(lambda p: 1 - cdf(k - 1, p) < a)
     upper = 1.0 if k == n else solve(lambda p: cdf(k, p) > a)
     return lower, upper
+
+
+FAILED_PROBE = re.compile(r"[Ss]uspect \S+ has failed, no acks received")
+"""A probe that got no ack, direct, indirect or over TCP: logged by the prober only, in
+the same words by memberlist (serf) and by our agent; the like-for-like count of
+accusations (our ``member X suspect`` lines are logged by every member that learns of one)."""
+REFUTED = re.compile(r"[Rr]efuting a suspect message")
+
+
+def count_lines(lane_dir: Path, pattern: re.Pattern[str], start: float, end: float) -> int:
+    """Lines of the lane's logs matching ``pattern`` stamped in [start, end): serf's lines
+    carry the harness's epoch stamp, ours the agent's own date and time."""
+    found = 0
+    for log in lane_dir.glob("*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if not pattern.search(line):
+                continue
+            head = line.split(" ", 1)[0]
+            if head.replace(".", "", 1).isdigit():
+                at = float(head)
+            else:
+                try:
+                    at = datetime.datetime.strptime(line[:23], _LOG_TIME).timestamp()
+                except ValueError:
+                    continue
+            found += start <= at < end
+    return found
 
 
 class Lane:
@@ -189,6 +222,8 @@ class Lane:
             "drop_rate": dropped / max(arrived, 1),
             "steady_dead": sum(1 for e in steady if e.kind == "dead"),
             "steady_suspect": sum(1 for e in steady if e.kind == "suspect"),
+            "failed_probes": count_lines(bed.workdir, FAILED_PROBE, t0, killed),
+            "refutations": count_lines(bed.workdir, REFUTED, t0, killed),
             "after_dead": sum(1 for e in after_false if e.kind == "dead"),
             "after_suspect": sum(1 for e in after_false if e.kind == "suspect"),
             "false_dead_pairs": sorted(
@@ -287,7 +322,7 @@ def _interleave(levels: list[tuple[float, int]]) -> list[float]:
 def _line(w: dict[str, Any]) -> str:
     return (
         f"{w['lane']:<14} loss {w['loss']:.2f} drop {w['drop_rate']:.3f} "
-        f"suspect {w['steady_suspect']:>3} dead {w['steady_dead']} | after kill: dead "
+        f"failed probes {w['failed_probes']:>3} dead {w['steady_dead']} | after kill: dead "
         f"{w['after_dead']} detect {w['detect_last_s']} load {w['load_start']}"
     )
 
@@ -317,6 +352,17 @@ def sim_windows(loss: float, seeds: int, window_s: float, after_s: float) -> lis
     return out
 
 
+def enrich(windows: list[dict[str, Any]], workdir: Path) -> None:
+    """Counts a window of an older run lacks, from the lane logs it left in ``workdir``."""
+    for w in windows:
+        lane_dir = workdir / w.get("lane", "-")
+        if "failed_probes" in w or not lane_dir.is_dir():
+            continue
+        end = w["start"] + w["window_s"]
+        w["failed_probes"] = count_lines(lane_dir, FAILED_PROBE, w["start"], end)
+        w["refutations"] = count_lines(lane_dir, REFUTED, w["start"], end)
+
+
 def summarise(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     keys = sorted({(w["impl"], w["loss"]) for w in windows})
@@ -338,7 +384,10 @@ def summarise(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row["undetected"] = n - len(detect)
         if "drop_rate" in ws[0]:
             row["drop_rate"] = statistics.mean(w["drop_rate"] for w in ws)
-            row["suspect_per_window"] = statistics.mean(w["steady_suspect"] for w in ws)
+            probes = [w["failed_probes"] for w in ws if "failed_probes" in w]
+            row["failed_probes_per_window"] = statistics.mean(probes) if probes else None
+            refuted = [w["refutations"] for w in ws if "refutations" in w]
+            row["refutations_per_window"] = statistics.mean(refuted) if refuted else None
             loads = [w["load_start"] for w in ws] + [w["load_end"] for w in ws]
             row["load"] = f"{statistics.median(loads):.1f} ({min(loads):.1f}–{max(loads):.1f})"
         rows.append(row)
@@ -350,7 +399,8 @@ COLUMNS = [
     results.column("loss", "loss into each host", 2),
     results.column("windows", "windows"),
     results.column("drop_rate", "measured drop rate", 3),
-    results.column("suspect_per_window", "suspect events / window", 1),
+    results.column("failed_probes_per_window", "failed probes / window", 1),
+    results.column("refutations_per_window", "refutations / window", 1),
     results.column("steady_windows_dead", "windows with a false death"),
     results.column("steady_rate", "rate", 3),
     results.column("steady_ci", "95 % interval"),
@@ -421,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     windows: list[dict[str, Any]] = []
     for path in args.from_jsonl:
         windows += [json.loads(line) for line in path.read_text().splitlines() if line]
+        enrich(windows, path.parent)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     if args.plan and not args.from_jsonl:
         reason = unavailable_reason()
@@ -441,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(json.dumps(r))
     if rows:
-        lanes_used = args.lanes * len({impl for impl, _, _ in args.plan})
+        lanes_used = len({w["lane"] for w in windows if "lane" in w})
         built = build_result(rows, args, lanes_used)
         results.record(args, "bench.loss_windows", argv, started, built)
     return 0
