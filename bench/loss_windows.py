@@ -124,11 +124,16 @@ def count_lines(lane_dir: Path, pattern: re.Pattern[str], start: float, end: flo
     return found
 
 
+class Interrupted(Exception):
+    """The run is stopping (Ctrl-C, SIGTERM): the lane drops its round."""
+
+
 class Lane:
     """One test bed running one implementation, round after round."""
 
-    def __init__(self, impl: str, index: int, workdir: Path) -> None:
+    def __init__(self, impl: str, index: int, workdir: Path, stopping: threading.Event) -> None:
         self.impl = impl
+        self.stopping = stopping
         self.kind, self.toml = IMPLS[impl]
         self.name = f"{impl}-{index}"
         self.bed = Testbed(HOSTS, workdir / self.name)
@@ -187,11 +192,13 @@ class Lane:
         load0 = os.getloadavg()[0]
         bed.host_loss(loss)
         t0 = time.time()
-        time.sleep(window_s)
+        if self.stopping.wait(window_s):
+            raise Interrupted(self.name)
         counts = [bed.packet_counts(h.index) for h in bed.hosts]
         arrived, dropped = sum(c[0] for c in counts), sum(c[1] for c in counts)
         killed = self._kill(VICTIM)
-        time.sleep(max(0.0, killed + after_s - time.time()))
+        if self.stopping.wait(max(0.0, killed + after_s - time.time())):
+            raise Interrupted(self.name)
         load1 = os.getloadavg()[0]
         survivors = {f"n{i}" for i in range(1, HOSTS + 1) if i != VICTIM}
 
@@ -263,7 +270,7 @@ def run_lanes(
     lock = threading.Lock()
     stopping = threading.Event()
     errors: list[str] = []
-    beds = [Lane(impl, i, workdir) for impl in by_impl for i in range(1, lanes + 1)]
+    beds = [Lane(impl, i, workdir, stopping) for impl in by_impl for i in range(1, lanes + 1)]
 
     def work(lane: Lane) -> None:
         q = queues[lane.impl]
@@ -279,6 +286,8 @@ def run_lanes(
                     with out.open("a") as fh:
                         fh.write(json.dumps(w) + "\n")
                 print(_line(w), flush=True)
+        except Interrupted:
+            return
         except (HarnessError, TimeoutError, OSError) as exc:
             errors.append(f"{lane.name}: {exc}")
             print(f"{lane.name} stopped: {exc}", file=sys.stderr, flush=True)
@@ -297,6 +306,8 @@ def run_lanes(
         raise
     finally:
         stopping.set()
+        for t in threads:
+            t.join(timeout=30)  # a lane between its waits finishes that step first
         for b in beds:
             try:
                 b.close()
@@ -440,6 +451,10 @@ def build_result(
     }
 
 
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def parse_plan(text: str) -> list[tuple[str, float, int]]:
     plan = []
     for item in text.split(","):
@@ -462,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--from-jsonl", type=Path, nargs="*", default=[],
                         help="summarise these windows files instead of measuring")  # fmt: skip
+    parser.add_argument("--measured-with", default=None,
+                        help="with --from-jsonl: the arguments that measured them (the "
+                        "result's command)")  # fmt: skip
     results.add_arguments(parser)
     args = parser.parse_args(argv)
     started = results.machine()
@@ -472,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.from_jsonl:
         windows += [json.loads(line) for line in path.read_text().splitlines() if line]
         enrich(windows, path.parent)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)
     if args.plan and not args.from_jsonl:
         reason = unavailable_reason()
         if reason:
@@ -480,9 +498,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         deadline = time.time() + args.minutes * 60
         print(f"windows go to {out}", flush=True)
-        windows += run_lanes(
-            args.plan, args.lanes, args.window_s, args.after_kill_s, deadline, workdir, out
-        )
+        try:
+            windows += run_lanes(
+                args.plan, args.lanes, args.window_s, args.after_kill_s, deadline, workdir, out
+            )
+        except KeyboardInterrupt:
+            print(f"stopped; the windows so far are in {out}", file=sys.stderr)
+            return 130
     for loss in [float(x) for x in args.sim_losses.split(",")] if args.sim_seeds else []:
         sims = sim_windows(loss, args.sim_seeds, args.window_s, args.after_kill_s)
         with out.open("a") as fh:
@@ -494,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
     if rows:
         lanes_used = len({w["lane"] for w in windows if "lane" in w})
         built = build_result(rows, args, lanes_used)
-        results.record(args, "bench.loss_windows", argv, started, built)
+        as_run = args.measured_with.split() if args.measured_with else argv
+        results.record(args, "bench.loss_windows", as_run, started, built)
     return 0
 
 
