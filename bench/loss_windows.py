@@ -44,29 +44,30 @@ import argparse
 import contextlib
 import datetime
 import json
-import math
 import os
 import queue
 import re
 import signal
-import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from agent.procs import until
 from bench import results
+from bench.loss_results import (
+    DETECT_TIMEOUT_S,
+    HOSTS,
+    VICTIM,
+    build_result,
+    sim_windows,
+    summarise,
+)
 from tests.netns.harness import HarnessError, MemberEvent, Testbed, unavailable_reason
 
 _LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"
-HOSTS = 5
-VICTIM = 5
-DETECT_TIMEOUT_S = 40.0
-"""lan at 5 members: suspicion max = β·α·1 s = 24 s, plus the probe that finds the crash."""
 CONVERGE_TIMEOUT_S = 60.0
 IMPLS: dict[str, tuple[str, str | None]] = {
     "swim-lan": ("swim", None),
@@ -74,27 +75,6 @@ IMPLS: dict[str, tuple[str, str | None]] = {
     "swim-lan-a6": ("swim", "[protocol]\nsuspicion_mult = 6\n"),
     "serf-lan": ("serf", None),
 }
-
-
-def clopper_pearson(k: int, n: int, conf: float = 0.95) -> tuple[float, float]:
-    """The exact binomial interval for k successes in n trials (bisection on the CDF)."""
-    if n <= 0:
-        return (0.0, 1.0)
-    a = (1 - conf) / 2
-
-    def cdf(x: int, p: float) -> float:
-        return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(x + 1))
-
-    def solve(f: Callable[[float], bool]) -> float:
-        lo, hi = 0.0, 1.0
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if f(mid) else (lo, mid)
-        return (lo + hi) / 2
-
-    lower = 0.0 if k == 0 else solve(lambda p: 1 - cdf(k - 1, p) < a)
-    upper = 1.0 if k == n else solve(lambda p: cdf(k, p) > a)
-    return lower, upper
 
 
 FAILED_PROBE = re.compile(r"[Ss]uspect \S+ has failed, no acks received")
@@ -338,31 +318,6 @@ def _line(w: dict[str, Any]) -> str:
     )
 
 
-def sim_windows(loss: float, seeds: int, window_s: float, after_s: float) -> list[dict[str, Any]]:
-    """One simulated window per seed (module docstring)."""
-    from simulations.experiments.harness import Params, build, drive
-
-    out = []
-    for seed in range(1, seeds + 1):
-        p = Params(nodes=HOSTS, seed=seed, config="lan", extra={"lossy_tcp": 1})
-        sim = build(p, HOSTS, loss=loss)
-        world, metrics = sim.world, sim.metrics
-        drive(world, world.now_ms + int(window_s * 1000), None)
-        steady = sum(1 for f in metrics.false_positives if f.kind == "dead")
-        kill_ms = world.now_ms
-        world.crash(VICTIM - 1)
-        drive(world, kill_ms + int(after_s * 1000), None)
-        after = sum(1 for f in metrics.false_positives if f.kind == "dead") - steady
-        drive(world, kill_ms + int(DETECT_TIMEOUT_S * 1000), None)
-        crash = metrics.crashes[-1]
-        detect = None if crash.all_dead_ms is None else (crash.all_dead_ms - kill_ms) / 1000
-        out.append(
-            {"impl": "sim-lan", "loss": loss, "seed": seed, "steady_dead": steady,
-             "after_dead": after, "detect_last_s": detect}
-        )  # fmt: skip
-    return out
-
-
 def enrich(windows: list[dict[str, Any]], workdir: Path) -> None:
     """Counts a window of an older run lacks, from the lane logs it left in ``workdir``."""
     for w in windows:
@@ -372,83 +327,6 @@ def enrich(windows: list[dict[str, Any]], workdir: Path) -> None:
         end = w["start"] + w["window_s"]
         w["failed_probes"] = count_lines(lane_dir, FAILED_PROBE, w["start"], end)
         w["refutations"] = count_lines(lane_dir, REFUTED, w["start"], end)
-
-
-def summarise(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    rows = []
-    keys = sorted({(w["impl"], w["loss"]) for w in windows})
-    for impl, loss in keys:
-        ws = [w for w in windows if w["impl"] == impl and w["loss"] == loss]
-        n = len(ws)
-        row: dict[str, Any] = {"impl": impl, "loss": loss, "windows": n}
-        for phase in ("steady", "after"):
-            k = sum(1 for w in ws if w[f"{phase}_dead"] > 0)
-            lo, hi = clopper_pearson(k, n)
-            row[f"{phase}_windows_dead"] = k
-            row[f"{phase}_dead_events"] = sum(w[f"{phase}_dead"] for w in ws)
-            row[f"{phase}_rate"] = k / n
-            row[f"{phase}_ci"] = f"{lo:.3f}–{hi:.3f}"
-            row[f"{phase}_ci_hi"] = hi
-        detect = [w["detect_last_s"] for w in ws if w["detect_last_s"] is not None]
-        row["detect_median_s"] = statistics.median(detect) if detect else None
-        row["detect_max_s"] = max(detect) if detect else None
-        row["undetected"] = n - len(detect)
-        if "drop_rate" in ws[0]:
-            row["drop_rate"] = statistics.mean(w["drop_rate"] for w in ws)
-            probes = [w["failed_probes"] for w in ws if "failed_probes" in w]
-            row["failed_probes_per_window"] = statistics.mean(probes) if probes else None
-            refuted = [w["refutations"] for w in ws if "refutations" in w]
-            row["refutations_per_window"] = statistics.mean(refuted) if refuted else None
-            loads = [w["load_start"] for w in ws] + [w["load_end"] for w in ws]
-            row["load"] = f"{statistics.median(loads):.1f} ({min(loads):.1f}–{max(loads):.1f})"
-        rows.append(row)
-    return rows
-
-
-COLUMNS = [
-    results.column("impl", "implementation"),
-    results.column("loss", "loss into each host", 2),
-    results.column("windows", "windows"),
-    results.column("drop_rate", "measured drop rate", 3),
-    results.column("failed_probes_per_window", "failed probes / window", 1),
-    results.column("refutations_per_window", "refutations / window", 1),
-    results.column("steady_windows_dead", "windows with a false death"),
-    results.column("steady_rate", "rate", 3),
-    results.column("steady_ci", "95 % interval"),
-    results.column("after_windows_dead", "after a kill: windows with a false death"),
-    results.column("after_ci", "95 % interval"),
-    results.column("detect_median_s", "crash dead everywhere, median s", 2),
-    results.column("detect_max_s", "max s", 2),
-    results.column("load", "load avg, median (range)"),
-]
-
-
-def build_result(
-    rows: list[dict[str, Any]], args: argparse.Namespace, lanes_used: int
-) -> dict[str, Any]:
-    figures: dict[str, results.Figure] = {}
-    for r in rows:
-        key = f"{r['impl']}-{round(r['loss'] * 100)}"
-        figures[f"{key}.steady_rate"] = results.figure(
-            f"{r['impl']} at {r['loss']:.0%}: windows with a false death", r["steady_rate"], "",
-            3, spread=(float(r["steady_ci"].split("–")[0]), r["steady_ci_hi"]), runs=r["windows"],
-        )  # fmt: skip
-    table_rows = [{c["key"]: r.get(c["key"]) for c in COLUMNS} for r in rows]
-    return {
-        "question": "loss-windows-5-hosts",
-        "title": "False deaths per window at 10–30 % loss on 5 hosts: swim lan, serf lan, "
-        "simulator",
-        "method": (
-            f"5 hosts (network namespaces), independent loss into every host; windows of "
-            f"{args.window_s:g} s with loss on, then SIGKILL of one host and "
-            f"{args.after_kill_s:g} s more; {lanes_used} test beds at once. Simulator: the "
-            "same 5-member lan world, lossy TCP, one window per seed. Rate: share of windows "
-            "with at least one live member declared dead; exact 95 % interval."
-        ),
-        "figures": figures,
-        "peers": sorted({r["impl"] for r in rows}),
-        "tables": [{"caption": "False deaths per window", "columns": COLUMNS, "rows": table_rows}],
-    }
 
 
 def _interrupt(_signum: int, _frame: object) -> None:
