@@ -44,8 +44,8 @@ def test_a_lost_refutation_is_gossiped_again_after_the_accusers_buddy_ping(profi
     gossip = b.fire(GossipTick, now_ms=2_100)
     again = [m for p in to(gossip, a.address) for m in decode(p.data)]
     assert [(x.node, x.incarnation) for x in of_type(again, Alive)] == [("b", accused + 1)]
-    for p in to(reply, a.address) + to(gossip, a.address):
-        a.deliver(b.address, p.data, now_ms=2_101)
+    for pkt in to(reply, a.address) + to(gossip, a.address):
+        a.deliver(b.address, pkt.data, now_ms=2_101)
     assert (a.member("b").state, a.member("b").incarnation) == (NodeStateType.ALIVE, accused + 1)
 
 
