@@ -72,13 +72,34 @@ def sim_windows(loss: float, seeds: int, window_s: float, after_s: float) -> lis
     return out
 
 
+WHAT = {
+    "swim-lan": "ours, lan",
+    "serf-lan": "serf agent -profile=lan",
+    "sim-lan": "simulator, lan",
+    "swim-lan-a5": "ours, lan + suspicion_mult 5",
+    "sim-lan-a5": "simulator, lan + suspicion_mult 5",
+    "sim-lan-a6": "simulator, lan + suspicion_mult 6",
+    "swim-lan-before": "ours, lan, without the re-announcement",
+    "sim-lan-before": "simulator, lan, without the re-announcement",
+    "swim-lan-a5-before": "ours, α 5, without the re-announcement",
+    "sim-lan-a5-before": "simulator, α 5, without the re-announcement",
+    "swim-lan-a6-before": "ours, α 6, without the re-announcement",
+}
+"""What each implementation label measured, in the order the table lists them."""
+
+
 def summarise(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
-    keys = sorted({(w["impl"], w["loss"]) for w in windows})
+    order = list(WHAT)
+    keys = sorted(
+        {(w["impl"], w["loss"]) for w in windows},
+        key=lambda k: (order.index(k[0]) if k[0] in order else len(order), k),
+    )
     for impl, loss in keys:
         ws = [w for w in windows if w["impl"] == impl and w["loss"] == loss]
         n = len(ws)
-        row: dict[str, Any] = {"impl": impl, "loss": loss, "windows": n}
+        row: dict[str, Any] = {"impl": impl, "what": WHAT.get(impl, impl), "loss": loss}
+        row["windows"] = n
         for phase in ("steady", "after"):
             k = sum(1 for w in ws if w[f"{phase}_dead"] > 0)
             lo, hi = clopper_pearson(k, n)
@@ -104,7 +125,7 @@ def summarise(windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 COLUMNS = [
-    results.column("impl", "implementation"),
+    results.column("what", "what ran"),
     results.column("loss", "loss into each host", 2),
     results.column("windows", "windows"),
     results.column("drop_rate", "measured drop rate", 3),
@@ -121,11 +142,17 @@ COLUMNS = [
 ]
 
 
+HEADLINE_IMPLS = ("swim-lan", "serf-lan", "sim-lan", "swim-lan-a5")
+"""Rows that also get a figure (the table has every row)."""
+
+
 def build_result(
     rows: list[dict[str, Any]], args: argparse.Namespace, lanes_used: int
 ) -> dict[str, Any]:
     figures: dict[str, results.Figure] = {}
     for r in rows:
+        if r["impl"] not in HEADLINE_IMPLS:
+            continue
         key = f"{r['impl']}-{round(r['loss'] * 100)}"
         figures[f"{key}.steady_rate"] = results.figure(
             f"{r['impl']} at {r['loss']:.0%}: windows with a false death", r["steady_rate"], "",

@@ -358,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measured-with", default=None,
                         help="with --from-jsonl: the arguments that measured them (the "
                         "result's command)")  # fmt: skip
+    parser.add_argument("--note", action="append", default=[], help="a note for the result")
     results.add_arguments(parser)
     args = parser.parse_args(argv)
     started = results.machine()
@@ -395,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         lanes_used = len({w["lane"] for w in windows if "lane" in w})
         built = build_result(rows, args, lanes_used)
         as_run = args.measured_with.split() if args.measured_with else argv
-        results.record(args, "bench.loss_windows", as_run, started, built)
+        results.record(args, "bench.loss_windows", as_run, started, built, notes=args.note)
     return 0
 
 
