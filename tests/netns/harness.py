@@ -12,6 +12,11 @@ run as ``ip netns exec NS <python> -m agent.cli agent ...`` (``ip netns exec`` e
 pid we hold is the agent's); their control sockets are files in a short temp dir, reachable
 from the root namespace (Unix sockets are filesystem objects, not network ones).
 
+A host may run a real ``serf agent`` instead (``start_serf``: bound to the host's address,
+its RPC on the namespace's own loopback, its log lines stamped with ``time.time()`` as they
+arrive; ``serf_events`` parses them into the same ``MemberEvent`` kinds), for side-by-side
+measurements such as bench/loss_windows.py.
+
 Faults are iptables rules in the receiving host's namespace (filter table, INPUT; OUTPUT too
 for UDP blocking), so a fault never outlives its namespace:
 
