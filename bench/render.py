@@ -55,6 +55,13 @@ TOPICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("detection-", "agent-cpu-", "urgent-probe-"),
     ),
     (
+        "Packet loss",
+        "How often heavy loss makes a small cluster declare a live member dead, per window, "
+        "with its exact 95 % interval: swim next to serf on the same namespaced hosts, and "
+        "the simulator beside them.",
+        ("loss-",),
+    ),
+    (
         "Training recovery",
         "How long training stops when a node fails, by fault (SIGKILL, SIGSTOP, inside "
         "backward) and by strategy (in-process DDP and HSDP on swim, torchrun with the swim "

@@ -87,8 +87,8 @@ class Outcome(Enum):
     """An alive about us at our incarnation: our own echo if meta and versions are ours
     (ignore), else a stale or forged version of us (refute)."""
     REANNOUNCE = "reannounce"
-    """An accusation of an older incarnation of us: with ``verify_unconfirmed_suspicion``
-    gossip our current alive again (no new incarnation), else ignore."""
+    """An accusation (suspect or dead) of an older incarnation of us: its sender missed our
+    refutation; gossip our alive again, same incarnation (memberlist: ignore; design §5.6)."""
 
 
 _ALIVE, _SUSPECT, _DEAD, _LEFT = (
@@ -104,7 +104,7 @@ _RULES: tuple[tuple[About, NodeStateType, NodeStateType, tuple[Outcome, Outcome,
     # about, what we know, the message: outcome for an (older, same, newer) incarnation
     (About.US, _ALIVE, _ALIVE, (_IGNORE, _REFUTE_IF_CHANGED, _REFUTE)),
     (About.US, _ALIVE, _SUSPECT, (_REANNOUNCE, _REFUTE, _REFUTE)),
-    (About.US, _ALIVE, _DEAD, (_IGNORE, _REFUTE, _REFUTE)),
+    (About.US, _ALIVE, _DEAD, (_REANNOUNCE, _REFUTE, _REFUTE)),
     # we have left (Node.leave): nothing about us is news, but an old accusation still
     # re-announces our alive at our last incarnation (harmless: our dead one outranks it)
     (About.US, _LEFT, _ALIVE, _ALL_IGNORED),
@@ -352,10 +352,8 @@ class Membership:
         outcome = PRECEDENCE[about, state.state, _SUSPECT, _news(s.incarnation, state.incarnation)]
         if outcome is _IGNORE:
             return False
-        if outcome is _REANNOUNCE:
-            if ctx.config.verify_unconfirmed_suspicion:
-                # The accuser missed our refutation: say it again (rides on a verify ack).
-                self._broadcast(s.node, self.local.alive())
+        if outcome is _REANNOUNCE:  # the accuser missed our refutation: say it again
+            self._broadcast(s.node, self.local.alive())
             return False
         if outcome is _CONFIRM:
             if self._suspicions.confirm(s.node, state.state_change_ms, s.sender):
@@ -415,6 +413,9 @@ class Membership:
         about = About.US if d.node == self.local_name else About.MEMBER
         outcome = PRECEDENCE[about, state.state, _DEAD, _news(d.incarnation, state.incarnation)]
         if outcome is _IGNORE:
+            return
+        if outcome is _REANNOUNCE:
+            self._broadcast(d.node, self.local.alive())
             return
         if outcome is _REFUTE:
             self.refute(d.incarnation)

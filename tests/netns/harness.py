@@ -12,6 +12,11 @@ run as ``ip netns exec NS <python> -m agent.cli agent ...`` (``ip netns exec`` e
 pid we hold is the agent's); their control sockets are files in a short temp dir, reachable
 from the root namespace (Unix sockets are filesystem objects, not network ones).
 
+A host may run a real ``serf agent`` instead (``start_serf``: bound to the host's address,
+its RPC on the namespace's own loopback, its log lines stamped with ``time.time()`` as they
+arrive; ``serf_events`` parses them into the same ``MemberEvent`` kinds), for side-by-side
+measurements such as bench/loss_windows.py.
+
 Faults are iptables rules in the receiving host's namespace (filter table, INPUT; OUTPUT too
 for UDP blocking), so a fault never outlives its namespace:
 
@@ -57,6 +62,7 @@ import atexit
 import contextlib
 import datetime
 import functools
+import json
 import os
 import random
 import re
@@ -66,6 +72,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -245,6 +252,92 @@ class NsAgent:
         return self.log_text()[-chars:]
 
 
+SERF = shutil.which("serf")
+SERF_RPC = "127.0.0.1:7373"  # each namespace has its own loopback: the same port everywhere
+_SERF_EVENT_RE = re.compile(
+    r"^(\d+\.\d+) .*(?:serf: (EventMemberJoin|EventMemberFailed|EventMemberLeave): (\S+)"
+    r"|memberlist: (Suspect) (\S+) has failed)"
+)
+_SERF_KINDS = {
+    "EventMemberJoin": "joined",
+    "EventMemberFailed": "dead",
+    "EventMemberLeave": "left",
+    "Suspect": "suspect",
+}
+
+
+class NsSerf:
+    """One real ``serf agent`` inside a host's namespace, bound to the host's address, its
+    RPC on the namespace's own loopback. Serf stamps its log lines to the second, so a
+    reader thread prefixes each line with ``time.time()`` as it arrives (as
+    bench/watched.py does on loopback); ``events`` parses those lines into ``MemberEvent``s
+    with the same kinds as our agent's (joined, suspect, dead, left)."""
+
+    def __init__(self, host: Host, profile: str, join: Host | None, workdir: Path) -> None:
+        if SERF is None:
+            raise HarnessError("serf is not installed (apt-get install -y serf)")
+        self.host = host
+        self.name = host.node
+        self.log_path = workdir / f"{host.node}.serf.log"
+        self._log = self.log_path.open("ab")
+        cmd = [
+            *("ip", "netns", "exec", host.ns, SERF, "agent", f"-node={host.node}"),
+            *(f"-bind={host.ip}:{PORT}", f"-rpc-addr={SERF_RPC}", f"-profile={profile}"),
+            "-log-level=info",
+        ]
+        if join is not None:
+            cmd += [f"-retry-join={join.ip}:{PORT}", "-retry-interval=1s"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.started_at = time.time()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self._log.write(f"{time.time():.3f} ".encode() + raw)
+            self._log.flush()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def members(self) -> dict[str, dict[str, Any]]:
+        """``serf members`` run inside the namespace; {} while the agent does not answer."""
+        assert SERF is not None
+        out = _run(
+            "ip", "netns", "exec", self.host.ns, SERF, "members", f"-rpc-addr={SERF_RPC}",
+            "-format=json", check=False, timeout_s=10,
+        )  # fmt: skip
+        if out.returncode != 0:
+            return {}
+        try:
+            return {m["name"]: m for m in json.loads(out.stdout)["members"]}
+        except (ValueError, KeyError):
+            return {}
+
+    def stop(self, sig: int = signal.SIGKILL, timeout_s: float = 10) -> None:
+        stop(self.proc, sig=sig, timeout_s=timeout_s)
+        self._reader.join(timeout=5)
+        if not self._log.closed:
+            self._log.close()
+
+    def events(self, since: float = 0.0) -> list[MemberEvent]:
+        found: list[MemberEvent] = []
+        if not self.log_path.exists():
+            return found
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            m = _SERF_EVENT_RE.match(line)
+            if m is None or float(m[1]) < since:
+                continue
+            kind, member = (m[2], m[3]) if m[2] else (m[4], m[5])
+            found.append(MemberEvent(float(m[1]), self.name, member, _SERF_KINDS[kind], 0))
+        return found
+
+
 @dataclass(slots=True)
 class Host:
     index: int  # 1..K
@@ -252,6 +345,7 @@ class Host:
     ip: str
     node: str  # the agent's node name, n<index>
     agent: NsAgent | None = None
+    serf: NsSerf | None = None
 
 
 class Testbed:
@@ -324,6 +418,11 @@ class Testbed:
                     h.agent.stop(signal.SIGKILL)
                 except (OSError, subprocess.SubprocessError, TimeoutError) as exc:
                     errors.append(f"stopping {h.node} (pid {h.agent.pid}): {exc}")
+            if h.serf is not None:
+                try:
+                    h.serf.stop(signal.SIGKILL)
+                except (OSError, subprocess.SubprocessError, TimeoutError) as exc:
+                    errors.append(f"stopping serf {h.node} (pid {h.serf.pid}): {exc}")
         for ns in reversed(self._created):
             try:
                 _kill_namespace(ns)
@@ -390,6 +489,54 @@ class Testbed:
         for a in agents:
             a.wait_ready()
         return agents
+
+    def start_serf(self, i: int, profile: str = "lan", join: int | None = None) -> NsSerf:
+        """Start (or restart) a real ``serf agent`` on host i (instead of ours); it
+        retry-joins host ``join`` (default as ``start_agent``) every second."""
+        h = self.host(i)
+        if h.serf is not None and h.serf.running():
+            raise HarnessError(f"serf {h.node} is already running (pid {h.serf.pid})")
+        if join is None:
+            join = 1 if i != 1 or len(self.hosts) == 1 else 2
+        peer = None if join == i else self.host(join)
+        h.serf = NsSerf(h, profile, peer, self.workdir)
+        return h.serf
+
+    def serfs(self) -> list[NsSerf]:
+        return [h.serf for h in self.hosts if h.serf is not None and h.serf.running()]
+
+    def serf_converged(self) -> bool:
+        """Every running serf lists exactly the running serfs as alive."""
+        serfs = self.serfs()
+        names = {s.name for s in serfs}
+        for s in serfs:
+            alive = {n for n, m in s.members().items() if m.get("status") == "alive"}
+            if alive != names:
+                return False
+        return True
+
+    def serf_events(
+        self, since: float = 0.0, kinds: Iterable[str] | None = None
+    ) -> list[MemberEvent]:
+        """Membership events from every serf's log (restarts included), oldest first."""
+        wanted = set(kinds) if kinds is not None else None
+        found = [
+            e
+            for h in self.hosts
+            if h.serf is not None
+            for e in h.serf.events(since)
+            if wanted is None or e.kind in wanted
+        ]
+        return sorted(found, key=lambda e: e.at)
+
+    def kill_serf(self, i: int, sig: int = signal.SIGKILL) -> float:
+        """Signal host i's serf by pid, wait for it to exit; returns time.time() of the kill."""
+        s = self.host(i).serf
+        if s is None:
+            raise HarnessError(f"host {i} runs no serf")
+        at = time.time()
+        s.stop(sig)
+        return at
 
     def kill(self, i: int, sig: int = signal.SIGKILL) -> float:
         """Signal host i's agent by pid, wait for it to exit; returns time.time() of the kill."""

@@ -15,6 +15,7 @@ Every namespace, rule and agent is removed by the fixture, also when a test fail
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import time
@@ -30,6 +31,7 @@ WINDOW_S = float(os.environ.get("SWIM_NETNS_WINDOW_S", "30"))
 REACH_WINDOW_S = float(os.environ.get("SWIM_NETNS_WINDOW_S", "25"))
 PUSH_PULL_S = 15.0  # Config.local push_pull_interval_ms
 LOSS_PROFILE = os.environ.get("SWIM_NETNS_LOSS_PROFILE", "lan")
+AFTER_KILL_S = 10.0  # the window after the kill that bench/loss_windows.py measures
 SUSPICION_MAX_S = 18.0  # local, n <= 10: α·probe = 3 s minimum, β·min = 18 s maximum
 
 
@@ -71,8 +73,34 @@ def _stat_sum(bed: Testbed, key: str) -> int:
     return sum(int(a.info()["stats"][key]) for a in bed.running())
 
 
-@pytest.mark.parametrize("loss", [0.05, 0.10, 0.20])
+def _drop_tolerance(p: float, arrived: int) -> float:
+    """Five standard deviations of the drop rate of ``arrived`` independent packets each
+    dropped with p (``-m statistic --mode random`` draws per packet): a correct rule misses
+    it with probability ≈ 6·10⁻⁷. Over 190 measured windows the z-score had mean −0.09 and
+    standard deviation 0.95, |z| ≤ 2.6 (bench/loss_windows.py)."""
+    return 5 * math.sqrt(p * (1 - p) / max(arrived, 1))
+
+
+@pytest.mark.parametrize("loss", [0.10, 0.20])
 def test_loss_no_false_dead_and_crash_detected(testbed: Testbeds, loss: float) -> None:
+    """5 hosts on ``lan``, loss p into every host: loss injected at the configured rate, no
+    live member declared dead in the 30 s window nor in the 10 s after a SIGKILL of n5
+    (loss still on), and the crash dead at every survivor.
+
+    Where "no false death" comes from (docs/tuning.md §6, results/loss-windows-5-hosts/):
+    windows exactly like this test's, on real hosts at load average 5 (up to 57): 0 of 60
+    at 20 % and 0 of 25 at 10 %, none after the kill either (95 % upper bound 6 % and
+    14 % per window); the simulator, same code and windows, 0 of 1,000 at each (≤ 0.4 %);
+    serf ``lan`` beside ours 0 of 65 at 20 %. Reproduce with::
+
+        python -m bench.loss_windows --plan swim-lan:0.2:60,swim-lan:0.1:25 --lanes 2
+        python -m bench.loss_windows --plan serf-lan:0.2:60 --sim-seeds 1000
+
+    Before ours re-announced its alive on a stale accusation (swim/membership.py
+    ``REANNOUNCE``), a refutation whose 4 transmissions were all lost was never repeated;
+    this test then caught the accuser's false death in 2 of 13 CI runs at 20 %, and the
+    simulator in 5 and 3 (after the kill) of 1,000 windows. At 30 % a false death is still
+    possible (1 of 30 windows; serf 5 of 35), so 30 % is not asserted."""
     k = 5
     bed = testbed(k)
     bed.start_agents(LOSS_PROFILE)
@@ -93,21 +121,29 @@ def test_loss_no_false_dead_and_crash_detected(testbed: Testbeds, loss: float) -
     victim, survivors = k, list(range(1, k))
     killed_at = bed.kill(victim)
     until(lambda: _sees_dead(bed, survivors, victim), 60, f"n{victim} dead everywhere")
+    _sleep_watching(bed, killed_at + AFTER_KILL_S - time.time())
     deaths = [e.at - killed_at for e in bed.events(killed_at, ["dead"]) if e.member == "n5"]
     other_dead = [e for e in bed.events(killed_at, ["dead"]) if e.member != "n5"]
+    drop_rate = dropped / max(arrived, 1)
     report(
         f"loss-{loss:g}",
         profile=LOSS_PROFILE,
         hosts=k,
         window_s=WINDOW_S,
+        packets_arrived=arrived,
         packets_dropped=dropped,
-        drop_rate=dropped / max(arrived, 1),
+        drop_rate=drop_rate,
         suspect_events=len(suspects),
         suspicions_raised=suspicions,
         refutations=refutations,
         false_dead=len(false_dead) + len(other_dead),
         crash_dead_first_s=min(deaths),
         crash_dead_last_s=max(deaths),
+    )
+    assert dropped > 0, f"no packet dropped: the loss rules are missing ({bed.faults})"
+    tolerance = _drop_tolerance(loss, arrived)
+    assert abs(drop_rate - loss) <= tolerance, (
+        f"drop rate {drop_rate:.3f} of {arrived} packets is not {loss} ± {tolerance:.3f}"
     )
     assert not false_dead, f"live members declared dead under {loss:.0%} loss: {false_dead}"
     assert not other_dead, f"live members declared dead after the crash: {other_dead}"
