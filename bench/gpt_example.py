@@ -40,6 +40,8 @@ JOB = "gpt"
 RANKS = 2
 KILL_AFTER = 8
 """The node dies once rank 0 has logged this many steps."""
+REGROW_AFTER = 20
+"""The node is started again once rank 0 has logged this many steps (at world 4)."""
 TRAINER_TIMEOUT_S = 150.0
 """Every trainer is killed after this long whatever happens (``timeout -s KILL``)."""
 
@@ -144,8 +146,14 @@ def run(workdir: Path, steps: int, *, kill: bool, profile: str = "fast") -> GptR
             until(lambda: last_step(n0) >= KILL_AFTER, 120, "3 nodes x 2 ranks train")
             n2.signal_all(signal.SIGKILL)  # the whole node: agent, trainers, loader workers
             result.times["killed"] = time.time()
-            until(lambda: n0.training_at(4, 2) and n1.training_at(4, 2), 60, "2 x 2 trains")
             survivors = [n0, n1]
+
+            def trained_at_4() -> bool:
+                return all(n.training_at(4, 2) for n in survivors) and (
+                    last_step(n0) >= REGROW_AFTER
+                )
+
+            until(trained_at_4, 60, f"2 nodes x 2 ranks train to step {REGROW_AFTER}")
             with held([n.trainer_pid(lr) for n in survivors for lr in range(RANKS)]):
                 result.times["held"] = time.time()
                 (workdir / "again").mkdir()

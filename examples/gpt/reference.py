@@ -30,7 +30,9 @@ def reference(
     steps: int, global_batch: int = 24, block: int = 32, lr: float = 3e-3, seed: int = 0
 ) -> list[float]:
     data = Windows(make_corpus(4000, seed), block)
-    stream = ElasticSampler(len(data), FixedGlobalBatch(global_batch), rank=0, world_size=1, seed=seed)
+    stream = ElasticSampler(
+        len(data), FixedGlobalBatch(global_batch), rank=0, world_size=1, seed=seed
+    )
     torch.manual_seed(seed)
     model = GPT(len(data.vocab), block)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)

@@ -66,12 +66,13 @@ def main() -> None:
     def build_optimizer(model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.AdamW(model.parameters(), lr=args.lr)
 
+    hsdp = HSDP(build_model, build_optimizer, parallelize=parallelize)
     settings = Settings(job=args.job, control=args.control, min_nodes=args.min_nodes)
-    el = Elastic(HSDP(build_model, build_optimizer, parallelize=parallelize), settings, state=state)
+    el = Elastic(hsdp, settings, state=state)
     el.membership.wait(lambda view: len(view.members) >= args.nodes, timeout_s=600)
     schedule = el.scheduler("lr", lambda opt: LambdaLR(opt, warmup_cosine(args.steps)))
 
-    def new_world(*_: object) -> None:  # after every change of the world, and at the start
+    def new_world(*_: object) -> None:  # at the start and after every change of the world
         nonlocal batches
         sampler.reconfigure(el.rank, el.world_size)
         batches = iter(loader)  # drops what the old iterator prefetched
@@ -95,7 +96,7 @@ def main() -> None:
             with open(args.log, "a") as log:
                 record = {"step": el.step, "loss": loss, "world": el.world_size}
                 print(json.dumps(record | {"t": time.time(), "pid": os.getpid()}), file=log)
-    del batches  # its worker processes end with it
+    batches = iter(())  # ends the loader's worker processes
     el.exit(0)
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from gpt import GPT, Windows, make_corpus, parallelize, warmup_cosine
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, DistributedSampler
@@ -41,10 +43,15 @@ def main() -> None:
         data, batch_size=args.global_batch // world, sampler=sampler, num_workers=args.workers
     )
 
-    torch.manual_seed(args.seed)
-    model = GPT(len(data.vocab), args.block)
-    model = parallelize(model, init_device_mesh("cpu", (world,)))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    def build_model() -> nn.Module:
+        torch.manual_seed(args.seed)
+        return GPT(len(data.vocab), args.block)
+
+    def build_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+    model = parallelize(build_model(), init_device_mesh("cpu", (world,)))
+    optimizer = build_optimizer(model)
     schedule = LambdaLR(optimizer, warmup_cosine(args.steps))
 
     step, batches = 0, iter(loader)
@@ -61,7 +68,7 @@ def main() -> None:
         if args.log and rank == 0:
             with open(args.log, "a") as log:
                 record = {"step": step, "loss": total.item() / world, "world": world}
-                print(json.dumps(record | {"t": time.time()}), file=log)
+                print(json.dumps(record | {"t": time.time(), "pid": os.getpid()}), file=log)
     dist.destroy_process_group()
 
 
