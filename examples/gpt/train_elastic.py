@@ -59,7 +59,7 @@ def main() -> None:
     state.register("sampler", sampler)
     loader = DataLoader(data, batch_sampler=sampler, num_workers=args.workers)
 
-    def build_model() -> nn.Module:
+    def build_model() -> GPT:
         torch.manual_seed(args.seed)
         return GPT(len(data.vocab), args.block)
 
@@ -72,12 +72,13 @@ def main() -> None:
     el.membership.wait(lambda view: len(view.members) >= args.nodes, timeout_s=600)
     schedule = el.scheduler("lr", lambda opt: LambdaLR(opt, warmup_cosine(args.steps)))
 
+    batches: Iterator[list[torch.Tensor]] = iter(())
+
     def new_world(*_: object) -> None:  # at the start and after every change of the world
         nonlocal batches
         sampler.reconfigure(el.rank, el.world_size)
         batches = iter(loader)  # drops what the old iterator prefetched
 
-    batches: Iterator[list[torch.Tensor]] = iter(())
     new_world()
     state.on_reset(new_world)
 

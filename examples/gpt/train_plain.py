@@ -43,7 +43,7 @@ def main() -> None:
         data, batch_size=args.global_batch // world, sampler=sampler, num_workers=args.workers
     )
 
-    def build_model() -> nn.Module:
+    def build_model() -> GPT:
         torch.manual_seed(args.seed)
         return GPT(len(data.vocab), args.block)
 
