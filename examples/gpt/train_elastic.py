@@ -11,9 +11,11 @@ the dimension across nodes. A node that dies leaves the survivors training from 
 the step they were at (no checkpoint, no step lost); a node that comes back joins at a step
 boundary and takes its shards from a survivor. The ``DataLoader`` (worker processes) reads
 through ``torchhook.data.ElasticSampler``: a fixed global batch of one sample stream, so
-every sample is used once and each step sees the same samples at any world size, and the
-loss curve equals the failure-free run's (``reference.py``). The sampler's position and
-the LR scheduler travel with the model. ``--log`` gets one JSON line per step from this
+every sample is used once and each step sees the same samples at any world size. With a
+global batch that every world size divides (24: worlds 2, 4 and 6 of two-rank nodes) each
+rank's mean loss weighs the same, so the updates, and the loss curve, are the failure-free
+run's (``reference.py``). The sampler's position and the LR scheduler travel with the
+model. ``--log`` gets one JSON line per step from this
 rank. docs/training.md ("A complete example") shows the diff from the plain script.
 """
 
