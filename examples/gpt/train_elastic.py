@@ -1,7 +1,7 @@
 """A small GPT trained with FSDP2 on CPU/gloo, elastic: ``train_plain.py`` on swim's membership.
 
     LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 SWIM_CONTROL=/run/swim/agent.sock \\
-        python examples/gpt/train_elastic.py --job gpt --nodes 3 --log steps.r0.jsonl
+        python examples/gpt/train_elastic.py --job gpt --nodes 3 --loss-log steps.r0.jsonl
     (and LOCAL_RANK=1; the same on every node, each beside its node's agent)
 
 The same model, corpus, schedule and the user's own FSDP2 ``parallelize`` as the plain
@@ -15,8 +15,7 @@ every sample is used once and each step sees the same samples at any world size.
 global batch that every world size divides (24: worlds 2, 4 and 6 of two-rank nodes) each
 rank's mean loss weighs the same, so the updates, and the loss curve, are the failure-free
 run's (``reference.py``). The sampler's position and the LR scheduler travel with the
-model. ``--log`` gets one JSON line per step from this
-rank. docs/training.md ("A complete example") shows the diff from the plain script.
+model. ``--loss-log`` gets one JSON line per step from this rank. docs/training.md ("A complete example") shows the diff from the plain script.
 """
 
 from __future__ import annotations
@@ -47,7 +46,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
-    ap.add_argument("--log", default="", help="append one JSON line per step (this rank)")
+    # --loss-log: torchrun would take "--log" for an abbreviation of its own --log-dir
+    ap.add_argument("--loss-log", "--log", default="", help="one JSON line per step (this rank)")
     ap.add_argument("--job", default="gpt")
     ap.add_argument("--control", default=None, help="agent socket (default: SWIM_CONTROL)")
     ap.add_argument("--nodes", type=int, default=1, help="nodes to wait for at the start")
@@ -95,8 +95,8 @@ def main() -> None:
         loss = el.run_step(train_step)
         schedule.step()
         sampler.advance()
-        if args.log:
-            with open(args.log, "a") as log:
+        if args.loss_log:
+            with open(args.loss_log, "a") as log:
                 record = {"step": el.step, "loss": loss, "world": el.world_size}
                 print(json.dumps(record | {"t": time.time(), "pid": os.getpid()}), file=log)
     batches = iter(())  # ends the loader's worker processes

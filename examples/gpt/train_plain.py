@@ -1,6 +1,6 @@
 """A small GPT trained with FSDP2 on CPU/gloo: the plain script, before it is made elastic.
 
-    torchrun --nnodes 1 --nproc-per-node 2 examples/gpt/train_plain.py --steps 40 --log l.jsonl
+    torchrun --nnodes 1 --nproc-per-node 2 examples/gpt/train_plain.py --steps 40 --loss-log l.jsonl
 
 An ordinary PyTorch training script over ``gpt.py``'s model, corpus and the user's own
 FSDP2 ``parallelize``, with a ``DataLoader`` that has worker processes.
@@ -32,7 +32,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
-    ap.add_argument("--log", default="", help="append one JSON line per step (rank 0)")
+    # --loss-log: torchrun would take "--log" for an abbreviation of its own --log-dir
+    ap.add_argument("--loss-log", default="", help="append one JSON line per step (rank 0)")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -65,8 +66,8 @@ def main() -> None:
         optimizer.zero_grad()
         schedule.step()
         step += 1
-        if args.log and rank == 0:
-            with open(args.log, "a") as log:
+        if args.loss_log and rank == 0:
+            with open(args.loss_log, "a") as log:
                 record = {"step": step, "loss": total.item() / world, "world": world}
                 print(json.dumps(record | {"t": time.time(), "pid": os.getpid()}), file=log)
     dist.destroy_process_group()
