@@ -174,6 +174,10 @@ def run(workdir: Path, steps: int, *, kill: bool, profile: str = "fast") -> GptR
         result.joined = [n.steps(lr) for n in final if n not in nodes for lr in range(RANKS)]
         result.records = [r for n in everyone for r in n.all_records() if "loss" in r]
         return result
+    except BaseException:
+        for n in everyone:  # what each trainer said, for the failure's report
+            print(f"=== {n.name} ({n.workdir})\n{n.tail()}", file=sys.stderr)
+        raise
     finally:
         pgids = {n.pgid for n in everyone}
         for n in everyone:
