@@ -1,6 +1,7 @@
 """torchhook: elastic PyTorch training on swim's membership.
 
 The public API: the engine (``Elastic``), its settings, the parallelism strategies, the
+data it feeds (``ElasticSampler`` and its batch policies, for ``Elastic.data``), the
 errors it raises, and the membership client. Everything else in the package is a part of
 the engine with its own rules (docs/design.md lists them). Importing the package does not
 import torch; the names that need it load on first use.
@@ -16,12 +17,18 @@ __all__ = [
     "FSDP",
     "HSDP",
     "CheckpointFailed",
+    "DataExhausted",
+    "DataFeed",
+    "DataMisuse",
     "Elastic",
     "ElasticDDP",
     "ElasticError",
     "ElasticFSDP",
     "ElasticHSDP",
+    "ElasticSampler",
     "Fatal",
+    "FixedGlobalBatch",
+    "FixedRankBatch",
     "GroupLost",
     "Membership",
     "MembershipChanged",
@@ -49,6 +56,12 @@ _HOMES = {
     "Settings": "torchhook.settings",
     "Membership": "torchhook.client",
     "TrainingState": "torchhook.state",
+    "ElasticSampler": "torchhook.data",
+    "FixedGlobalBatch": "torchhook.batching",
+    "FixedRankBatch": "torchhook.batching",
+    "DataFeed": "torchhook.feed",
+    "DataMisuse": "torchhook.feed",
+    "DataExhausted": "torchhook.feed",
     "World": "torchhook.state",
     "View": "torchhook.client",
     **{
@@ -69,7 +82,9 @@ _HOMES = {
 }
 
 if TYPE_CHECKING:
+    from torchhook.batching import FixedGlobalBatch, FixedRankBatch
     from torchhook.client import Membership, View
+    from torchhook.data import ElasticSampler
     from torchhook.elastic import ElasticDDP, ElasticFSDP, ElasticHSDP
     from torchhook.engine import Elastic
     from torchhook.errors import (
@@ -84,6 +99,7 @@ if TYPE_CHECKING:
         SettingsError,
         StepFailed,
     )
+    from torchhook.feed import DataExhausted, DataFeed, DataMisuse
     from torchhook.parallel import DDP
     from torchhook.parallel_fsdp import FSDP
     from torchhook.parallel_hsdp import HSDP, mesh_dim

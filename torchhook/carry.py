@@ -11,17 +11,23 @@ After the strategy has set up a new group (model and optimizer), in this order:
    or rolls a pending step forward (a rank that rolled forward missed the caller's
    per-step updates), broadcast with waits a verdict can end; or, where the strategy
    resumed from a checkpoint (FSDP), the one saved beside it, on every rank;
-3. ``on_reset(old, new)``, from the process's second group on (its first has no old
+3. every data feed (``Elastic.data``, ``torchhook.feed``) is reconfigured to the new rank
+   and world size, its sampler's position having just arrived with the snapshot;
+4. ``on_reset(old, new)``, from the process's second group on (its first has no old
    world); its errors are fatal (``ResetCallbackError``).
+
+And when a step commits, every feed advances its sampler by the step (:meth:`Carry.committed`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
+from torchhook.feed import DataFeed
 from torchhook.parallel import Group, Parallelism
 from torchhook.state import TrainingState, World
 from torchhook.state_wire import broadcast_snapshot, decode
@@ -41,6 +47,27 @@ class Carry:
         """Schedulers to register over the first optimizer the strategy builds."""
         self._bound: torch.optim.Optimizer | None = None
         self._world: World | None = None
+        self.feeds: list[DataFeed] = []
+
+    def data(
+        self,
+        source: Iterable[Any],
+        name: str,
+        no_sync: Callable[[], AbstractContextManager[None]],
+        *,
+        formed: bool,
+    ) -> DataFeed:
+        """A feed over ``source``, its sampler registered in the state (``torchhook.feed``)."""
+        feed = DataFeed.register(
+            source, name, self.state, no_sync, formed=formed, count=len(self.feeds)
+        )
+        self.feeds.append(feed)
+        return feed
+
+    def committed(self) -> None:
+        """A step committed: every feed advances its sampler by one step."""
+        for feed in self.feeds:
+            feed.committed()
 
     def after_setup(
         self, group: Group, plan: Plan, parallelism: Parallelism, nodes: tuple[str, ...], step: int
@@ -59,6 +86,8 @@ class Carry:
                 self.state.restore(snapshot)
         elif (saved := parallelism.saved_state()) is not None:
             self.state.restore(decode(saved))
+        for feed in self.feeds:
+            feed.reconfigure(group.rank, group.world_size)
         old, self._world = self._world, World(group.world_size, group.rank, nodes, step)
         if old is not None:
             self.state.reset(old, self._world)

@@ -85,7 +85,8 @@ class ElasticSampler(Sampler[list[int]]):
 
     ``num_samples`` is ``len(dataset)``; ``policy`` a ``torchhook.batching`` policy
     (``FixedGlobalBatch`` or ``FixedRankBatch``); ``rank``/``world_size`` the current
-    world's; ``seed`` the permutation seed (same on every rank).
+    world's (leave them out under ``Elastic.data``, which sets them at every group);
+    ``seed`` the permutation seed (same on every rank).
     """
 
     def __init__(
@@ -93,8 +94,8 @@ class ElasticSampler(Sampler[list[int]]):
         num_samples: int,
         policy: BatchPolicy,
         *,
-        rank: int,
-        world_size: int,
+        rank: int = 0,
+        world_size: int = 1,
         seed: int = 0,
         shuffle: bool = True,
         num_epochs: int | None = None,

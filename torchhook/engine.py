@@ -39,7 +39,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -56,17 +56,12 @@ from torch._C._distributed_c10d import TCPStore
 from torchhook.carry import Carry
 from torchhook.client import Membership, MembershipClosed, View, local_place
 from torchhook.errors import ReformBudgetSpent, classify
+from torchhook.feed import DataFeed
 from torchhook.formation import Formation, Retry
 from torchhook.groups import ProcessGroups, ShrinkFailed, ShrinkStuck
 from torchhook.parallel import Group, Parallelism, micro_batches
 from torchhook.settings import ReformBudget, Settings
-from torchhook.state import (
-    Rebuilt,
-    ResetCallbackError,
-    SnapshotError,
-    Stateful,
-    TrainingState,
-)
+from torchhook.state import Rebuilt, ResetCallbackError, SnapshotError, Stateful, TrainingState
 from torchhook.state_wire import encode
 from torchhook.stores import TcpNet
 from torchhook.strategy import (
@@ -235,6 +230,7 @@ class Elastic:
                 self._abandon(failed=True)
                 continue
             self.step += 1
+            self._carry.committed()  # the data feeds advance (torchhook.feed)
             self._applied_in = self.group_token
             self._beat(force=True)
             return result
@@ -254,6 +250,15 @@ class Elastic:
         self._carry.pending[name] = factory
         self._ensure_group()
         return self.state.rebuilt(name)
+
+    def data(self, loader: Iterable[Any], name: str = "data") -> DataFeed:
+        """``loader`` (a ``DataLoader`` with ``batch_sampler=ElasticSampler(...)``, or the
+        sampler) across world changes: its position travels in ``state`` under ``name``,
+        it is reconfigured at every group and advanced when a step commits. In the step
+        function: ``for x, y in feed.batches():`` (torchhook.feed has the rules). Call it
+        on every rank before :meth:`scheduler` and the first step."""
+        formed = self.reconfigurations > 0
+        return self._carry.data(loader, name, self.parallelism.no_sync, formed=formed)
 
     def all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> torch.Tensor:
         """An all-reduce that a membership verdict can interrupt (MembershipChanged)."""

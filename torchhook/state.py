@@ -295,6 +295,10 @@ class TrainingState:
     def names(self) -> tuple[str, ...]:
         return tuple(self._objects)
 
+    def name_of(self, obj: object) -> str | None:
+        """The name ``obj`` itself (not an equal object) is registered under, or None."""
+        return next((name for name, known in self._objects.items() if known is obj), None)
+
     def rebind(self, optimizer: Optimizer) -> None:
         """A new optimizer: every :class:`Rebuilt` object is rebuilt over it, carrying its
         state. Call after the optimizer's own state is loaded (or not: the hyperparameters
