@@ -22,17 +22,14 @@ from gpt import GPT, Windows, make_corpus, warmup_cosine
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import default_collate
 
-from torchhook.batching import FixedGlobalBatch
-from torchhook.data import ElasticSampler
+from torchhook import ElasticSampler, FixedGlobalBatch
 
 
 def reference(
     steps: int, global_batch: int = 24, block: int = 32, lr: float = 3e-3, seed: int = 0
 ) -> list[float]:
     data = Windows(make_corpus(4000, seed), block)
-    stream = ElasticSampler(
-        len(data), FixedGlobalBatch(global_batch), rank=0, world_size=1, seed=seed
-    )
+    stream = ElasticSampler(len(data), FixedGlobalBatch(global_batch), seed=seed)
     torch.manual_seed(seed)
     model = GPT(len(data.vocab), block)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)

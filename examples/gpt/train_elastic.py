@@ -9,13 +9,15 @@ script, made elastic with ``HSDP``: each node's ranks shard one copy of the mode
 that ``parallelize`` (on the node's mesh), every node holds a copy, and the hook owns only
 the dimension across nodes. A node that dies leaves the survivors training from memory at
 the step they were at (no checkpoint, no step lost); a node that comes back joins at a step
-boundary and takes its shards from a survivor. The ``DataLoader`` (worker processes) reads
-through ``torchhook.data.ElasticSampler``: a fixed global batch of one sample stream, so
-every sample is used once and each step sees the same samples at any world size. With a
+boundary and takes its shards from a survivor. The ``DataLoader`` (worker processes)
+reads through an ``ElasticSampler`` and ``Elastic.data``: a fixed global batch of one
+sample stream, so every sample is used once and each step sees the same samples at any
+world size; the sampler's position and the LR scheduler travel with the model. With a
 global batch that every world size divides (24: worlds 2, 4 and 6 of two-rank nodes) each
 rank's mean loss weighs the same, so the updates, and the loss curve, are the failure-free
-run's (``reference.py``). The sampler's position and the LR scheduler travel with the
-model. ``--loss-log`` gets one JSON line per step from this rank. docs/training.md ("A complete example") shows the diff from the plain script.
+run's (``reference.py``); for shares that differ, weight a summed loss by
+``feed.sample_weight`` (docs/training.md §6). ``--loss-log`` gets one JSON line per step
+from this rank. docs/training.md §9.2 shows the diff from the plain script.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -33,9 +34,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 
-from torchhook import HSDP, Elastic, Settings, TrainingState
-from torchhook.batching import FixedGlobalBatch
-from torchhook.data import ElasticSampler
+from torchhook import HSDP, Elastic, ElasticSampler, FixedGlobalBatch, Settings
 
 
 def main() -> None:
@@ -54,12 +53,11 @@ def main() -> None:
     ap.add_argument("--min-nodes", type=int, default=1, help="nodes to train on after a loss")
     args = ap.parse_args()
 
-    state = TrainingState()  # what travels with the model: the sampler, the scheduler, RNG
     data = Windows(make_corpus(4000, args.seed), args.block)
-    policy = FixedGlobalBatch(args.global_batch)
-    sampler = ElasticSampler(len(data), policy, rank=0, world_size=1, seed=args.seed)
-    state.register("sampler", sampler)
-    loader = DataLoader(data, batch_sampler=sampler, num_workers=args.workers)
+    sampler = ElasticSampler(len(data), FixedGlobalBatch(args.global_batch), seed=args.seed)
+    loader = DataLoader(
+        data, batch_sampler=sampler, num_workers=args.workers, persistent_workers=True
+    )
 
     def build_model() -> GPT:
         torch.manual_seed(args.seed)
@@ -69,37 +67,25 @@ def main() -> None:
         return torch.optim.AdamW(model.parameters(), lr=args.lr)
 
     hsdp = HSDP(build_model, build_optimizer, parallelize=parallelize)
-    settings = Settings(job=args.job, control=args.control, min_nodes=args.min_nodes)
-    el = Elastic(hsdp, settings, state=state)
+    el = Elastic(hsdp, Settings(job=args.job, control=args.control, min_nodes=args.min_nodes))
     el.membership.wait(lambda view: len(view.members) >= args.nodes, timeout_s=600)
+    feed = el.data(loader)  # its position travels with the model; before the first group
     schedule = el.scheduler("lr", lambda opt: LambdaLR(opt, warmup_cosine(args.steps)))
 
-    batches: Iterator[list[torch.Tensor]] = iter(())
-
-    def new_world(*_: object) -> None:  # at the start and after every change of the world
-        nonlocal batches
-        sampler.reconfigure(el.rank, el.world_size)
-        batches = iter(loader)  # drops what the old iterator prefetched
-
-    new_world()
-    state.on_reset(new_world)
-
     def train_step(model: nn.Module) -> float:
-        x, y = next(batches)
-        loss = F.cross_entropy(model(x), y.flatten())
-        loss.backward()
+        for x, y in feed.batches():  # this rank's share of the step, taken again if cut
+            loss = F.cross_entropy(model(x), y.flatten())
+            loss.backward()
         total = el.all_reduce(loss.detach().clone())
         return total.item() / el.world_size  # HSDP reduces across nodes and steps
 
     while el.step < args.steps:
         loss = el.run_step(train_step)
         schedule.step()
-        sampler.advance()
         if args.loss_log:
             with open(args.loss_log, "a") as log:
                 record = {"step": el.step, "loss": loss, "world": el.world_size}
                 print(json.dumps(record | {"t": time.time(), "pid": os.getpid()}), file=log)
-    batches = iter(())  # ends the loader's worker processes
     el.exit(0)
 
 
