@@ -42,7 +42,7 @@ KILL_AFTER = 8
 """The node dies once rank 0 has logged this many steps."""
 REGROW_AFTER = 20
 """The node is started again once rank 0 has logged this many steps (at world 4)."""
-TRAINER_TIMEOUT_S = 150.0
+TRAINER_TIMEOUT_S = 240.0
 """Every trainer is killed after this long whatever happens (``timeout -s KILL``)."""
 
 
@@ -143,7 +143,7 @@ def run(workdir: Path, steps: int, *, kill: bool, profile: str = "fast") -> GptR
         final = nodes
         if kill:
             n0, n1, n2 = nodes
-            until(lambda: last_step(n0) >= KILL_AFTER, 120, "3 nodes x 2 ranks train")
+            until(lambda: last_step(n0) >= KILL_AFTER, 180, "3 nodes x 2 ranks train")
             n2.signal_all(signal.SIGKILL)  # the whole node: agent, trainers, loader workers
             result.times["killed"] = time.time()
             survivors = [n0, n1]
@@ -164,7 +164,7 @@ def run(workdir: Path, steps: int, *, kill: bool, profile: str = "fast") -> GptR
                 until(lambda: job_nodes(n0) == 3, 60, "the restarted n2 is in the job's view")
             result.times["released"] = time.time()
             final = [*survivors, back]
-        until(lambda: all(n.trainers_done() for n in final), 60, "every trainer finishes")
+        until(lambda: all(n.trainers_done() for n in final), 180, "every trainer finishes")
         result.times["done"] = time.time()
         for n in final:
             if any(t.returncode != 0 for t in n.trainers):
