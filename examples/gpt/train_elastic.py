@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import time
 
@@ -52,6 +53,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=1, help="nodes to wait for at the start")
     ap.add_argument("--min-nodes", type=int, default=1, help="nodes to train on after a loss")
     args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     data = Windows(make_corpus(4000, args.seed), args.block)
     sampler = ElasticSampler(len(data), FixedGlobalBatch(args.global_batch), seed=args.seed)

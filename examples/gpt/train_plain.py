@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import time
 
@@ -35,6 +36,7 @@ def main() -> None:
     # --loss-log: torchrun would take "--log" for an abbreviation of its own --log-dir
     ap.add_argument("--loss-log", default="", help="append one JSON line per step (rank 0)")
     args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
