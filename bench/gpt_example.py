@@ -133,6 +133,7 @@ def run(workdir: Path, steps: int, *, kill: bool, profile: str = "fast") -> GptR
     """One run of the example to ``steps`` (module docstring); every process is gone when
     it returns or raises."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # six trainers share a few cores
+    os.environ["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack
     result = GptRun()
     result.times["started"] = time.time()
     nodes = start_nodes(["n0", "n1", "n2"], workdir, profile, ranks=RANKS)
@@ -175,8 +176,13 @@ def run(workdir: Path, steps: int, *, kill: bool, profile: str = "fast") -> GptR
         result.records = [r for n in everyone for r in n.all_records() if "loss" in r]
         return result
     except BaseException:
-        for n in everyone:  # what each trainer said, for the failure's report
-            print(f"=== {n.name} ({n.workdir})\n{n.tail()}", file=sys.stderr)
+        for n in everyone:  # where each living trainer is, then what each one said
+            for lr in range(RANKS):
+                with contextlib.suppress(IndexError, KeyError, ProcessLookupError):
+                    os.kill(n.trainer_pid(lr), signal.SIGABRT)
+        time.sleep(1.0)  # faulthandler writes the stacks as the process dies
+        for n in everyone:
+            print(f"=== {n.name} ({n.workdir})\n{n.tail(8000)}", file=sys.stderr)
         raise
     finally:
         pgids = {n.pgid for n in everyone}
