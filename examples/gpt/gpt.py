@@ -2,13 +2,16 @@
 
 A character-level GPT (two transformer blocks); a corpus the example writes itself (sums
 in words, ``"seventeen plus four is twenty one."``: a pattern a tiny model learns within
-a few dozen steps, so the loss falls visibly); and ``parallelize``, the user's FSDP2
-sharding: one ``fully_shard`` per block, then the root.
+a few dozen steps, so the loss falls visibly); the learning-rate schedule; and
+``parallelize``, the user's FSDP2 sharding: one ``fully_shard`` per block, then the root.
+Shared by ``train_plain.py``, ``train_elastic.py`` and ``reference.py``.
 """
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -38,6 +41,15 @@ def make_corpus(sentences: int, seed: int) -> str:
         a, b = rng.randrange(50), rng.randrange(50)
         lines.append(f"{spell(a)} plus {spell(b)} is {spell(a + b)}.")
     return "\n".join(lines) + "\n"
+
+
+def warmup_cosine(total_steps: int, warmup: int = 5) -> Callable[[int], float]:
+    """The LR factor at step ``s``: a linear warm-up, then a cosine decay to zero."""
+
+    def factor(s: int) -> float:
+        return min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / total_steps))
+
+    return factor
 
 
 class Windows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
