@@ -122,6 +122,7 @@ class HSDP:
         self._model: nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._replicas: Any = None
+        self._node_groups: list[Any] = []  # node dimensions with more than one rank
         """This rank's replicate group: the same local rank on every node."""
         self._nodes = 0
         self._kept: _Kept | None = None
@@ -160,6 +161,7 @@ class HSDP:
 
     def run(self, fn: Callable[[Any], T], group: Group, step: int) -> T:
         assert self._model is not None and self._optimizer is not None, "run before setup"
+        self._node_barrier(group)
         result = fn(self._model)
         self._reduce_across_nodes(group)
         self._pending_in = group.token
@@ -173,6 +175,19 @@ class HSDP:
     def no_sync(self) -> AbstractContextManager[None]:
         # the cross-node reduce runs once per step anyway; inside the node, FSDP2's
         return fsdp_no_sync(self._model)
+
+    def _node_barrier(self, group: Group) -> None:
+        """An interruptible all-reduce over each node dimension before the step's FSDP2
+        collectives, which no verdict can end. A collective can complete on some ranks
+        and not on others when a peer dies inside it (it sent what one rank needed, not
+        what another needed): the engine's step-boundary all-reduce may have let this
+        rank through while a node peer left the group. Without the barrier this rank would
+        then wait in an FSDP2 all-gather for that peer until the group timeout; with it,
+        it waits here, where the verdict that made the peer leave ends the wait. The
+        barrier cannot complete while a node peer is missing: an all-reduce needs every
+        rank's part."""
+        for g in self._node_groups:
+            group.wait(dist.all_reduce(torch.zeros(1, device=group.device), group=g, async_op=True))
 
     def _reduce_across_nodes(self, group: Group) -> None:
         assert self._model is not None
@@ -196,9 +211,11 @@ class HSDP:
             self._kept = _Kept(self._model, self._optimizer, grads=bool(self._pending_in))
         # drop every object that pins the old group (FSDP modules, DTensor state, meshes)
         self._model, self._optimizer, self._replicas = None, None, None
+        self._node_groups = []
 
     def close(self) -> None:
         self._model, self._optimizer, self._replicas = None, None, None
+        self._node_groups = []
 
     def setup(self, group: Group, plan: Plan) -> int:
         if plan.restore == "checkpoint":
@@ -214,6 +231,9 @@ class HSDP:
         # named by the formation's token (fresh, the same on every rank)
         mesh = group.groups.mesh((self._nodes, *(s for _, s in dims)), names)
         self._replicas = mesh.get_group(names[0])
+        self._node_groups = [
+            mesh.get_group(n) for n, (_, size) in zip(names[1:], dims, strict=True) if size > 1
+        ]
         fresh = plan.restore == "fresh"
         with contextlib.nullcontext() if fresh else torch.device("meta"):
             module = self._build_model()
