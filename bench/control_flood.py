@@ -35,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
@@ -118,8 +117,9 @@ def _attack(phase: str, port: int, control: str, args: Any, stop: Event, out: An
             "over": [_push_pull(70_000)],
         }[args.kinds]
         for i in range(args.streams):
-            target: Callable[..., None] = _trickle
-            threads.append(threading.Thread(target=target, args=(port, heads[i % len(heads)], stop, opened, args.chunk_bytes)))
+            head = heads[i % len(heads)]
+            trickle = (port, head, stop, opened, args.chunk_bytes)
+            threads.append(threading.Thread(target=_trickle, args=trickle))
     elif phase in ("gossip-connects", "control-connects"):
         where: str | int = port if phase == "gossip-connects" else control
         rate = args.connect_rate / CONNECT_THREADS
