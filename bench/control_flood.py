@@ -17,9 +17,10 @@ One ``fast`` agent (the victim) and two peers, real processes on loopback
 Attackers run in a child process, so their threads do not share the measuring client's
 GIL. Printed per phase: p50/p99/max of the round trips, the attack's achieved rate,
 suspicions and deaths raised by any of the three agents, and the victim's CPU. Before each
-phase the benchmark waits (at most ``--quiet-wait-s``) for the 1-minute load average to
-fall below ``--quiet-load``: the figure is for a quiet machine, and each phase records the
-load it started under. Writes ``results/hostile-control-flood/`` (bench/results.py).
+phase the benchmark waits for the 1-minute load average to fall below ``--quiet-load``
+(all waits together at most ``--quiet-wait-s``): the figure is for a quiet machine, and
+each phase records the load it started under. Writes ``results/hostile-control-flood/``
+(bench/results.py).
 
     python -m bench.control_flood                  # all four phases, 15 s each
     python -m bench.control_flood --phases quiet,streams --seconds 10
@@ -148,9 +149,9 @@ def _counters(agents: list[LocalAgent]) -> dict[str, int]:
     return out
 
 
-def wait_quiet(limit: float, wait_s: float) -> float:
-    """Wait until the 1-minute load average is below ``limit`` (at most ``wait_s``)."""
-    deadline = time.monotonic() + wait_s
+def wait_quiet(limit: float, deadline: float) -> float:
+    """Wait until the 1-minute load average is below ``limit`` (at most until ``deadline``,
+    the run's whole budget for waiting: a busy machine delays the run, never stalls it)."""
     while os.getloadavg()[0] >= limit and time.monotonic() < deadline:
         time.sleep(5)
     return round(os.getloadavg()[0], 2)
@@ -162,7 +163,7 @@ def _pct(sorted_ms: list[float], q: float) -> float:
 
 def run_phase(phase: str, agents: list[LocalAgent], args: Any) -> dict[str, Any]:
     victim = agents[0]
-    load = wait_quiet(args.quiet_load, args.quiet_wait_s)
+    load = wait_quiet(args.quiet_load, args.quiet_deadline)
     before = _counters(agents)
     client = ControlClient(victim.control, timeout_s=10)
     ctx = multiprocessing.get_context("fork")
@@ -251,7 +252,8 @@ def as_result(rows: list[dict[str, Any]], args: Any) -> dict[str, Any]:
             "oversized push-pull streams (65,536 or 70,000 states announced, valid states "
             "4 KiB every 8 ms); TCP connects to the gossip port and connects to the control "
             f"socket at {args.connect_rate:g}/s (opened and closed at once). Each phase "
-            f"waits up to {args.quiet_wait_s:g} s for a 1-minute load below {args.quiet_load}."
+            f"waits for a 1-minute load below {args.quiet_load} (up to {args.quiet_wait_s:g} s "
+            "in all)."
         ),
         "figures": figures,
         "tables": [
@@ -274,12 +276,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-bytes", type=int, default=CHUNK_BYTES)
     parser.add_argument("--connect-rate", type=float, default=3000.0, help="per second")
     parser.add_argument("--quiet-load", type=float, default=1.5)
-    parser.add_argument("--quiet-wait-s", type=float, default=600.0)
+    parser.add_argument(
+        "--quiet-wait-s", type=float, default=600.0, help="the most the whole run waits"
+    )
     results.add_arguments(parser)
     args = parser.parse_args(argv)
     phases = [p for p in args.phases.split(",") if p]
     if unknown := set(phases) - set(PHASES):
         parser.error(f"unknown phases {sorted(unknown)}; from {', '.join(PHASES)}")
+    args.quiet_deadline = time.monotonic() + args.quiet_wait_s
     started = results.machine()
     with tempfile.TemporaryDirectory(prefix="control-flood-") as tmp:
         agents = start_cluster(3, Path(tmp), "fast")
