@@ -60,6 +60,11 @@ IDLE_TIMEOUT_S = 30.0
 MAX_CONNECTIONS = MAX_WATCHERS
 """Every training process's watch (one per local rank, see agent/watch.py) plus room for
 tools: a node with many GPUs must not lock ``swimctl`` out."""
+LISTEN_BACKLOG = 1024
+"""Connections the kernel queues before the accept: a client's connect to a Unix socket
+whose queue is full fails at once (EAGAIN), so a burst of local connections (a connection
+flood, or every rank of a large node starting at once) must not fill it in the few ms
+between two accept passes; the kernel caps it at ``net.core.somaxconn``."""
 STATUSES = tuple(s.name.lower() for s in NodeStateType)
 
 
@@ -365,7 +370,7 @@ def _bind_unix(path: Path, access: Access) -> socket.socket:
         path.unlink()
         raise
     os.chmod(path, 0o660)
-    sock.listen(64)
+    sock.listen(LISTEN_BACKLOG)
     sock.setblocking(False)
     return sock
 

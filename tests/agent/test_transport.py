@@ -6,6 +6,7 @@ streams decode in a worker thread."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
 
@@ -14,7 +15,7 @@ import trio
 import trio.testing
 
 from agent.memory_transport import MemoryNetwork, MemoryTransport, address_of
-from agent.transport import FREE_STREAM_BYTES, SocketTransport, Streams
+from agent.transport import FEED_SLICE_BYTES, FREE_STREAM_BYTES, SocketTransport, Streams
 from swim import (
     Address,
     DropReason,
@@ -202,6 +203,56 @@ async def test_inbound_streams_share_a_bounded_budget_of_buffered_bytes(
         assert sorted(map(len, delivered)) == [1000, big]  # type: ignore[arg-type]
         assert server.buffered_bytes == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_streams_with_bytes_waiting_decode_a_slice_at_a_time_taking_turns(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Three streams with 60,000 bytes each waiting: every feed is at most one slice, the
+    streams take turns, and another task (the control API, the node task) runs between
+    any two slices: a flood of streams holds the trio thread for a slice, not a chunk."""
+    log: list[str] = []
+
+    class Recording(_Lines):
+        def feed(self, data: bytes) -> object:
+            log.append(f"{len(data)} {(self.buf or data)[:1].decode()}")
+            return super().feed(data)
+
+    net = MemoryNetwork()
+    server = Streams(net.attach(B), tcp_timeout_ms=10_000, decoder=Recording, record_drop=print)  # type: ignore[arg-type]
+    client = net.attach(A)
+    delivered: list[object] = []
+
+    async def deliver(source: Address, message: object) -> None:
+        delivered.append(message)
+
+    async def ticker() -> None:
+        while len(delivered) < 3:  # a busy task: the MockClock cannot jump while it runs
+            log.append("tick")
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.serve, deliver)
+        await trio.sleep(0)
+        for letter in b"abc":
+            stream = await client.open_stream(B)
+            await stream.send_all(bytes([letter]) * 60_000 + b"\n")
+        nursery.start_soon(ticker)
+        await trio.sleep(1)  # the ticker ends before the clock can move
+        nursery.cancel_scope.cancel()
+    assert sorted(delivered) == [bytes([x]) * 60_000 for x in b"abc"]  # type: ignore[type-var]
+    feeds = [entry.split() for entry in log if entry != "tick"]
+    assert max(int(size) for size, _ in feeds) <= FEED_SLICE_BYTES
+    # turns: once the last stream arrived, each waits for the others' slices
+    streams = [s for _, s in feeds]
+    turns = streams[streams.index("c") : streams.index("c") + 4]
+    assert all(x != y for x, y in itertools.pairwise(turns)), streams
+    run = longest = 0
+    for entry in log[log.index("tick") :]:
+        run = 0 if entry == "tick" else run + 1
+        longest = max(longest, run)
+    # trio may run a pass's tasks in either order: two slices can meet across passes
+    assert longest <= 2, log
 
 
 async def test_streams_on_real_sockets_decode_a_trickled_compressed_push_pull_in_a_thread() -> None:
