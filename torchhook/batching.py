@@ -136,8 +136,7 @@ def split_global_batch(global_batch: int, world_size: int, max_micro_batch: int)
             f"global_batch={global_batch} is smaller than the world ({world_size} ranks): "
             "every rank needs at least one sample per step"
         )
-    q, r = divmod(global_batch, world_size)
-    per_rank = (q + 1,) * r + (q,) * (world_size - r)
+    per_rank = split_evenly(global_batch, world_size)
     return _split(per_rank, max_micro_batch, f"global_batch={global_batch}")
 
 

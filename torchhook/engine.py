@@ -53,6 +53,7 @@ import torch.distributed as dist
 from torch import nn
 from torch._C._distributed_c10d import TCPStore
 
+from torchhook.batching import split_evenly
 from torchhook.carry import Carry
 from torchhook.client import Membership, MembershipClosed, View, local_place
 from torchhook.errors import ReformBudgetSpent, classify
@@ -191,9 +192,9 @@ class Elastic:
     def shard(self, global_batch_size: int) -> tuple[int, int]:
         """This rank's ``[lo, hi)`` of a global batch (contiguous, sizes differ by <= 1)."""
         self._ensure_group()
-        base, extra = divmod(global_batch_size, self.world_size)
-        lo = self.rank * base + min(self.rank, extra)
-        return lo, lo + base + (1 if self.rank < extra else 0)
+        sizes = split_evenly(global_batch_size, self.world_size)  # torchhook.batching's rule
+        lo = sum(sizes[: self.rank])
+        return lo, lo + sizes[self.rank]
 
     def run_step(self, fn: Callable[[Any], T]) -> T:
         """Run one training step: ``fn`` gets the model (DDP: the wrapper; HSDP/FSDP: the
@@ -274,7 +275,7 @@ class Elastic:
     def micro_batches(self, n: int) -> Iterator[int]:
         """``0..n-1``; every micro-batch but the last accumulates (:meth:`accumulate`),
         inside the step function: ``for i in el.micro_batches(4): loss(i).backward()``."""
-        return micro_batches(self.parallelism, n)
+        return micro_batches(self.parallelism.no_sync, n)
 
     def paused(self, reason: str, max_s: float = DEFAULT_PAUSE_S) -> AbstractContextManager[None]:
         """``with el.paused("checkpoint", max_s=300):`` this rank is paused on purpose (an

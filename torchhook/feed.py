@@ -38,7 +38,6 @@ A new iterator draws its workers' base seed from torch's CPU generator; it is ma
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -48,6 +47,7 @@ import torch
 from torchhook.batching import StepSplit
 from torchhook.data import ElasticSampler
 from torchhook.errors import Fatal
+from torchhook.parallel import micro_batches
 from torchhook.state import TrainingState
 
 __all__ = ["MAX_FEEDS", "DataExhausted", "DataFeed", "DataMisuse"]
@@ -179,18 +179,17 @@ class DataFeed:
         self._started = True
         n = self.split.accumulation_steps
         batches = self._current()
-        for i in range(n):
-            with self._no_sync() if i < n - 1 else contextlib.nullcontext():
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    raise DataExhausted(
-                        f"the sample stream ended at position {self.sampler.position} "
-                        f"(num_epochs) in micro-batch {i} of {n}; check feed.steps_left() "
-                        "before the step"
-                    ) from None
-                self._taken += 1
-                yield batch
+        for i in micro_batches(self._no_sync, n):
+            try:
+                batch = next(batches)
+            except StopIteration:
+                raise DataExhausted(
+                    f"the sample stream ended at position {self.sampler.position} "
+                    f"(num_epochs) in micro-batch {i} of {n}; check feed.steps_left() "
+                    "before the step"
+                ) from None
+            self._taken += 1
+            yield batch
 
     def _current(self) -> Iterator[Any]:
         if self._iterator is None:

@@ -211,11 +211,12 @@ def fsdp_no_sync(module: nn.Module | None) -> Iterator[None]:
         setter(True)
 
 
-def micro_batches(parallelism: Parallelism, n: int) -> Iterator[int]:
+def micro_batches(no_sync: Callable[[], AbstractContextManager[None]], n: int) -> Iterator[int]:
     """``0..n-1``; the backward of every micro-batch but the last runs inside
-    ``parallelism.no_sync()``, so gradients are reduced once, after the last."""
+    ``no_sync()`` (a strategy's ``Parallelism.no_sync``), so gradients are reduced once,
+    after the last."""
     if n < 1:
         raise ValueError(f"micro_batches needs n >= 1, got {n}")
     for i in range(n):
-        with parallelism.no_sync() if i < n - 1 else contextlib.nullcontext():
+        with no_sync() if i < n - 1 else contextlib.nullcontext():
             yield i

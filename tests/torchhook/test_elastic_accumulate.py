@@ -148,7 +148,7 @@ def _work(cfg: dict[str, Any]) -> dict[str, Any]:
     after_first: list[list[float]] = []
 
     def accumulated(model: nn.Module) -> None:
-        for i in micro_batches(strategy, MICRO):
+        for i in micro_batches(strategy.no_sync, MICRO):
             out = model(mine_x[i * per : (i + 1) * per])
             loss = F.mse_loss(out, mine_y[i * per : (i + 1) * per], reduction="sum")
             torch.autograd.backward(loss / (share * y.shape[1]))
