@@ -26,7 +26,7 @@ case "$cmd" in
         .venv/bin/ruff check .
         .venv/bin/ruff format --check .
         .venv/bin/mypy
-        exec .venv/bin/python -m pytest -q "$@"
+        exec .venv/bin/python -m pytest -q --durations=30 "$@"
         ;;
     bench)
         scripts/setup.sh
