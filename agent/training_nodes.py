@@ -243,9 +243,7 @@ def start_nodes(
         nodes.append(first)
         first.wait_ready()
         nodes += [
-            TrainingNode(
-                n, workdir, first.port, profile, ranks, place=p, join_host=first.host
-            )
+            TrainingNode(n, workdir, first.port, profile, ranks, place=p, join_host=first.host)
             for n, p in zip(names[1:], where[1:], strict=True)
         ]
         for node in nodes:

@@ -52,12 +52,7 @@ def power_cut_rules(iface: str) -> str:
     ``iface``, both rules committed at once: a host losing power sends nothing more, no
     TCP reset and no ICMP, and answers nothing. The rules come first in their chains, so
     the dropped packets are counted by them alone."""
-    return (
-        "*filter\n"
-        f"-I INPUT 1 -i {iface} -j DROP\n"
-        f"-I OUTPUT 1 -o {iface} -j DROP\n"
-        "COMMIT\n"
-    )
+    return f"*filter\n-I INPUT 1 -i {iface} -j DROP\n-I OUTPUT 1 -o {iface} -j DROP\nCOMMIT\n"
 
 
 def own_network_namespace() -> bool:
