@@ -7,6 +7,12 @@ host), or one trainer alone (a hung GPU worker on a live host). Every trainer is
 by ``timeout -s KILL``; ``stop`` kills the process group and reaps every process by pid
 (agent/procs.py's ``stop``).
 
+A node runs on loopback by default. A ``Placement`` puts it elsewhere: a command prefix for
+every process (``ip netns exec NS``: a network namespace of its own, as
+tests/netns/training.py sets up), the address its agent binds and advertises (the address
+the other nodes' TCPStore and gloo traffic goes to), and extra environment for its trainers
+(``GLOO_SOCKET_IFNAME``: gloo binds the address of the host name otherwise, loopback here).
+
 Trainers write one JSON line per step to their own log (``steps_path(local_rank)``); the
 helpers read them back. torch is never imported here.
 """
@@ -19,6 +25,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +34,31 @@ from agent.control import ControlClient, ControlError
 from agent.demo import agent_command
 from agent.procs import free_port, stop, until
 
-__all__ = ["ROOT", "TrainingNode", "reference_curves", "reference_losses", "start_nodes"]
+__all__ = [
+    "LOOPBACK",
+    "ROOT",
+    "Placement",
+    "TrainingNode",
+    "reference_curves",
+    "reference_losses",
+    "start_nodes",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a node's processes run (module docstring): ``wrap`` prefixes every command,
+    ``host`` is the address its agent binds (and the others join it at), ``env`` is added
+    to its trainers' environment."""
+
+    wrap: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+LOOPBACK = Placement()
 
 
 class TrainingNode:
@@ -39,17 +69,28 @@ class TrainingNode:
         join_port: int | None,
         profile: str = "local",
         ranks: int = 1,
+        *,
+        place: Placement = LOOPBACK,
+        join_host: str = "127.0.0.1",
     ) -> None:
         self.name = name
         self.workdir = workdir
         self.ranks = ranks
-        self.port = free_port()
+        self.place = place
+        self.host = place.host
+        self.port = free_port()  # free on loopback; a namespace of its own has every port
         self.control = workdir / f"{name}.sock"
         self.agent_log = workdir / f"{name}.agent.log"
-        args = agent_command(name, self.port, self.control, profile, join_port)
+        args = agent_command(
+            name, self.port, self.control, profile, join_port, host=place.host, join_host=join_host
+        )
         with self.agent_log.open("wb") as out:
             self.agent = subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, process_group=0
+                [*place.wrap, *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                process_group=0,
             )
         self.pgid = self.agent.pid
         self.trainers: list[subprocess.Popen[bytes]] = []
@@ -79,12 +120,14 @@ class TrainingNode:
         for local_rank in range(self.ranks):
             # --foreground: stay in the node's process group (timeout makes its own otherwise)
             cmd = [
+                *self.place.wrap,
                 *("timeout", "--foreground", "-s", "KILL", str(timeout_s)),
                 *(sys.executable, str(script), "--control", str(self.control)),
                 *("--log", str(self.steps_path(local_rank)), *args),
             ]
             env = {
                 **os.environ,
+                **self.place.env,
                 "LOCAL_RANK": str(local_rank),
                 "LOCAL_WORLD_SIZE": str(self.ranks),
             }
@@ -183,15 +226,26 @@ def _reference_run(script: str | Path, steps: int, *extra: str) -> str:
 
 
 def start_nodes(
-    names: list[str], workdir: Path, profile: str = "local", ranks: int = 1
+    names: list[str],
+    workdir: Path,
+    profile: str = "local",
+    ranks: int = 1,
+    places: list[Placement] | None = None,
 ) -> list[TrainingNode]:
-    """Agents of ``names``, the later ones joining the first; all ready, or all stopped."""
+    """Agents of ``names`` (each at its ``places`` entry, loopback by default), the later
+    ones joining the first; all ready, or all stopped."""
+    where = places or [LOOPBACK] * len(names)
+    if len(where) != len(names):
+        raise ValueError(f"{len(names)} names but {len(where)} places")
     nodes: list[TrainingNode] = []
     try:
-        first = TrainingNode(names[0], workdir, None, profile, ranks)
+        first = TrainingNode(names[0], workdir, None, profile, ranks, place=where[0])
         nodes.append(first)
         first.wait_ready()
-        nodes += [TrainingNode(n, workdir, first.port, profile, ranks) for n in names[1:]]
+        nodes += [
+            TrainingNode(n, workdir, first.port, profile, ranks, place=p, join_host=first.host)
+            for n, p in zip(names[1:], where[1:], strict=True)
+        ]
         for node in nodes:
             node.wait_ready()
     except BaseException:

@@ -64,13 +64,22 @@ TOPICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "Training recovery",
         "How long training stops when a node fails, by fault (SIGKILL, SIGSTOP, inside "
-        "backward) and by strategy (in-process DDP and HSDP on swim, torchrun with the swim "
-        "rendezvous, stock torchrun with c10d). Pure FSDP, which keeps no second copy of "
+        "backward, power loss) and by strategy (in-process DDP and HSDP on swim, torchrun "
+        "with the swim rendezvous, stock torchrun with c10d). A power loss is measured with "
+        "every node in a network namespace of its own: the victim's packets are dropped "
+        "before it dies, so the survivors get no reset, as from a host without power. "
+        "Pure FSDP, which keeps no second copy of "
         "a shard, recovers by reloading the newest complete checkpoint, resharded "
         "(docs/training.md); it has no timed benchmark yet. Last, how long the agreement on "
         "a new group takes as the job grows, and how fast a rank's model and optimizer "
         "state reach a new one.",
-        ("training-recovery-", "torchrun-recovery-", "formation-", "state-transfer-"),
+        (
+            "training-recovery-",
+            "training-power-",
+            "torchrun-recovery-",
+            "formation-",
+            "state-transfer-",
+        ),
     ),
     (
         "Step efficiency",
@@ -101,13 +110,15 @@ ORDER = (  # within a topic, these first; the rest by question id
     "detection-64-serf-local-swim-fast-swim-lan",
     "detection-8-32-64-serf-lan-swim-lan",
     "training-recovery-3x2-fast",
+    "training-power-3x2-fast",
     "sim-scale-10000",
 )
 
 METHOD = """\
 Every figure on this page was measured on one Linux host with 2 CPU cores, usually shared
 with other work (each section gives the load average when its run started), with every
-agent a separate process talking over loopback: no real network, no real GPUs (training
+agent a separate process talking over loopback (or, where a section says so, over a bridge
+between network namespaces on the same host): no real network, no real GPUs (training
 runs on CPU with gloo). serf is Debian's 0.9.4, run the same way as swim's agent.
 
 - **Detection** is timed from the SIGKILL of one agent to the moment other agents log it

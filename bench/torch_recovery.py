@@ -17,13 +17,23 @@ trainers' step logs:
 - rolled back: the last step completed at world 6 + 1 − the first step at world 4 (0: the
   survivors went on from the step they were at).
 
+``--netns``: each node's agent and trainers in a network namespace of their own
+(tests/netns/training.py), the TCPStore and gloo traffic over a bridge; faults ``kill``,
+``stop`` and ``power`` there (``power``: the victim's rank 0 drops every packet of its
+node's link, then SIGKILLs the node: the survivors see silence, no reset and no ICMP), and
+``kill``, ``stop`` on loopback in the same run, for DDP and HSDP, repeats interleaved. Each
+namespaced run counts at the survivors what arrived from the victim after the fault (TCP
+resets, ICMP, packets) and at the victim the packets its cut dropped. Written as its own
+question (bench/training_results.py ``power``); no torchrun, no step efficiency.
+
 torchrun (3 nodes × ``--nproc-per-node=2``, world 6 → 4) is bench/torchrun_recovery.py's
 ``measure``: only the total (fault → first step of a new group without the victim) is
 observable there; stock c10d is watched for 40 s (90 s after a SIGKILL: keep-alive expiry +
 last call), as in that module.
 
     python -m bench.torch_recovery [--nodes 3 --ranks-per-node 2 --profile fast --repeats 5]
-        [--torchrun-repeats 3] [--no-torchrun] [--minutes 10 --every-s 60 --baseline-s 120]
+        [--netns] [--faults DDP:kill,HSDP:power:ns] [--torchrun-repeats 3] [--no-torchrun]
+        [--minutes 10 --every-s 60 --baseline-s 120]
         [--no-efficiency] [--efficiency-setups in-process,torchrun-c10d,torchrun-swim]
         [--workdir DIR] [--out REPORT.md] [--results DIR | --no-results]
 
@@ -35,9 +45,11 @@ into BENCHMARKS.md. ``--out`` writes the Markdown report to a file of your own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +57,31 @@ from agent.procs import until
 from agent.training_nodes import TrainingNode, start_nodes
 from bench import results, step_efficiency, torchrun_recovery, training_results
 from bench.torch_recovery_report import report, table, write_section
+from tests.netns.training import NsTraining
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = {"DDP": "examples/elastic_ddp.py", "HSDP": "examples/elastic_hsdp.py"}
-IN_PROCESS: tuple[tuple[str, str], ...] = (
-    ("DDP", "kill"),
-    ("DDP", "kill-in-backward"),
-    ("DDP", "stop"),
-    ("DDP", "stop-in-backward"),
-    ("HSDP", "kill-in-backward"),
+LOOPBACK, NETNS = "loopback", "ns"
+IN_PROCESS: tuple[tuple[str, str, str], ...] = (
+    ("DDP", "kill", LOOPBACK),
+    ("DDP", "kill-in-backward", LOOPBACK),
+    ("DDP", "stop", LOOPBACK),
+    ("DDP", "stop-in-backward", LOOPBACK),
+    ("HSDP", "kill-in-backward", LOOPBACK),
 )
+POWER: tuple[tuple[str, str, str], ...] = tuple(
+    (kind, fault, net)
+    for kind in ("DDP", "HSDP")
+    for fault, net in (
+        ("power", NETNS),
+        ("kill", NETNS),
+        ("stop", NETNS),
+        ("kill", LOOPBACK),
+        ("stop", LOOPBACK),
+    )
+)
+"""``--netns``: power loss beside SIGKILL and SIGSTOP in namespaces, and the same two on
+loopback, at the step boundary."""
 TORCHRUN: tuple[tuple[torchrun_recovery.Backend, torchrun_recovery.Scenario], ...] = (
     ("swim", "kill"),
     ("swim", "stop"),
@@ -78,18 +105,19 @@ def measure_inprocess(
     start_timeout_s: float = 180.0,
     window_s: float = 60.0,
     workdir: Path | None = None,
+    net: str = LOOPBACK,
 ) -> dict[str, Any]:
     """``nodes`` × ``ranks`` train at full world; the last node fails with ``fault``; time
     the survivors' verdict and their first step at the reduced world (None if none within
-    ``window_s``). ``workdir``: keep the logs there (a temporary directory otherwise)."""
+    ``window_s``). ``workdir``: keep the logs there (a temporary directory otherwise).
+    ``net``: ``loopback`` or ``ns`` (a network namespace per node, with packet counts)."""
     full, reduced = nodes * ranks, (nodes - 1) * ranks
     with tempfile.TemporaryDirectory(prefix="swim-torchbench-") as tmp:
         work = workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         fault_file = work / "fault"
-        cluster = start_nodes([f"n{i}" for i in range(nodes)], work, profile, ranks)
-        survivors, victim = cluster[:-1], cluster[-1]
-        try:
+        with _cluster(net, nodes, work, profile, ranks) as (cluster, ns):
+            survivors, victim = cluster[:-1], cluster[-1]
             started = time.monotonic()
             for n in cluster:
                 extra = ["--fault", fault, "--fault-file", str(fault_file)] if n is victim else []
@@ -102,12 +130,17 @@ def measure_inprocess(
             until(lambda: all(n.training_at(full) for n in cluster), start_timeout_s, "full")
             startup_s = time.monotonic() - started
             time.sleep(1)
+            if ns is not None:
+                ns.watch(victim)
             fault_file.touch()
             until(lambda: any("fault" in r for r in victim.records()), 20, "the fault")
-            fault_t = float(next(r["t"] for r in victim.records() if "fault" in r))
+            fault_rec = next(r for r in victim.records() if "fault" in r)
+            fault_t = float(fault_rec["t"])
             row: dict[str, Any] = {
-                "mode": f"in-process {kind}",
+                "mode": f"in-process {kind}" + (", namespaces" if ns is not None else ""),
                 "fault": fault,
+                "net": net,
+                "cut_s": fault_rec.get("cut_s"),
                 "startup_s": startup_s,
                 "window_s": window_s,
                 "verdict_s": None,
@@ -135,6 +168,9 @@ def measure_inprocess(
                 until(every_rank_moved_on, window_s, f"survivors at world {reduced}")
             except TimeoutError:
                 return row
+            finally:
+                if ns is not None:  # what reached the survivors up to here
+                    row |= ns.counts(victim).as_row()
             steps = [r for n in survivors for r in after(n)]
             first = min(steps, key=lambda r: float(r["t"]))
             row["total_s"] = float(first["t"]) - fault_t
@@ -161,9 +197,26 @@ def measure_inprocess(
                 row["first_step"] = int(first["step"])
                 row["resumed"] = first.get("resumed")
             return row
-        finally:
-            for n in cluster:
-                n.stop()
+
+
+@contextlib.contextmanager
+def _cluster(
+    net: str, nodes: int, work: Path, profile: str, ranks: int
+) -> Iterator[tuple[list[TrainingNode], NsTraining | None]]:
+    """The nodes on loopback, or each in a network namespace of its own; every process
+    stopped by pid (and every namespace removed) on the way out, errors included."""
+    if net == NETNS:
+        with NsTraining(nodes, work, profile, ranks) as ns:
+            yield ns.nodes, ns
+        return
+    if net != LOOPBACK:
+        raise ValueError(f"net must be {LOOPBACK!r} or {NETNS!r}, got {net!r}")
+    cluster = start_nodes([f"n{i}" for i in range(nodes)], work, profile, ranks)
+    try:
+        yield cluster, None
+    finally:
+        for n in cluster:
+            n.stop()
 
 
 def measure_torchrun(
@@ -207,7 +260,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="fast")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--torchrun-repeats", type=int, default=3)
-    parser.add_argument("--faults", default=None, help="e.g. DDP:kill,HSDP:kill-in-backward")
+    parser.add_argument(
+        "--faults", default=None, help="e.g. DDP:kill,HSDP:kill-in-backward,DDP:power:ns"
+    )
+    parser.add_argument(
+        "--netns",
+        action="store_true",
+        help="power loss beside SIGKILL and SIGSTOP, namespaces and loopback (no torchrun, "
+        "no step efficiency)",
+    )
     parser.add_argument("--no-torchrun", action="store_true")
     parser.add_argument("--no-efficiency", action="store_true")
     parser.add_argument(
@@ -223,9 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m bench.torch_recovery " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
-    plan = list(IN_PROCESS)
+    plan = list(POWER if args.netns else IN_PROCESS)
     if args.faults:
-        plan = [(f.split(":")[0], f.split(":")[-1]) for f in args.faults.split(",") if f]
+        plan = [_planned(f) for f in args.faults.split(",") if f]
+    if args.netns:
+        args.no_torchrun = args.no_efficiency = True
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
     loads = step_efficiency.load(), ""
@@ -247,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             return
 
-    def inprocess(kind: str, fault: str, work: Path | None) -> dict[str, Any]:
+    def inprocess(kind: str, fault: str, net: str, work: Path | None) -> dict[str, Any]:
         return measure_inprocess(
             kind,
             fault,
@@ -255,12 +318,13 @@ def main(argv: list[str] | None = None) -> int:
             ranks=args.ranks_per_node,
             profile=args.profile,
             workdir=work,
+            net=net,
         )
 
-    for kind, fault in plan:
-        for i in range(args.repeats):
-            say(f"-- in-process {kind} {fault} #{i + 1} (load {step_efficiency.load()})")
-            attempt(f"{kind.lower()}-{fault}", i, inprocess, kind, fault)
+    for i in range(args.repeats):  # interleaved: load swings spread over every row alike
+        for kind, fault, net in plan:
+            say(f"-- in-process {kind} {fault} {net} #{i + 1} (load {step_efficiency.load()})")
+            attempt(f"{kind.lower()}-{fault}-{net}", i, inprocess, kind, fault, net)
     if not args.no_torchrun:
         for backend, scenario in TORCHRUN:
             for i in range(args.torchrun_repeats):
@@ -295,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         write_section(args.out, text)
     shape = {"nodes": args.nodes, "ranks": args.ranks_per_node, "profile": args.profile}
     if rows:
-        built = training_results.recovery(rows, step_sleep_s=STEP_SLEEP_S, **shape)
+        build = training_results.power if args.netns else training_results.recovery
+        built = build(rows, step_sleep_s=STEP_SLEEP_S, **shape)
         notes = [f"Never trained at full size (retried once): {f}" for f in failures]
         results.record(args, "bench.torch_recovery", argv, started, built, notes)
     if efficiency:
@@ -307,6 +372,17 @@ def main(argv: list[str] | None = None) -> int:
             training_results.efficiency(efficiency, **shape),
         )
     return 0
+
+
+def _planned(text: str) -> tuple[str, str, str]:
+    """``KIND:FAULT`` or ``KIND:FAULT:NET`` (``loopback`` by default, or ``ns``)."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or parts[0] not in SCRIPTS:
+        raise SystemExit(f"--faults: {text!r} is not KIND:FAULT[:NET] with KIND of {list(SCRIPTS)}")
+    net = parts[2] if len(parts) == 3 else LOOPBACK
+    if net not in (LOOPBACK, NETNS):
+        raise SystemExit(f"--faults: {text!r}: NET must be {LOOPBACK} or {NETNS}")
+    return parts[0], parts[1], net
 
 
 if __name__ == "__main__":

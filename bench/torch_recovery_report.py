@@ -23,6 +23,7 @@ SECTION = "Training recovery: 3 nodes × 2 ranks"
 # the recovery targets: reported next to the numbers, nothing is tuned to them
 TARGET_KILL_S = 0.6  # SIGKILL of a node (boundary or in backward) → first step, median
 TARGET_STOP_S = 1.2  # SIGSTOP of a node → first step, median
+TARGET_POWER_S = 0.9  # power loss of a node, no spare → first step, median
 TARGET_RESUME_S = 0.15  # verdict → first step at the reduced world, from world 6
 
 
@@ -56,6 +57,8 @@ def _target(runs: list[dict[str, Any]]) -> str:
     total = _median(r["total_s"] for r in runs)
     resume = _median(r["resume_s"] for r in runs)
     limit = TARGET_KILL_S if fault.startswith("kill") else TARGET_STOP_S
+    if fault.startswith("power"):
+        limit = TARGET_POWER_S
     marks = [f"total ≤ {limit} s: " + ("met" if total is not None and total <= limit else "NOT")]
     ok = resume is not None and resume <= TARGET_RESUME_S
     marks.append(f"resume ≤ {TARGET_RESUME_S} s: " + ("met" if ok else "NOT"))

@@ -2,7 +2,10 @@
 
 ``recovery``: one row per strategy and fault (in-process DDP/HSDP on swim, torchrun + swim,
 torchrun + stock c10d), statistics over the repeats from every run's record, the same-run
-ratios of the median totals, and every run. ``efficiency``: one row per setup of the
+ratios of the median totals, and every run. ``power``: the same for a power loss beside
+SIGKILL and SIGSTOP with every node in a network namespace (and the last two on loopback,
+same run), with what reached the survivors from the victim (resets, ICMP) and what the
+victim's cut dropped. ``efficiency``: one row per setup of the
 step-efficiency run, its same-run ratios, and every kill of each setup.
 """
 
@@ -19,6 +22,8 @@ from bench.results import column, figure, stat
 MODES = {  # a mode's figure key
     "in-process DDP": "in-process-ddp",
     "in-process HSDP": "in-process-hsdp",
+    "in-process DDP, namespaces": "in-process-ddp-ns",
+    "in-process HSDP, namespaces": "in-process-hsdp-ns",
     "torchrun + swim": "torchrun-swim",
     "torchrun + c10d (stock)": "torchrun-c10d",
 }
@@ -27,6 +32,8 @@ FAULTS = {
     "kill-in-backward": "SIGKILL inside backward",
     "stop": "SIGSTOP at a step boundary",
     "stop-in-backward": "SIGSTOP inside backward",
+    "power": "power loss at a step boundary",
+    "power-in-backward": "power loss inside backward",
 }
 
 
@@ -66,7 +73,7 @@ def recovery(
     figures: dict[str, Any] = {}
     table_rows = []
     for (mode, fault), runs in groups.items():
-        key = f"{MODES.get(mode) or re.sub(r'[^a-z0-9]+', '-', mode.lower()).strip('-')}-{fault}"
+        key = _key(mode, fault)
         total = _stat([r["total_s"] for r in runs])
         window = float(runs[0].get("window_s") or 40.0)
         none = f"none within {window:.0f} s"
@@ -190,6 +197,115 @@ def recovery(
             },
         ],
     }
+
+
+def _key(mode: str, fault: str) -> str:
+    return f"{MODES.get(mode) or re.sub(r'[^a-z0-9]+', '-', mode.lower()).strip('-')}-{fault}"
+
+
+def _sum(runs: Sequence[Mapping[str, Any]], *keys: str) -> int | None:
+    got = [sum(int(r[k]) for k in keys) for r in runs if all(r.get(k) is not None for k in keys)]
+    return sum(got) if got else None
+
+
+def power(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    nodes: int,
+    ranks: int,
+    profile: str,
+    step_sleep_s: float,
+) -> dict[str, Any]:
+    """``recovery`` for bench/torch_recovery.py ``--netns`` (``rows`` with ``net`` and, in
+    namespaces, the packet counts of tests/netns/training.py): its own question, the
+    verdicts as figures, the counts as columns, and namespaces / loopback ratios."""
+    out = recovery(rows, nodes=nodes, ranks=ranks, profile=profile, step_sleep_s=step_sleep_s)
+    full, reduced = nodes * ranks, (nodes - 1) * ranks
+    groups = _groups(rows)
+    for (mode, fault), runs in groups.items():
+        verdict = _stat([r["verdict_s"] for r in runs])
+        if verdict is not None:
+            out["figures"][f"{_key(mode, fault)}.verdict_s"] = figure(
+                f"{mode}, {FAULTS.get(fault, fault)}: fault → verdict, median",
+                verdict["median"],
+                "s",
+                spread=[verdict["min"], verdict["max"]],
+                runs=len(runs),
+            )
+        resets = _sum(runs, "resets", "icmp")
+        if resets is not None:
+            out["figures"][f"{_key(mode, fault)}.resets"] = figure(
+                f"{mode}, {FAULTS.get(fault, fault)}: TCP resets and ICMP from the victim "
+                "at the survivors, all runs",
+                resets,
+                "packets",
+                0,
+                runs=len(runs),
+            )
+    main, every = out["tables"]
+    for row in main["rows"]:
+        runs = groups[(row["mode"], row["fault"])]
+        row["resets"] = _sum(runs, "resets")
+        row["icmp"] = _sum(runs, "icmp")
+        dropped = [r["dropped_in"] + r["dropped_out"] for r in runs if r.get("dropped_in")]
+        row["dropped"] = statistics.median(dropped) if dropped else None
+    for row, run in zip(every["rows"], rows, strict=True):
+        row["resets"] = run.get("resets")
+        row["icmp"] = run.get("icmp")
+        row["dropped"] = (
+            None
+            if run.get("dropped_in") is None
+            else f"{run['dropped_in']} in, {run['dropped_out']} out"
+        )
+    counts = [
+        column("resets", "TCP resets at the survivors (all runs)"),
+        column("icmp", "ICMP at the survivors (all runs)"),
+        column("dropped", "dropped at the victim (median)", 0),
+    ]
+    main["columns"][-2:-2] = counts
+    every["columns"] += [
+        column("resets", "resets"),
+        column("icmp", "ICMP"),
+        column("dropped", "dropped at the victim"),
+    ]
+    ratios = []
+    for kind in ("DDP", "HSDP"):
+        ns_mode, lo_mode = f"in-process {kind}, namespaces", f"in-process {kind}"
+        pairs = [(ns_mode, f, lo_mode, f, "namespaces / loopback") for f in ("kill", "stop")]
+        pairs += [(ns_mode, "power", ns_mode, "stop", "power loss / SIGSTOP, namespaces")]
+        pairs += [(ns_mode, "power", ns_mode, "kill", "power loss / SIGKILL, namespaces")]
+        for a_mode, a_fault, b_mode, b_fault, what in pairs:
+            a = _median_total(groups.get((a_mode, a_fault), []))
+            b = _median_total(groups.get((b_mode, b_fault), []))
+            if a is not None and b:
+                label = f"{kind}, {what}" + (f", {FAULTS[a_fault]}" if a_fault == b_fault else "")
+                ratios.append({"label": f"{label}: fault → first step", "value": round(a / b, 2)})
+    out |= {
+        "question": f"training-power-{nodes}x{ranks}-{profile}",
+        "title": (
+            f"Power loss beside SIGKILL and SIGSTOP, nodes in network namespaces: {nodes} "
+            f"nodes × {ranks} ranks, `{profile}`"
+        ),
+        "method": (
+            f"{nodes} nodes × {ranks} ranks (CPU/gloo), world {full} → {reduced}, no spare. "
+            "*Namespaces*: each node's agent and trainers in a network namespace of its own "
+            "on one bridge (tests/netns/training.py), the agents bound to their host's "
+            "address, the TCPStore and gloo traffic over the bridge. *Power loss*: at a step "
+            "boundary the last node's local rank 0 drops every packet in and out of its "
+            "node's link (iptables in its namespace, both rules committed at once), then "
+            "SIGKILLs the node: the survivors hear nothing more, no reset and no ICMP. "
+            "SIGKILL and SIGSTOP of the node's process group at a step boundary, in "
+            "namespaces and on loopback, in the same run, repeats interleaved "
+            f"(examples/elastic_ddp.py, examples/elastic_hsdp.py, a step sleeps "
+            f"{step_sleep_s} s). *Verdict*: a survivor's trainer sees its agent drop the "
+            f"node; *first step*: the first step completed at world {reduced}. Counting "
+            "rules at every survivor count what arrived from the victim from just before "
+            "the fault until the survivors moved on; the victim's DROP rules count what the "
+            f"cut held back. The agents run the `{profile}` profile."
+        ),
+        "ratios": ratios,
+    }
+    return out
 
 
 def efficiency(

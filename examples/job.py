@@ -13,11 +13,13 @@ prints (12 divides every world size the tests use: 1, 2, 3, 4, 6).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -31,7 +33,43 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchhook.state import TrainingState
 
 IN_DIM = 16
-FAULTS = ("none", "kill-in-backward", "stop-in-backward", "kill", "stop", "bug")
+FAULTS = (
+    "none",
+    "kill-in-backward",
+    "stop-in-backward",
+    "power-in-backward",
+    "kill",
+    "stop",
+    "power",
+    "bug",
+)
+POWER_IFACE = "eth0"
+"""The interface a ``power`` fault cuts: the node's only link in its network namespace."""
+
+
+def power_cut_rules(iface: str) -> str:
+    """``iptables-restore --noflush`` input that drops every packet in and out of
+    ``iface``, both rules committed at once: a host losing power sends nothing more, no
+    TCP reset and no ICMP, and answers nothing. The rules come first in their chains, so
+    the dropped packets are counted by them alone."""
+    return f"*filter\n-I INPUT 1 -i {iface} -j DROP\n-I OUTPUT 1 -o {iface} -j DROP\nCOMMIT\n"
+
+
+def own_network_namespace() -> bool:
+    """Whether this process runs in a named network namespace (one of ``ip netns list``,
+    /run/netns): a ``power`` fault drops every packet of an interface, which must never be
+    the host's own (init's namespace is not listed there)."""
+    try:
+        mine = os.stat("/proc/self/ns/net")
+        named = list(Path("/run/netns").iterdir()) if Path("/run/netns").is_dir() else []
+        for path in named:
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                    return True
+    except OSError:
+        return False
+    return False
 
 
 def build_model(seed: int) -> nn.Module:
@@ -106,6 +144,11 @@ def parser(description: str | None, *, job: str, pg_timeout_s: float) -> argpars
     ap.add_argument("--fault", choices=FAULTS, default="none")
     ap.add_argument("--fault-step", type=int, default=-1)
     ap.add_argument("--fault-file", type=Path, default=None, help="fault after it appears")
+    ap.add_argument(
+        "--power-iface",
+        default=POWER_IFACE,
+        help="the interface a power fault cuts (in the node's own network namespace)",
+    )
     ap.add_argument("--min-nodes", type=int, default=1)
     ap.add_argument("--pg-timeout", type=float, default=pg_timeout_s)
     ap.add_argument("--heartbeat-pause-ms", type=int, default=30_000)
@@ -196,7 +239,9 @@ class StepLog:
 
 class Faults:
     """A planned failure of this node: SIGKILL or SIGSTOP of its whole process group (agent
-    and every local rank, when the caller started them in one), at ``--fault-step`` or at
+    and every local rank, when the caller started them in one), or a power loss (every
+    packet of ``--power-iface`` dropped, ``power_cut_rules``, then the SIGKILL: the node
+    must run in a network namespace of its own, and as root), at ``--fault-step`` or at
     the first step after ``--fault-file`` appears (and that ``skip`` does not reject), at
     the step boundary or inside backward; or (``bug``) an exception from the step
     function. Only local rank 0 fires it."""
@@ -216,6 +261,12 @@ class Faults:
         self.fires = fires and self.kind != "none"
         self.skip = skip
         self._armed = False
+        self.iface: str = args.power_iface
+        if self.fires and self.kind.startswith("power") and not own_network_namespace():
+            raise SystemExit(
+                f"--fault {self.kind} drops every packet of {self.iface}: run the node in "
+                "a network namespace of its own (tests/netns/training.py)"
+            )
 
     def before_step(self, step: int) -> None:
         if self.file is not None and not self._armed and self.file.exists():
@@ -223,7 +274,7 @@ class Faults:
             self.step = step + 1  # the next step, so the fault lands mid-training
             while self.skip(self.step):
                 self.step += 1
-        if self.fires and step == self.step and self.kind in ("kill", "stop"):
+        if self.fires and step == self.step and self.kind in ("kill", "stop", "power"):
             self._fire()
 
     def in_step(self, step: int) -> None:
@@ -238,9 +289,29 @@ class Faults:
             loss.register_hook(lambda grad: self._fire())  # type: ignore[no-untyped-call]
 
     def _fire(self) -> None:
-        self.log.emit({"fault": self.kind, "t": time.time(), "pid": os.getpid()})
-        sig = signal.SIGKILL if self.kind.startswith("kill") else signal.SIGSTOP
+        if self.kind.startswith("power"):
+            self._cut()  # logs the fault
+        else:
+            self.log.emit({"fault": self.kind, "t": time.time(), "pid": os.getpid()})
+        sig = signal.SIGSTOP if self.kind.startswith("stop") else signal.SIGKILL
         os.killpg(os.getpgid(0), sig)
+
+    def _cut(self) -> None:
+        """Drop every packet of the node's link, then log: ``t`` is when the rules were in
+        (``cut_s``: how long committing them took, the fault's own uncertainty)."""
+        began = time.time()
+        done = subprocess.run(
+            ["iptables-restore", "-w", "5", "--noflush"],
+            input=power_cut_rules(self.iface),
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        if done.returncode != 0:  # no cut: no fault either, and the run says why
+            raise RuntimeError(f"iptables-restore: exit {done.returncode}: {done.stderr}")
+        now = time.time()
+        self.log.emit({"fault": self.kind, "t": now, "cut_s": now - began, "pid": os.getpid()})
 
 
 class StepCounter:

@@ -91,6 +91,7 @@ PORT = 7946
 POLL_S = 0.1
 
 _LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"
+_COMMENT_RE = re.compile(r"/\* (\S+) \*/")
 _MEMBER_RE = re.compile(r"^(\S+ \S+) \[\w+\] \S+: member (\S+) (\w+) \(incarnation (\d+), ")
 
 
@@ -163,6 +164,16 @@ def _kill_namespace(ns: str) -> None:
     """SIGKILL every process inside ``ns`` by pid (only processes started inside it) and
     wait until they are gone."""
     stop(*namespace_pids(ns), sig=signal.SIGKILL)
+
+
+@dataclass(frozen=True, slots=True)
+class Counter:
+    """One iptables rule's packet count; ``target`` is the listing's third column (the
+    protocol where the rule has no target), ``comment`` its ``-m comment`` text."""
+
+    packets: int
+    target: str
+    comment: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -616,20 +627,29 @@ class Testbed:
         since its rules were added; ``host_loss`` adds a counting rule before its DROP."""
         counted = dropped = 0
         for chain in ("INPUT", "OUTPUT"):
-            out = _run(
-                "ip", "netns", "exec", self.host(i).ns, "iptables", "-w", "5",
-                "-L", chain, "-v", "-x", "-n",
-            )  # fmt: skip
-            for line in out.stdout.splitlines()[2:]:
-                fields = line.split()
-                if not fields or not fields[0].isdigit():
-                    continue
-                # pkts bytes [target] prot opt in out source destination ...
-                if fields[2] == "DROP":
-                    dropped += int(fields[0])
-                elif fields[2] in ("all", "udp", "tcp", "0"):
-                    counted += int(fields[0])
+            for rule in self.counters(i, chain):
+                if rule.target == "DROP":
+                    dropped += rule.packets
+                elif rule.target in ("", "all", "udp", "tcp", "0"):
+                    counted += rule.packets
         return counted, dropped
+
+    def counters(self, i: int, chain: str) -> list[Counter]:
+        """Every rule of ``chain`` (filter table) at host i with its packet count."""
+        out = _run(
+            "ip", "netns", "exec", self.host(i).ns, "iptables", "-w", "5",
+            "-L", chain, "-v", "-x", "-n",
+        )  # fmt: skip
+        found = []
+        for line in out.stdout.splitlines()[2:]:
+            fields = line.split()
+            if not fields or not fields[0].isdigit():
+                continue
+            # pkts bytes [target] prot opt in out source destination ... [/* comment */]
+            comment = _COMMENT_RE.search(line)
+            target = fields[2] if len(fields) > 2 else ""
+            found.append(Counter(int(fields[0]), target, comment[1] if comment else None))
+        return found
 
     def link_loss(self, a: int, b: int, p: float, both: bool = True) -> None:
         """Drop packets from a to b (and b to a if ``both``) with probability p."""
