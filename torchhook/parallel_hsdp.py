@@ -231,7 +231,8 @@ class HSDP:
         dims = self._node_mesh or (("shard", shards),)
         names = tuple(f"{n}-{group.token}" for n in (REPLICATE, *(d for d, _ in dims)))
         # built afresh per group (a shrink destroys every group but the default one),
-        # named by the formation's token (fresh, the same on every rank)
+        # named by the formation's token (fresh, the same on every rank); the module gets
+        # the node's part, named by its groups (node_mesh says why)
         mesh = group.groups.mesh((self._nodes, *(s for _, s in dims)), names)
         group.mark("mesh")
         self._replicas = mesh.get_group(names[0])
