@@ -56,7 +56,7 @@ from typing import Any
 from agent.procs import until
 from agent.training_nodes import TrainingNode, start_nodes
 from bench import results, step_efficiency, torchrun_recovery, training_results
-from bench.torch_recovery_report import report, table, write_section
+from bench.torch_recovery_report import phase_offsets, phases_table, report, table, write_section
 from tests.netns.training import NsTraining
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,6 +180,13 @@ def measure_inprocess(
                 if v and v > fault_t:
                     key = (r["node"], r["local_rank"])
                     per_rank[key] = min(per_rank.get(key, v), v)
+            # each survivor rank's first step at the reduced world carries its phases
+            firsts: dict[tuple[str, int], dict[str, Any]] = {}
+            for r in sorted(steps, key=lambda r: float(r["t"]), reverse=True):
+                firsts[(r["node"], r["local_rank"])] = r
+            row["phases_ms"] = phase_offsets(
+                list(firsts.values()), min(per_rank.values(), default=fault_t)
+            )
             if per_rank:
                 row["verdict_s"] = min(per_rank.values()) - fault_t
                 row["resume_s"] = float(first["t"]) - min(per_rank.values())
@@ -341,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     if rows:  # the recovery rows, before the long efficiency runs
         say(table(rows))
+        say(phases_table(rows))
     efficiency: list[dict[str, Any]] = []
     if not args.no_efficiency:
         setups = [s for s in args.efficiency_setups.split(",") if s]

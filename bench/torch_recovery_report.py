@@ -176,6 +176,35 @@ def efficiency_ratios(results: list[dict[str, Any]]) -> str:
     return ("Same-run efficiency ratios: " + "; ".join(out) + ".\n\n") if out else ""
 
 
+def phase_offsets(firsts: list[dict[str, Any]], verdict_t: float) -> dict[str, float]:
+    """Per phase of the re-formation (``torchhook.timeline``, logged by the examples with
+    the first step of a new group), the median over ranks of when it was reached, in ms
+    after ``verdict_t`` (the earliest verdict)."""
+    at: dict[str, list[float]] = {}
+    for r in firsts:
+        for name, offset in (r.get("phases") or {}).items():
+            at.setdefault(name, []).append(1000 * (float(r["left_t"]) + offset - verdict_t))
+    return {name: statistics.median(v) for name, v in at.items()}
+
+
+def phases_table(rows: list[dict[str, Any]]) -> str:
+    """Median over runs of each phase's median over ranks, per mode and fault."""
+    groups: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for r in rows:
+        if r.get("phases_ms"):
+            groups.setdefault((r["mode"], r["fault"]), []).append(r["phases_ms"])
+    lines = [
+        "| mode | fault | phase: ms after the verdict (median over runs of the ranks' median) |",
+        "|---|---|---|",
+    ]
+    for (mode, fault), runs in groups.items():
+        names = {n for run in runs for n in run}
+        medians = {n: statistics.median([run[n] for run in runs if n in run]) for n in names}
+        cells = " · ".join(f"{n} {v:.0f}" for n, v in sorted(medians.items(), key=lambda i: i[1]))
+        lines.append(f"| {mode} | {fault} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
 def report(
     rows: list[dict[str, Any]],
     efficiency: list[dict[str, Any]],
@@ -259,6 +288,15 @@ size.
 {step_efficiency.report(efficiency)}
 {efficiency_ratios(efficiency)}"""
     text += f"""
+Where the time goes, verdict → first step (`torchhook.timeline`): *left* the old group,
+a usable *view*, the formation *agreed*, the process *group* built, HSDP's *mesh* and
+*model* (rebuilt on the new mesh, kept state copied in), *setup* and the training state
+*carried*, the step-boundary *control* all-reduce, HSDP's node *barrier*, the step
+function (*fn*), HSDP's cross-node gradient all-reduce (*reduced*) and commit vote
+(*voted*), the completed *step* (HSDP's optimizer step is after the vote). A rank that lost
+a peer's connection before the verdict left the group earlier (negative).
+
+{phases_table(rows)}
 Every run:
 
 {runs_table(rows)}

@@ -35,7 +35,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def details() -> dict[str, object]:
         plan = el.last_plan
-        return {"restore": plan.restore if plan else None, "resumed": plan.step if plan else None}
+        assert el.model is not None  # after a step
+        mesh = next(p.device_mesh for p in el.model.parameters() if hasattr(p, "device_mesh"))
+        return {
+            "restore": plan.restore if plan else None,
+            "resumed": plan.step if plan else None,
+            "mesh": list(mesh.mesh_dim_names or ()),
+        }
 
     job.train(el, forward_backward, args, log, faults, details, counter)
     el.exit(0)

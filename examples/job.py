@@ -363,6 +363,7 @@ def train(
     def where() -> dict[str, Any]:
         return {"t": time.time(), "node": el.node, "local_rank": el.local_rank, "pid": os.getpid()}
 
+    shown: dict[str, float] = {}
     while True:
         limit = stop_step(args.stop_file)
         if el.step >= (limit if limit is not None else args.steps):
@@ -375,6 +376,10 @@ def train(
         record |= {"counter": counter.steps}
         record |= {"leader": el.order[0], "formations": el.reconfigurations}
         record |= {"formation_s": round(el.last_formation_s, 4), "verdict_t": el.verdict_time}
+        if (phases := el.timeline.last) and phases is not shown:  # a re-formation's phases
+            shown = phases
+            record["phases"] = {k: round(t - phases["left"], 4) for k, t in phases.items()}
+            record["left_t"] = phases["left"]
         log.emit(record | details() | where())
         if args.step_sleep:
             time.sleep(args.step_sleep)

@@ -74,6 +74,7 @@ from torchhook.strategy import (
     teardown_of,
     tears_down_at_failure,
 )
+from torchhook.timeline import Timeline
 from torchhook.verdicts import GroupWatch
 
 __all__ = ["PASS_THROUGH", "Elastic"]
@@ -148,6 +149,8 @@ class Elastic:
         self._held_failed = False
         self._last_beat = 0.0
         self._formation_store: TCPStore | None = None
+        self.timeline = Timeline()
+        """Phases of the last re-formation, verdict to first step (for measurements)."""
         # in the order each part needs the one before: the directory store (local rank 0),
         # whose port goes into the registration, then the membership, then the formation
         directory = (
@@ -214,6 +217,7 @@ class Elastic:
                 if self._control_says_switch():
                     self._abandon(failed=False)
                     continue
+                self.timeline.mark("control")
                 result = self.parallelism.run(fn, self._group, self.step)
             except Exception as exc:
                 if isinstance(exc, PASS_THROUGH):
@@ -231,6 +235,7 @@ class Elastic:
                 self._abandon(failed=True)
                 continue
             self.step += 1
+            self.timeline.close()
             self._carry.committed()  # the data feeds advance (torchhook.feed)
             self._applied_in = self.group_token
             self._beat(force=True)
@@ -337,6 +342,7 @@ class Elastic:
         """Stop using the group. Gloo releases it at once after a failure (its closed
         sockets make peers not wired to the dead rank fail too); otherwise the group is
         kept until the next plan says whether to shrink it or tear it down."""
+        self.timeline.open("left")
         self.watch.disarm()
         self._group = None
         self._held_failed = self._held_failed or failed
@@ -362,6 +368,7 @@ class Elastic:
         budget = ReformBudget(s, time.monotonic)
         for attempt in range(1, s.reform_attempts + 1):
             view = self._wait_for_usable_view(view_deadline)
+            self.timeline.mark("view")
             log.debug("forming on view %d %s %s", view.generation, view.fingerprint, view.names)
             try:
                 self._form(view)
@@ -426,6 +433,7 @@ class Elastic:
             view, self.node, self.local_rank, self._rank_info(), self._decide
         )
         plan = agreed.plan
+        self.timeline.mark("agreed")
         log.debug("formation on %s: plan %s", view.fingerprint, plan)
         if plan.action == "shrink":
             self.groups.shrink(
@@ -436,6 +444,7 @@ class Elastic:
             self._release()
             self.groups.init(agreed.store, agreed.rank, agreed.layout.world_size, self.pg_timeout)
         self._formation_store = agreed.store
+        self.timeline.mark("group")
         self._start_group(view, agreed.layout, agreed.rank, agreed.token, plan)
 
     def _rank_info(self) -> RankInfo:
@@ -468,33 +477,19 @@ class Elastic:
         self.watch.arm(view, layout.ids, token)
         world = layout.world_size
         group = Group(
-            rank,
-            world,
-            layout,
-            token,
-            self.node,
-            self.local_rank,
-            self.device,
-            self.groups,
-            self.settings.pg_timeout_s,
-            self._wait,
-            lambda bucket: self.watch.comm_hook(bucket, world),
-            lambda: encode(self.state.capture()),
-        )
+            rank, world, layout, token, self.node, self.local_rank, self.device, self.groups,
+            self.settings.pg_timeout_s, self._wait, lambda b: self.watch.comm_hook(b, world),
+            lambda: encode(self.state.capture()), self.timeline.mark,
+        )  # fmt: skip
         self.step = self.parallelism.setup(group, plan)
+        self.timeline.mark("setup")
         # schedulers, the snapshot from the source or a checkpoint, on_reset (carry.py)
         self._carry.after_setup(group, plan, self.parallelism, self.order, self.step)
+        self.timeline.mark("carried")
         self._group = group
         self._has_state = True
         self._applied_in = token  # every rank of the group now holds the same state
         self.membership.set_group(token)
-        log.info(
-            "group %s: rank %d of %d (%s) at step %d, %s from rank %d",
-            token,
-            rank,
-            world,
-            " ".join(f"{n.name}x{n.ranks}" for n in layout.nodes),
-            self.step,
-            plan.action,
-            plan.source,
-        )
+        nodes = " ".join(f"{n.name}x{n.ranks}" for n in layout.nodes)
+        log.info("group %s: rank %d of %d (%s) at step %d, %s from rank %d", token, rank, world,
+                 nodes, self.step, plan.action, plan.source)  # fmt: skip

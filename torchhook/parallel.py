@@ -63,6 +63,8 @@ class Group:
     """DDP's gradient all-reduce (mean) behind a Future a verdict can fail."""
     capture_state: Callable[[], bytes]
     """The engine's training state now, encoded (``state_wire``): what a checkpoint keeps."""
+    mark: Callable[[str], None] = lambda name: None
+    """Marks a phase of a re-formation (``torchhook.timeline``); a no-op between them."""
 
     def broadcast_tensors(
         self, tensors: list[torch.Tensor], source: int, group: Any = None
@@ -183,7 +185,9 @@ class DDP:
 
     def run(self, fn: Callable[[Any], T], group: Group, step: int) -> T:
         assert self._wrapper is not None, "run before setup"
-        return fn(self._wrapper)
+        result = fn(self._wrapper)
+        group.mark("fn")
+        return result
 
     def no_sync(self) -> AbstractContextManager[None]:
         if self._wrapper is None:

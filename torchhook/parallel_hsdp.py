@@ -72,9 +72,8 @@ REPLICATE = "replicate"
 
 
 def mesh_dim(mesh: DeviceMesh, name: str) -> DeviceMesh:
-    """The dimension ``name`` of a mesh the hook built: its dimensions carry the group's
-    token as a suffix (``shard-<token>``), because DTensor caches keyed by an equal mesh
-    of an earlier group would hand back that group's results (docs/training.md §5)."""
+    """The dimension ``name`` of a mesh the hook built: its dimensions carry a suffix
+    (``shard-<suffix>``, :func:`node_mesh` says why)."""
     names = mesh.mesh_dim_names or ()
     found = [n for n in names if n.split("-", 1)[0] == name]
     if len(found) != 1:
@@ -162,11 +161,15 @@ class HSDP:
     def run(self, fn: Callable[[Any], T], group: Group, step: int) -> T:
         assert self._model is not None and self._optimizer is not None, "run before setup"
         self._node_barrier(group)
+        group.mark("barrier")
         result = fn(self._model)
+        group.mark("fn")
         self._reduce_across_nodes(group)
+        group.mark("reduced")
         self._pending_in = group.token
         vote = torch.ones(1, device=group.device)  # the commit vote
         group.wait(dist.all_reduce(vote, async_op=True))
+        group.mark("voted")
         self._optimizer.step()
         self._optimizer.zero_grad()
         self._pending_in = ""
@@ -228,8 +231,10 @@ class HSDP:
         dims = self._node_mesh or (("shard", shards),)
         names = tuple(f"{n}-{group.token}" for n in (REPLICATE, *(d for d, _ in dims)))
         # built afresh per group (a shrink destroys every group but the default one),
-        # named by the formation's token (fresh, the same on every rank)
+        # named by the formation's token (fresh, the same on every rank); the module gets
+        # the node's part, named by its groups (node_mesh says why)
         mesh = group.groups.mesh((self._nodes, *(s for _, s in dims)), names)
+        group.mark("mesh")
         self._replicas = mesh.get_group(names[0])
         self._node_groups = [
             mesh.get_group(n) for n, (_, size) in zip(names[1:], dims, strict=True) if size > 1
@@ -237,11 +242,12 @@ class HSDP:
         fresh = plan.restore == "fresh"
         with contextlib.nullcontext() if fresh else torch.device("meta"):
             module = self._build_model()
-        node_mesh = mesh[names[1:]] if len(names) > 2 else mesh[names[1]]
-        module = self._parallelize(module.to(group.device) if fresh else module, node_mesh)
+        local_mesh = node_mesh(mesh, names[1:], tuple(d for d, _ in dims))
+        module = self._parallelize(module.to(group.device) if fresh else module, local_mesh)
         if not fresh:
             module.to_empty(device=group.device)
         self._model, self._optimizer = module, self._build_optimizer(module)
+        group.mark("model")
         if not fresh:
             self._restore(group, plan, shards)
         self._kept = None
@@ -292,6 +298,29 @@ class HSDP:
             self._optimizer.state[p] = {
                 k: _like(p, v) if _is_shard_state(p, v) else v for k, v in copied.items()
             }
+
+
+def node_mesh(mesh: DeviceMesh, names: tuple[str, ...], dims: tuple[str, ...]) -> DeviceMesh:
+    """The node's part of ``mesh`` (its dimensions ``names``) as a mesh of its own, its
+    dimension ``d`` named ``d-<the c10d name of this rank's group along it>``.
+
+    DTensor caches its sharding decisions by mesh *equality* (ranks, shape, dimension
+    names; not the groups), and a cached result carries the mesh of the call that filled
+    the cache. An equal mesh of an earlier group must therefore mean the same groups:
+    a group is looked up by its c10d name whenever it is used, and a process's place in
+    its node's mesh is fixed by its local rank, so equal ranks and equal group names make
+    the earlier mesh an alias of this one. c10d numbers groups in creation order from 0
+    again after each teardown, so a node that keeps its place in the job (every node
+    before the one lost) gets equal meshes and reuses the cache: the first step after a
+    re-formation skips some 35 sharding propagations of the optimizer step (tens of ms
+    of CPU each re-formation; measured in BENCHMARKS.md "Training recovery"). A node
+    whose ranks or groups changed gets a new name, so nothing is reused."""
+    sub = mesh[names] if len(names) > 1 else mesh[names[0]]
+    groups = [mesh.get_group(n) for n in names]
+    named = tuple(f"{d}-{g.group_name}" for d, g in zip(dims, groups, strict=True))
+    return DeviceMesh.from_group(
+        groups if len(groups) > 1 else groups[0], mesh.device_type, sub.mesh, mesh_dim_names=named
+    )
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

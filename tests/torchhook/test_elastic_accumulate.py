@@ -170,12 +170,12 @@ def _work(cfg: dict[str, Any]) -> dict[str, Any]:
             p.grad = None
     result["after_first"] = after_first
     assert strategy.model is not None
-    result["meshes"] = sorted(
-        {
-            str(p.device_mesh.mesh_dim_names)
-            for p in strategy.model.parameters()
-            if isinstance(p, DTensor)
-        }
+    meshes = {p.device_mesh for p in strategy.model.parameters() if isinstance(p, DTensor)}
+    result["meshes"] = sorted(str(m.mesh_dim_names) for m in meshes)
+    # what the names must be: each dimension's name, then its group's c10d name
+    result["by_groups"] = sorted(
+        str(tuple(f"{d.split('-')[0]}-{m.get_group(d).group_name}" for d in m.mesh_dim_names or ()))
+        for m in meshes
     )
     return result
 
@@ -290,7 +290,10 @@ def test_micro_batches_accumulate_to_the_whole_batch(tmp_path: Path, kind: str) 
         assert _close(r["whole"], reference), "one backward over the rank's share"
         assert _close(r["accumulated"], reference), "micro-batches accumulate to the same"
     if kind == "hsdp-tp":  # the user's tensor parallelism on the node's dimensions
-        assert results[0]["meshes"] == ["('shard-t0', 'tp-t0')"], results[0]["meshes"]
+        # the node's mesh, named by its groups (parallel_hsdp.node_mesh)
+        assert results[0]["meshes"] == results[0]["by_groups"], results[0]
+        assert results[0]["meshes"][0].startswith("('shard-"), results[0]["meshes"]
+        assert "'tp-" in results[0]["meshes"][0], results[0]["meshes"]
     if kind == "ddp":
         # inside no_sync the first micro-batch's gradients stay local: they differ by rank
         assert not _close(results[0]["after_first"], results[1]["after_first"])

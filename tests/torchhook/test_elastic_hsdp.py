@@ -61,6 +61,11 @@ def test_a_node_dies_and_the_replicas_go_on_from_memory(tmp_path: Path) -> None:
                 after = [r for r in steps if r["world"] == 4 and r["t"] > fault["t"]]
                 assert after and {r["restore"] for r in after} == {"memory"}, after[:1]
                 assert after[0]["resumed"] == after[0]["step"], "went on at the step it was at"
+                before = [r for r in steps if r["world"] == 6 and r["t"] < fault["t"]]
+                if before and before[-1]["rank"] == after[0]["rank"]:
+                    # kept its place: an equal node mesh, so DTensor's cached sharding
+                    # decisions are reused (parallel_hsdp.node_mesh)
+                    assert before[-1]["mesh"] == after[0]["mesh"], (before[-1], after[0])
                 for r in steps:
                     assert r["counter"] == r["step"] + 1, r  # the job's registered state
                     rel = abs(r["loss"] - reference[r["step"]]) / abs(reference[r["step"]])
