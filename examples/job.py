@@ -28,9 +28,12 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from torchhook.errors import SlowNodeExcluded
 from torchhook.state import TrainingState
 
 IN_DIM = 16
+EXCLUDED_EXIT = 3
+"""Exit status of a trainer whose node was flagged slow and excluded."""
 FAULTS = ("none", "kill-in-backward", "stop-in-backward", "kill", "stop", "bug")
 
 
@@ -111,6 +114,13 @@ def parser(description: str | None, *, job: str, pg_timeout_s: float) -> argpars
     ap.add_argument("--heartbeat-pause-ms", type=int, default=30_000)
     ap.add_argument("--reference", action="store_true", help="print the failure-free curve")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--step-work", type=float, default=0.0, help="seconds slept inside each step")
+    ap.add_argument("--slow-file", type=Path, default=None, help="once it exists: --slow-times")
+    ap.add_argument("--slow-times", type=float, default=1.0, help="--step-work times this")
+    ap.add_argument("--slow-policy", default="report")
+    ap.add_argument("--slow-factor", type=float, default=1.3)
+    ap.add_argument("--slow-windows", type=int, default=2)
+    ap.add_argument("--slow-window-steps", type=int, default=10)
     ap.add_argument(
         "--reference-seeds",
         default="",
@@ -127,7 +137,21 @@ def hook_options(args: argparse.Namespace) -> dict[str, Any]:
         "min_nodes": args.min_nodes,
         "pg_timeout_s": args.pg_timeout,
         "heartbeat_pause_ms": args.heartbeat_pause_ms,
+        "slow_policy": args.slow_policy,
+        "slow_factor": args.slow_factor,
+        "slow_windows": args.slow_windows,
+        "slow_window_steps": args.slow_window_steps,
     }
+
+
+def step_work(args: argparse.Namespace) -> None:
+    """Stand-in compute inside the step (``--step-work`` seconds), ``--slow-times`` longer
+    once ``--slow-file`` exists: a slow node for the fail-slow checks."""
+    seconds = args.step_work
+    if args.slow_file is not None and args.slow_file.exists():
+        seconds *= args.slow_times
+    if seconds > 0:
+        time.sleep(seconds)
 
 
 def slice_step(
@@ -147,6 +171,7 @@ def slice_step(
     if opt is not None:
         opt.zero_grad()
     loss = nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi])
+    step_work(args)
     faults.in_backward(el.step, loss)
     torch.autograd.backward(loss)
     # every collective of the step before any local state changes: a verdict during the
@@ -297,13 +322,19 @@ def train(
         if el.step >= (limit if limit is not None else args.steps):
             break
         faults.before_step(el.step)
-        loss = el.run_step(step)
+        try:
+            loss = el.run_step(step)
+        except SlowNodeExcluded as exc:  # slow_policy="exclude": this node leaves
+            log.emit({"excluded": str(exc), "step": el.step} | where())
+            log.close()
+            el.exit(EXCLUDED_EXIT)
         sched.step()  # per-step state: after run_step returns
         counter.steps += 1
         record = {"step": el.step - 1, "loss": loss, "rank": el.rank, "world": el.world_size}
         record |= {"counter": counter.steps}
         record |= {"leader": el.order[0], "formations": el.reconfigurations}
         record |= {"formation_s": round(el.last_formation_s, 4), "verdict_t": el.verdict_time}
+        record |= {"slow": list(el.pace.flagged)}
         log.emit(record | details() | where())
         if args.step_sleep:
             time.sleep(args.step_sleep)
