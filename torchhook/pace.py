@@ -25,8 +25,8 @@ Once every ``slow_window_steps`` steps, at a step boundary before the step funct
 (a failure there re-runs nothing), one all-gather of three numbers per rank: its window
 figure (``slowness.window_figure``; NaN without one), and its node's state (flagged, run)
 as this rank holds it. Every rank then judges with the same inputs. A new group starts a
-new window (its first step is left out: DDP builds its buckets there); node states carry
-over. Local rank 0 of each node tells its agent when the flagged set changes
+new window (its first step is left out: DDP builds its buckets there; no window ends at
+it); node states carry over for the group's nodes. Local rank 0 of each node tells its agent when the flagged set changes
 (``Membership.report_slow``: the agent's metric, ``job-slow`` event and status page).
 
 Policy ``exclude``: the excluded node's ranks close their registration (the node leaves
@@ -91,6 +91,7 @@ class Pace:
         self._samples: deque[float] = deque(maxlen=settings.slow_window_steps)
         self._token = ""
         self._judged: tuple[str, int] = ("", -1)
+        self._first = 0
         self._skip_first = True
         self._lock = threading.Lock()
         self._started: float | None = None
@@ -119,10 +120,11 @@ class Pace:
         if not self.enabled:
             return
         if group.token != self._token:
-            self._token, self._skip_first = group.token, True
+            self._token, self._skip_first, self._first = group.token, True, step
             self._samples.clear()
         n = self.settings.slow_window_steps
-        if step > 0 and step % n == 0 and self._judged != (group.token, step):
+        # every rank of a group starts it at the same step: all of them judge, or none
+        if step > self._first and step % n == 0 and self._judged != (group.token, step):
             self._judged = (group.token, step)
             self._window(group)
         with self._lock:

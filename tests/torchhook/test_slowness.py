@@ -82,8 +82,8 @@ CASES: list[tuple[str, list[dict[str, float | None]], list[tuple[str, ...]]]] = 
      steady(2, a=10.0, b=10.0, c=30.0) + steady(3, a=10.0, b=10.0, c=10.0),
      [(), ("c",), ("c",), (), ()]),
     ("flagged, one fast window does not clear it",
-     steady(2, a=10.0, b=10.0, c=30.0) + [{"a": 10.0, "b": 10.0, "c": 10.0}]
-     + steady(1, a=10.0, b=10.0, c=30.0), [(), ("c",), ("c",), ("c",)]),
+     [*steady(2, a=10.0, b=10.0, c=30.0), {"a": 10.0, "b": 10.0, "c": 10.0},
+      *steady(1, a=10.0, b=10.0, c=30.0)], [(), ("c",), ("c",), ("c",)]),
     ("a slow minority of two in five: both flagged, slowest first",
      steady(2, a=10.0, b=10.0, c=10.0, d=20.0, e=40.0), [(), ("e", "d")]),
     ("everyone slows down together: nothing",
