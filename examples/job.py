@@ -13,6 +13,7 @@ prints (12 divides every world size the tests use: 1, 2, 3, 4, 6).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -115,7 +116,8 @@ def parser(description: str | None, *, job: str, pg_timeout_s: float) -> argpars
     ap.add_argument("--reference", action="store_true", help="print the failure-free curve")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--step-work", type=float, default=0.0, help="seconds slept inside each step")
-    ap.add_argument("--slow-file", type=Path, default=None, help="once it exists: --slow-times")
+    slow = "while it exists: --step-work times its number (or --slow-times)"
+    ap.add_argument("--slow-file", type=Path, default=None, help=slow)
     ap.add_argument("--slow-times", type=float, default=1.0, help="--step-work times this")
     ap.add_argument("--slow-policy", default="report")
     ap.add_argument("--slow-factor", type=float, default=1.3)
@@ -144,12 +146,28 @@ def hook_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def step_work(args: argparse.Namespace) -> None:
-    """Stand-in compute inside the step (``--step-work`` seconds), ``--slow-times`` longer
-    once ``--slow-file`` exists: a slow node for the fail-slow checks."""
+SLOW_BASE_MS: list[float] = []
+"""This rank's step compute time (the engine's figure) when the slowdown began."""
+
+
+def step_work(el: Any, args: argparse.Namespace) -> None:
+    """Stand-in compute inside the step (``--step-work`` seconds); while ``--slow-file``
+    exists, the rank is slowed by the number written in it (else ``--slow-times``): it
+    sleeps on top for (factor - 1) times its own step compute time from before the
+    slowdown (``el.pace.figure_ms``), so the whole step's compute, not only the stand-in,
+    takes factor times as long: a slow node for the fail-slow checks."""
     seconds = args.step_work
-    if args.slow_file is not None and args.slow_file.exists():
-        seconds *= args.slow_times
+    factor = None
+    if args.slow_file is not None:
+        with contextlib.suppress(FileNotFoundError):
+            text = args.slow_file.read_text().strip()
+            factor = float(text) if text else args.slow_times
+    if factor is None:
+        SLOW_BASE_MS.clear()
+    else:
+        if not SLOW_BASE_MS:
+            SLOW_BASE_MS.append(el.pace.figure_ms or seconds * 1000)
+        seconds += (factor - 1) * SLOW_BASE_MS[0] / 1000
     if seconds > 0:
         time.sleep(seconds)
 
@@ -171,7 +189,7 @@ def slice_step(
     if opt is not None:
         opt.zero_grad()
     loss = nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi])
-    step_work(args)
+    step_work(el, args)
     faults.in_backward(el.step, loss)
     torch.autograd.backward(loss)
     # every collective of the step before any local state changes: a verdict during the

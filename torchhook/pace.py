@@ -26,8 +26,9 @@ Once every ``slow_window_steps`` steps, at a step boundary before the step funct
 figure (``slowness.window_figure``; NaN without one), and its node's state (flagged, run)
 as this rank holds it. Every rank then judges with the same inputs. A new group starts a
 new window (its first step is left out: DDP builds its buckets there; no window ends at
-it); node states carry over for the group's nodes. Local rank 0 of each node tells its agent when the flagged set changes
-(``Membership.report_slow``: the agent's metric, ``job-slow`` event and status page).
+it); node states carry over for the group's nodes. Local rank 0 of each node tells its
+agent when the flagged set changes (``Membership.report_slow``: the agent's metric,
+``job-slow`` event and status page).
 
 Policy ``exclude``: the excluded node's ranks close their registration (the node leaves
 the job's view at once) and raise ``SlowNodeExcluded``: the node stops. The others wait
@@ -88,6 +89,8 @@ class Pace:
         self.flagged: tuple[str, ...] = ()
         self.last_verdict: Verdict | None = None
         self.windows = 0
+        self.last_figure_ms: float | None = None
+        """This rank's figure in the last window (ms), None before one."""
         self._samples: deque[float] = deque(maxlen=settings.slow_window_steps)
         self._token = ""
         self._judged: tuple[str, int] = ("", -1)
@@ -148,6 +151,12 @@ class Pace:
             return
         self._samples.append(figure_ms)
 
+    @property
+    def figure_ms(self) -> float | None:
+        """This rank's step compute time now (ms): the median of the window so far, else
+        the last window's figure."""
+        return window_figure(self._samples) or self.last_figure_ms
+
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
         """Around a wait for peers: inside a step, its time is not this rank's compute."""
@@ -176,6 +185,7 @@ class Pace:
     def _window(self, group: Group) -> None:
         enough = max(1, self.settings.slow_window_steps // 2)
         figure = window_figure(self._samples) if len(self._samples) >= enough else None
+        self.last_figure_ms = figure if figure is not None else self.last_figure_ms
         self._samples.clear()
         mine = self.states.get(self.node, NodeState())
         row = [math.nan if figure is None else figure, float(mine.flagged), float(mine.run)]
