@@ -68,7 +68,7 @@ def test_a_slow_node_is_flagged_then_excluded_and_none_is_flagged_before(
         until(lambda: nodes[2].trainers[0].poll() is not None, 60, "n2 leaves")
         assert nodes[2].trainers[0].returncode == EXCLUDED_EXIT, nodes[2].tail()
         excluded = next(r for r in nodes[2].records() if "excluded" in r)
-        assert "SlowNodeExcluded" not in excluded["excluded"]  # the message, not the type
+        assert "node n2 was flagged slow" in excluded["excluded"], excluded
         slowed_from = min(r["step"] for r in nodes[0].steps() if r["t"] > slowed_t)
         within = excluded["step"] - slowed_from
         # the window the slowdown starts in may or may not count; then WINDOWS full ones
