@@ -23,8 +23,8 @@ flag); on CUDA the host clock sees the GPU only where the host synchronizes with
 
 Once every ``slow_window_steps`` steps, at a step boundary before the step function runs
 (a failure there re-runs nothing), one all-gather of three numbers per rank: its window
-figure (``slowness.window_figure``; NaN without one), and its node's state (flagged, run)
-as this rank holds it. Every rank then judges with the same inputs. A new group starts a
+figure (``slowness.window_figure``, the lower quartile of its step times; NaN without
+one), and its node's state (flagged, run) as this rank holds it. Every rank then judges with the same inputs. A new group starts a
 new window (its first step is left out: DDP builds its buckets there; no window ends at
 it); node states carry over for the group's nodes. Local rank 0 of each node tells its
 agent when the flagged set changes (``Membership.report_slow``: the agent's metric,
@@ -129,7 +129,7 @@ class Pace:
         # every rank of a group starts it at the same step: all of them judge, or none
         if step > self._first and step % n == 0 and self._judged != (group.token, step):
             self._judged = (group.token, step)
-            self._window(group)
+            self._window(group, step)
         with self._lock:
             self._started = time.perf_counter()
             self._waited = 0.0
@@ -153,7 +153,7 @@ class Pace:
 
     @property
     def figure_ms(self) -> float | None:
-        """This rank's step compute time now (ms): the median of the window so far, else
+        """This rank's step compute time now (ms): its figure over the window so far, else
         the last window's figure."""
         return window_figure(self._samples) or self.last_figure_ms
 
@@ -182,7 +182,7 @@ class Pace:
 
     # --- the window -------------------------------------------------------------------
 
-    def _window(self, group: Group) -> None:
+    def _window(self, group: Group, step: int) -> None:
         enough = max(1, self.settings.slow_window_steps // 2)
         figure = window_figure(self._samples) if len(self._samples) >= enough else None
         self.last_figure_ms = figure if figure is not None else self.last_figure_ms
@@ -205,6 +205,7 @@ class Pace:
         keep = keep_at_least(len(figures), s.min_nodes, s.quorum == "majority")
         verdict = judge(figures, states, factor=s.slow_factor, windows=s.slow_windows, keep=keep)
         self.windows += 1
+        log.debug("window at step %d: figures %s, flagged %s", step, figures, verdict.flagged)
         self.last_verdict = verdict
         self.states = verdict.states
         self._report(verdict, group)

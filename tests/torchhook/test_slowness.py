@@ -67,8 +67,13 @@ CASES: list[tuple[str, list[dict[str, float | None]], list[tuple[str, ...]]]] = 
      [{"a": 10.0, "b": 10.0, "c": 40.0}, {"a": 10.0, "b": 10.0, "c": 10.0},
       {"a": 10.0, "b": 10.0, "c": 40.0}, {"a": 10.0, "b": 10.0, "c": 10.0}],
      [(), (), (), ()]),
-    ("a GC pause in 3 of 10 steps: the median ignores it",
+    ("a GC pause in 3 of 10 steps: the lower quartile ignores it",
      steady(4, a=10.0, b=10.0, c=fig([10.0] * 7 + [300.0] * 3)), [(), (), (), ()]),
+    ("starved of CPU in 7 of 10 steps for four windows: nothing",
+     steady(4, a=10.0, b=10.0, c=fig([10.0] * 3 + [20.0] * 7)), [(), (), (), ()]),
+    ("slow in every step, with noise on top: flagged",
+     steady(2, a=fig(jittery(10.0)), b=fig(jittery(10.0)), c=fig(jittery(15.0))),
+     [(), ("c",)]),
     ("data-loader jitter of 20% on every node: nothing",
      [{"a": fig(jittery(10.0)), "b": fig(jittery(10.0)), "c": fig(jittery(10.0))}
       for _ in range(30)], [()] * 30),
@@ -143,7 +148,14 @@ def test_ratios_and_reference() -> None:
 
 @pytest.mark.parametrize(
     ("samples", "figure"),
-    [([], None), ([5.0], 5.0), ([1.0, 2.0, 100.0], 2.0), ([math.nan, -1.0, 4.0], 4.0)],
+    [
+        ([], None),
+        ([5.0], 5.0),
+        ([1.0, 2.0, 100.0], 1.0),
+        ([math.nan, -1.0, 4.0], 4.0),
+        ([10.0] * 7 + [300.0] * 3, 10.0),
+        ([1.0, 2.0, 3.0, 4.0, 5.0], 2.0),
+    ],
 )
 def test_window_figure(samples: list[float], figure: float | None) -> None:
     assert window_figure(samples) == figure
