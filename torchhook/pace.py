@@ -24,11 +24,11 @@ flag); on CUDA the host clock sees the GPU only where the host synchronizes with
 Once every ``slow_window_steps`` steps, at a step boundary before the step function runs
 (a failure there re-runs nothing), one all-gather of three numbers per rank: its window
 figure (``slowness.window_figure``, the lower quartile of its step times; NaN without
-one), and its node's state (flagged, run) as this rank holds it. Every rank then judges with the same inputs. A new group starts a
-new window (its first step is left out: DDP builds its buckets there; no window ends at
-it); node states carry over for the group's nodes. Local rank 0 of each node tells its
-agent when the flagged set changes (``Membership.report_slow``: the agent's metric,
-``job-slow`` event and status page).
+one), and its node's state (flagged, run) as this rank holds it. Every rank then judges
+with the same inputs. A new group starts a new window (its first step is left out: DDP
+builds its buckets there; no window ends at it); node states carry over for the group's
+nodes. Local rank 0 of each node tells its agent when the flagged set changes
+(``Membership.report_slow``: the agent's metric, ``job-slow`` event and status page).
 
 Policy ``exclude``: the excluded node's ranks close their registration (the node leaves
 the job's view at once) and raise ``SlowNodeExcluded``: the node stops. The others wait
