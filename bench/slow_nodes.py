@@ -226,8 +226,8 @@ def built(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         ],
         "notes": [
             f"load average before {result['load_before']}, after {result['load_after']}",
-            "by construction 16 to 30 steps: a window is slow once more than half of its 10 "
-            "steps are, then a second slow window",
+            "by construction at most 30 steps: the window the slowdown starts in counts only "
+            "if most of its 10 steps were slow (its lower quartile), then two full windows",
         ],
     }
 
