@@ -200,7 +200,6 @@ def built(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     return {
         "question": "fail-slow",
         "title": "Fail-slow: a node slowed 1.5x and 3x flagged within how many steps",
-        "source": "measured",
         "method": (
             f"3 nodes x {args.ranks} ranks, examples/elastic_ddp.py, profile fast, gloo on "
             f"loopback; {args.step_work * 1000:.0f} ms of stand-in compute slept inside each "
