@@ -12,10 +12,8 @@ FALCON, ByteDance's ByteRobust). The rules, each against a kind of noise:
   (milliseconds) over the window (``window_figure``). Noise on a step time is only ever
   positive (a garbage-collection pause, a data-loader stall, a descheduled process), while
   a slow node is slow on every step, its fastest ones too: so the lower quartile ignores
-  noise in up to three quarters of a window's steps and still moves with a real slowdown
-  (the median flagged nodes starved of CPU for two windows in a row on a shared 2-core
-  host at a load of 150 to 300). The price: a node slow in fewer than about three
-  quarters of its steps is not flagged.
+  noise in up to three quarters of a window's steps and still moves with a real slowdown.
+  The price: a node slow in fewer than about three quarters of its steps is not flagged.
 - A node's figure is the largest of its ranks' figures: a synchronous step waits for the
   node's slowest rank, whatever the others do.
 - The reference is the *lower median* of the node figures (``statistics.median_low``):
