@@ -329,8 +329,15 @@ def view_text(view: Mapping[str, Any], now_ms: int) -> str:
     return head + "\n" + table(rows, right=(3, 5))
 
 
+def slow_text(slow: Mapping[str, float]) -> str:
+    """Flagged nodes, slowest first: ``n2 (3.01x)``."""
+    order = sorted(slow, key=lambda n: (-slow[n], n))
+    return ", ".join(f"{n} ({slow[n]:.2f}x)" for n in order) or "-"
+
+
 def jobs_text(result: Mapping[str, Any]) -> str:
-    rows = [("Job", "Generation", "Nodes", "Ranks", "Hung", "Local ranks", "Paused", "Fingerprint")]
+    head = ("Job", "Generation", "Nodes", "Ranks", "Hung", "Local ranks", "Paused", "Slow")
+    rows = [(*head, "Fingerprint")]
     for j in result["jobs"]:
         paused = ", ".join(
             f"{p['local_rank']} ({p['reason']}, {max(p['left_ms'], 0) // 1000} s left)"
@@ -345,6 +352,7 @@ def jobs_text(result: Mapping[str, Any]) -> str:
                 str(j["hung"]),
                 str(j["local_ranks"]),
                 paused or "-",
+                slow_text(j.get("slow") or {}),
                 j["fingerprint"],
             )
         )

@@ -77,7 +77,10 @@ its handler in agent/control_server.py ``HANDLERS``, and its line here:
   agent refuses changes nothing and is counted (``refused_frames`` in ``jobs``).
 - ``jobs`` entries also carry ``"paused": [{"local_rank": int, "reason": str,
   "left_ms": int}]`` (this agent's ranks in a pause) and ``"refused_frames": int`` (watch
-  frames this agent refused from the job's ranks registered here now).
+  frames this agent refused from the job's ranks registered here now), ``"slow": {node:
+  ratio}`` and ``"slow_flags": int`` (the job's nodes flagged slow now, as this agent's
+  trainers last reported with a ``{"slow": {"nodes": {node: ratio}}}`` watch frame, and how
+  many were newly flagged: agent/slow_jobs.py).
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from agent.handlers import (
     coalesce,
     handler_env,
     handler_stdin,
+    job_slow_event,
     job_view_event,
     member_event,
 )
@@ -358,6 +359,7 @@ async def start_handlers(
         ]
 
     driver.on_member_event = on_member
+    agent.jobs.on_slow = lambda c: runner.offer(job_slow_event(c.job, c.nodes, c.newly))
     serf_runtime.on_user_event = on_user
     serf_runtime.on_query = on_query
     await nursery.start(runner.run)

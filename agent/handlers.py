@@ -9,9 +9,10 @@ event_handler.go and invoke.go), so a Serf handler script works unchanged:
   ``member-join``, ``member-leave``, ``member-failed``, ``member-update``, ``member-reap``,
   ``user``, ``user:NAME``, ``query``, ``query:NAME``; no filter (or ``*``) is every Serf
   event. Ours on top: ``job-view`` / ``job-view:JOB`` (a training job's view changed,
-  agent/jobs.py); it goes only to handlers that name it, never to ``*``, so a Serf script
-  is never handed an event it does not know. A filter outside this list is a
-  configuration error naming it.
+  agent/jobs.py), and ``job-slow`` / ``job-slow:JOB`` (the set of a training job's nodes
+  flagged slow changed, agent/slow_jobs.py); they go only to handlers that name them,
+  never to ``*``, so a Serf script is never handed an event it does not know. A filter
+  outside this list is a configuration error naming it.
 - Our member events map to Serf's as Serf's agent maps memberlist's: joined (a new or a
   returning member) -> ``member-join``; dead -> ``member-failed``; left -> ``member-leave``;
   updated (tags) -> ``member-update``; reaped -> ``member-reap``. Suspect and a refuted
@@ -23,14 +24,17 @@ event_handler.go and invoke.go), so a Serf handler script works unchanged:
   ``SERF_USER_LTIME``, a query ``SERF_QUERY_NAME`` and ``SERF_QUERY_LTIME``. Ours:
   ``SWIM_CONTROL`` (this agent's control socket, so ``swimctl`` in a handler reaches this
   agent), and for ``job-view`` ``SWIM_JOB``, ``SWIM_JOB_GENERATION``,
-  ``SWIM_JOB_FINGERPRINT``.
+  ``SWIM_JOB_FINGERPRINT``; for ``job-slow`` ``SWIM_JOB`` and ``SWIM_SLOW_NODES`` (the
+  flagged nodes, comma-separated, empty once none is).
 - Stdin: for member events one line per member, ``NAME<TAB>ADDRESS<TAB>ROLE<TAB>TAGS``
   (address without port; TAGS ``k=v,k=v``; tabs and newlines in name, role and tags
   written as ``\\t`` and ``\\n``, nothing else escaped, as Serf); for a user event or a
   query its payload, with a newline added if it has none (an empty payload stays empty);
   for ``job-view`` one line per node in the view, oldest registration first, in the same
   shape, TAGS being the view's fields (``status``, ``ranks``, ``store_port``, ``group``,
-  ``registered_ms``).
+  ``registered_ms``); for ``job-slow`` one line per flagged node, slowest first, with an
+  empty address and role and the tags ``ratio`` (its step time over the job's median)
+  and ``new`` (``1`` if this change flagged it).
 - Member events that wait in the queue together are coalesced as Serf coalesces them:
   one invocation per kind with one line per member (``coalesce``).
 
@@ -59,7 +63,10 @@ SERF_EVENTS = (
 )
 """Serf's event names (event_handler.go ``EventFilter.Valid``)."""
 JOB_VIEW = "job-view"
-NAMED_EVENTS = ("user", "query", JOB_VIEW)
+JOB_SLOW = "job-slow"
+JOB_EVENTS = (JOB_VIEW, JOB_SLOW)
+"""Ours: only for handlers that name them (``*`` is Serf's events)."""
+NAMED_EVENTS = ("user", "query", *JOB_EVENTS)
 """Events a filter may narrow to one name (``user:deploy``, ``job-view:llm``)."""
 MEMBER_EVENTS: Mapping[EventKind, str] = {
     EventKind.JOINED: "member-join",
@@ -86,7 +93,7 @@ class EventFilter:
 
     def matches(self, event: HandlerEvent) -> bool:
         if self.event == "*":
-            return event.kind != JOB_VIEW
+            return event.kind not in JOB_EVENTS
         if event.kind != self.event:
             return False
         return not self.name or self.name == event.name
@@ -119,10 +126,10 @@ def parse_filter(text: str) -> tuple[EventFilter, ...]:
         if event == "*" and not sep:
             out.append(EventFilter("*"))
             continue
-        if event not in (*SERF_EVENTS, JOB_VIEW):
+        if event not in (*SERF_EVENTS, *JOB_EVENTS):
             raise HandlerConfigError(
                 f"event handler filter {item!r} is not one of "
-                f"{', '.join((*SERF_EVENTS, JOB_VIEW))} (user, query and job-view take :NAME)"
+                f"{', '.join((*SERF_EVENTS, *JOB_EVENTS))} ({', '.join(NAMED_EVENTS)} take :NAME)"
             )
         if sep and event not in NAMED_EVENTS:
             raise HandlerConfigError(
@@ -206,6 +213,17 @@ def job_view_event(view: Mapping[str, object], roles: Mapping[str, str]) -> Hand
     )
 
 
+def job_slow_event(job: str, nodes: Mapping[str, float], newly: Iterable[str]) -> HandlerEvent:
+    """A change of ``job``'s flagged nodes (``{name: ratio}``) as a ``job-slow`` event."""
+    fresh = set(newly)
+    order = sorted(nodes, key=lambda n: (-nodes[n], n))
+    lines = tuple(
+        MemberLine(n, "", {"ratio": f"{nodes[n]:.2f}", "new": "1" if n in fresh else "0"})
+        for n in order
+    )
+    return HandlerEvent(JOB_SLOW, name=job, members=lines)
+
+
 def coalesce(first: HandlerEvent, later: HandlerEvent) -> HandlerEvent | None:
     """Two queued member events of one kind as one (serf/coalesce_member.go: one event per
     kind, one line per member, its latest state); None when they cannot be merged."""
@@ -275,6 +293,9 @@ def handler_env(
     elif event.kind == "query":
         env["SERF_QUERY_NAME"] = event.name
         env["SERF_QUERY_LTIME"] = str(event.ltime)
+    elif event.kind == JOB_SLOW:
+        env["SWIM_JOB"] = event.name
+        env["SWIM_SLOW_NODES"] = ",".join(m.name for m in event.members)
     elif event.kind == JOB_VIEW:
         env["SWIM_JOB"] = event.name
         env["SWIM_JOB_GENERATION"] = str(event.generation)

@@ -8,12 +8,14 @@ tags only through the agent's ``update_tags`` (which runs in the node task).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import trio
 
 from agent.jobs import Generations, LocalJobs, Registration, summaries, tag_key, view
+from agent.slow_jobs import SlowChange, SlowJobs
 from swim import Member
 
 UpdateTags = Callable[[Mapping[str, str], Iterable[str]], Awaitable[dict[str, str]]]
@@ -27,6 +29,9 @@ class JobRegistry:
         self._update_tags = update_tags
         self.local = LocalJobs()
         self.generations = Generations()
+        self.slow = SlowJobs()
+        self.on_slow: Callable[[SlowChange], object] | None = None
+        """Told of every change of a job's flagged set (the event handlers' runner)."""
         self._lock = trio.Lock()
 
     def add(self, reg: Registration, wall_ms: int) -> None:
@@ -35,6 +40,15 @@ class JobRegistry:
 
     def remove(self, reg: Registration) -> None:
         self.local.remove(reg)
+        if reg.job not in self.local:
+            self.slow.forget(reg.job)
+
+    def report_slow(self, job: str, nodes: Mapping[str, float]) -> SlowChange | None:
+        """A trainer's fail-slow verdict (agent/slow_jobs.py), already checked."""
+        change = self.slow.update(job, nodes, int(time.time() * 1000))
+        if change is not None and self.on_slow is not None:
+            self.on_slow(change)
+        return change
 
     async def sync_tag(self, job: str) -> None:
         """Publish what the registrations say the node's tag for ``job`` is now (or remove
@@ -62,4 +76,7 @@ class JobRegistry:
         local = {job: len(node_job.ranks) for job, node_job in jobs.items()}
         paused = {job: node_job.paused_ranks(now_ms) for job, node_job in jobs.items()}
         refused = {job: node_job.refused_frames() for job, node_job in jobs.items()}
-        return summaries(members, tags_of, self.generations, local, paused, refused)
+        result = summaries(members, tags_of, self.generations, local, paused, refused)
+        for entry in result["jobs"]:
+            entry.update(self.slow.summary(entry["job"]))
+        return result

@@ -223,6 +223,7 @@ class Agent:
                     )
                     if self.handlers is not None:
                         self.handlers.register_metrics(self.metrics.registry)
+                    self.jobs.slow.register_metrics(self.metrics.registry)
                     driver.on_probe_rtt_ms = self.metrics.observe_probe_rtt_ms
                     serve = functools.partial(serve_metrics, agent=self)  # + the status page
                     self.metrics_port = await nursery.start(

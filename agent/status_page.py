@@ -200,7 +200,8 @@ function rankHealth(local) {
   // hung ranks, then ranks in a declared pause (spared from hang scoring) with the reason
   if (!local) return "-";
   const parts = local.hung_ranks.map(String).concat((local.paused || []).map((p) =>
-    p.local_rank + " paused (" + p.reason + ")"));
+    p.local_rank + " paused (" + p.reason + ")"), Object.keys(local.slow || {}).map((n) =>
+    "node " + n + " slow (" + local.slow[n].toFixed(2) + "\u00d7)"));
   return parts.join(", ") || "-";
 }
 

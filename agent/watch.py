@@ -14,6 +14,8 @@ job rules in ``agent.jobs``).
 - ``{"lost": [node, ...]}``: the trainer's collectives lost these peers (a connection
   error). Evidence, not a verdict: the agent probes them at once (``Agent.probe_now``)
   instead of at their round-robin turn, and only the probe cycle can suspect them.
+- ``{"slow": {"nodes": {name: ratio}}}``: the job's nodes flagged slow now, on a change
+  (the trainers' verdict, agent/slow_jobs.py): the ``job-slow`` event, metrics, ``jobs``.
 - ``{"pause": {"reason", "max_s"}}`` and ``{"resume": true}``: the rank stops stepping on
   purpose and steps again (``Registration.pause``); a pause is answered on the same
   connection (``{"pause": {"ok": ...}}``), so the trainer knows it holds before it stops.
@@ -49,6 +51,7 @@ from agent.jobs import (
     check_group,
     check_job,
 )
+from agent.slow_jobs import check_slow
 from swim import Member
 
 log = logging.getLogger("swim.agent")
@@ -199,6 +202,8 @@ async def _read_client(
                     await agent.jobs.sync_tag(reg.job)
             if "lost" in frame:
                 await _report_lost(agent, reg, frame["lost"])
+            if "slow" in frame:
+                _report_slow(agent, reg, frame["slow"])
 
 
 async def _pause(
@@ -241,6 +246,21 @@ async def _report_lost(agent: AgentAPI, reg: Registration, names: object) -> Non
         return
     result = await agent.probe_now(names)
     log.info("job %s: local rank %d lost %s: probing %s", reg.job, reg.local_rank, names, result)
+
+
+def _report_slow(agent: AgentAPI, reg: Registration, report: object) -> None:
+    try:
+        nodes = check_slow(report)
+    except JobError as exc:
+        reg.refused_frames += 1
+        log.warning("watch: ignoring a bad slow report: %s", exc)
+        return
+    change = agent.jobs.report_slow(reg.job, nodes)
+    if change is not None:
+        for name in change.newly:
+            log.warning("job %s: node %s flagged slow (%.2fx)", reg.job, name, nodes[name])
+        for name in change.cleared:
+            log.info("job %s: node %s no longer flagged slow", reg.job, name)
 
 
 def _now_ms() -> int:

@@ -30,9 +30,12 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from torchhook.errors import SlowNodeExcluded
 from torchhook.state import TrainingState
 
 IN_DIM = 16
+EXCLUDED_EXIT = 3
+"""Exit status of a trainer whose node was flagged slow and excluded."""
 FAULTS = (
     "none",
     "kill-in-backward",
@@ -154,6 +157,14 @@ def parser(description: str | None, *, job: str, pg_timeout_s: float) -> argpars
     ap.add_argument("--heartbeat-pause-ms", type=int, default=30_000)
     ap.add_argument("--reference", action="store_true", help="print the failure-free curve")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--step-work", type=float, default=0.0, help="seconds slept inside each step")
+    slow = "while it exists: --step-work times its number (or --slow-times)"
+    ap.add_argument("--slow-file", type=Path, default=None, help=slow)
+    ap.add_argument("--slow-times", type=float, default=1.0, help="--step-work times this")
+    ap.add_argument("--slow-policy", default="report")
+    ap.add_argument("--slow-factor", type=float, default=1.3)
+    ap.add_argument("--slow-windows", type=int, default=2)
+    ap.add_argument("--slow-window-steps", type=int, default=10)
     ap.add_argument(
         "--reference-seeds",
         default="",
@@ -170,7 +181,37 @@ def hook_options(args: argparse.Namespace) -> dict[str, Any]:
         "min_nodes": args.min_nodes,
         "pg_timeout_s": args.pg_timeout,
         "heartbeat_pause_ms": args.heartbeat_pause_ms,
+        "slow_policy": args.slow_policy,
+        "slow_factor": args.slow_factor,
+        "slow_windows": args.slow_windows,
+        "slow_window_steps": args.slow_window_steps,
     }
+
+
+SLOW_BASE_MS: list[float] = []
+"""This rank's step compute time (the engine's figure) when the slowdown began."""
+
+
+def step_work(el: Any, args: argparse.Namespace) -> None:
+    """Stand-in compute inside the step (``--step-work`` seconds); while ``--slow-file``
+    exists, the rank is slowed by the number written in it (else ``--slow-times``): it
+    sleeps on top for (factor - 1) times its own step compute time from before the
+    slowdown (``el.pace.figure_ms``), so the whole step's compute, not only the stand-in,
+    takes factor times as long: a slow node for the fail-slow checks."""
+    seconds = args.step_work
+    factor = None
+    if args.slow_file is not None:
+        with contextlib.suppress(FileNotFoundError):
+            text = args.slow_file.read_text().strip()
+            factor = float(text) if text else args.slow_times
+    if factor is None:
+        SLOW_BASE_MS.clear()
+    else:
+        if not SLOW_BASE_MS:
+            SLOW_BASE_MS.append(el.pace.figure_ms or seconds * 1000)
+        seconds += (factor - 1) * SLOW_BASE_MS[0] / 1000
+    if seconds > 0:
+        time.sleep(seconds)
 
 
 def slice_step(
@@ -190,6 +231,7 @@ def slice_step(
     if opt is not None:
         opt.zero_grad()
     loss = nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi])
+    step_work(el, args)
     faults.in_backward(el.step, loss)
     torch.autograd.backward(loss)
     # every collective of the step before any local state changes: a verdict during the
@@ -369,7 +411,12 @@ def train(
         if el.step >= (limit if limit is not None else args.steps):
             break
         faults.before_step(el.step)
-        loss = el.run_step(step)
+        try:
+            loss = el.run_step(step)
+        except SlowNodeExcluded as exc:  # slow_policy="exclude": this node leaves
+            log.emit({"excluded": str(exc), "step": el.step} | where())
+            log.close()
+            el.exit(EXCLUDED_EXIT)
         sched.step()  # per-step state: after run_step returns
         counter.steps += 1
         record = {"step": el.step - 1, "loss": loss, "rank": el.rank, "world": el.world_size}
@@ -380,6 +427,7 @@ def train(
             shown = phases
             record["phases"] = {k: round(t - phases["left"], 4) for k, t in phases.items()}
             record["left_t"] = phases["left"]
+        record |= {"slow": list(el.pace.flagged)}
         log.emit(record | details() | where())
         if args.step_sleep:
             time.sleep(args.step_sleep)

@@ -37,6 +37,7 @@ __all__ = [
     "ReformBudgetSpent",
     "Settings",
     "SettingsError",
+    "SlowNodeExcluded",
     "StepFailed",
     "TrainingState",
     "View",
@@ -76,6 +77,7 @@ _HOMES = {
             "OutOfMemory",
             "ReformBudgetSpent",
             "SettingsError",
+            "SlowNodeExcluded",
             "StepFailed",
         )
     },
@@ -97,6 +99,7 @@ if TYPE_CHECKING:
         OutOfMemory,
         ReformBudgetSpent,
         SettingsError,
+        SlowNodeExcluded,
         StepFailed,
     )
     from torchhook.feed import DataExhausted, DataFeed, DataMisuse

@@ -14,6 +14,7 @@ one reader thread per ``Membership``. Rules (the agent side is ``agent/watch.py`
   follow the member order, then the local rank (``View.ranks_of``);
 - listeners run on the reader thread and must not block (they set flags, fail futures);
 - ``heartbeat(step)`` once per training step lets the agent flag a hung worker;
+- ``report_slow(nodes)`` tells the agent which nodes of the job are flagged slow now;
 - ``report_lost(names)`` tells the agent that this process's collectives lost these peers
   (evidence: the agent probes them at once, only its detector decides);
 - ``paused(reason, max_s)`` (a context manager) tells the agent that this rank stops
@@ -319,6 +320,13 @@ class Membership:
     def report_lost(self, names: list[str]) -> None:
         """This process's collectives lost these peers: ask the agent to probe them now."""
         self._send({"lost": list(names)})
+
+    def report_slow(self, nodes: Mapping[str, float]) -> None:
+        """The job's nodes flagged slow now (name -> step time over the job's median; empty:
+        none), on a change (``torchhook.slowness``): the agent's metric, ``job-slow`` event
+        and status page. Each node's local rank 0 sends it; every node reaches the same
+        verdict."""
+        self._send({"slow": {"nodes": {str(n): float(r) for n, r in nodes.items()}}})
 
     @contextlib.contextmanager
     def paused(self, reason: str, max_s: float) -> Iterator[None]:

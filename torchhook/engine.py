@@ -60,6 +60,7 @@ from torchhook.errors import ReformBudgetSpent, classify
 from torchhook.feed import DataFeed
 from torchhook.formation import Formation, Retry
 from torchhook.groups import ProcessGroups, ShrinkFailed, ShrinkStuck
+from torchhook.pace import Pace
 from torchhook.parallel import Group, Parallelism, micro_batches
 from torchhook.settings import ReformBudget, Settings
 from torchhook.state import Rebuilt, ResetCallbackError, SnapshotError, Stateful, TrainingState
@@ -151,8 +152,7 @@ class Elastic:
         self._formation_store: TCPStore | None = None
         self.timeline = Timeline()
         """Phases of the last re-formation, verdict to first step (for measurements)."""
-        # in the order each part needs the one before: the directory store (local rank 0),
-        # whose port goes into the registration, then the membership, then the formation
+        # in order of need: directory store (rank 0's port is registered), membership, formation
         directory = (
             TcpNet().serve(settings.store_host, self.pg_timeout) if local_rank == 0 else None
         )
@@ -179,6 +179,7 @@ class Elastic:
         """Fails this group's collectives when the view drops one of its nodes."""
         # the watch ending (the agent gone) breaks the group too: no verdict could come
         self.membership.add_listener(self.watch.on_view, on_closed=self.watch.on_closed)
+        self.pace = Pace(settings, self.membership, self._wait, self._beat)  # fail-slow
 
     # --- the training-loop API --------------------------------------------------------
 
@@ -218,7 +219,8 @@ class Elastic:
                     self._abandon(failed=False)
                     continue
                 self.timeline.mark("control")
-                result = self.parallelism.run(fn, self._group, self.step)
+                with self.pace.step(self._group, self.step):  # may exclude a slow node
+                    result = self.parallelism.run(fn, self._group, self.step)
             except Exception as exc:
                 if isinstance(exc, PASS_THROUGH):
                     self._abandon(failed=True)
@@ -272,9 +274,8 @@ class Elastic:
         return tensor
 
     def accumulate(self) -> AbstractContextManager[None]:
-        """Backward inside does not reduce gradients: accumulate a micro-batch (DDP's
-        ``no_sync``, FSDP2's ``set_requires_gradient_sync(False)``). The last micro-batch
-        of a step runs outside, or use :meth:`micro_batches`."""
+        """Backward inside adds up a micro-batch (DDP's ``no_sync``, FSDP2's
+        ``set_requires_gradient_sync(False)``); the last runs outside (:meth:`micro_batches`)."""
         return self.parallelism.no_sync()
 
     def micro_batches(self, n: int) -> Iterator[int]:
@@ -310,8 +311,7 @@ class Elastic:
         return self.membership.view
 
     def _beat(self, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - self._last_beat >= HEARTBEAT_EVERY_S:
+        if (now := time.monotonic()) - self._last_beat >= HEARTBEAT_EVERY_S or force:
             self._last_beat = now
             self.membership.heartbeat(self.step)
 
@@ -321,13 +321,13 @@ class Elastic:
         return lost_peers(error, self.order, self.node, self._addrs)
 
     def _report_lost(self, lost: list[str] | None) -> None:
-        if not lost:
-            return
         with contextlib.suppress(MembershipClosed):
-            self.membership.report_lost(lost)
+            if lost:
+                self.membership.report_lost(lost)
 
     def _wait(self, work: Any) -> None:
-        self.groups.wait(work, lambda: self.watch.broken, self._beat)
+        with self.pace.waiting():  # a wait for peers is not this rank's compute time
+            self.groups.wait(work, lambda: self.watch.broken, self._beat)
 
     def _control_says_switch(self) -> bool:
         """Step boundary: does any member see a view that differs from the group?"""
@@ -478,7 +478,8 @@ class Elastic:
         world = layout.world_size
         group = Group(
             rank, world, layout, token, self.node, self.local_rank, self.device, self.groups,
-            self.settings.pg_timeout_s, self._wait, lambda b: self.watch.comm_hook(b, world),
+            self.settings.pg_timeout_s, self._wait,
+            lambda bucket: self.pace.bucket(self.watch.comm_hook(bucket, world)),
             lambda: encode(self.state.capture()), self.timeline.mark,
         )  # fmt: skip
         self.step = self.parallelism.setup(group, plan)

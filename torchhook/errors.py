@@ -9,7 +9,9 @@ Two families, and one rule for everything else:
   with a message naming the cause: no surviving copy of a shard (``NoSurvivingCopy``), a
   checkpoint that cannot be saved or loaded (``CheckpointFailed``), out of memory
   (``OutOfMemory``), an exception from the user's step function that is not a group
-  failure (``StepFailed``), the budget spent (``ReformBudgetSpent``).
+  failure (``StepFailed``), the budget spent (``ReformBudgetSpent``), this node flagged
+  slow under ``slow_policy="exclude"`` (``SlowNodeExcluded``: the rest of the job goes on
+  without it).
 
 torch gives real types for some of this (``torch.OutOfMemoryError``, which
 ``torch.cuda.OutOfMemoryError`` is; ``torch.distributed.DistError`` and its subclasses for
@@ -36,6 +38,7 @@ __all__ = [
     "OutOfMemory",
     "ReformBudgetSpent",
     "SettingsError",
+    "SlowNodeExcluded",
     "StepFailed",
     "classify",
     "is_group_failure",
@@ -65,6 +68,11 @@ class NoSurvivingCopy(Fatal):
 
 class CheckpointFailed(Fatal):
     """A checkpoint could not be saved or loaded for a reason other than a lost peer."""
+
+
+class SlowNodeExcluded(Fatal):
+    """This node was flagged slow with ``slow_policy="exclude"``: it has left the job (its
+    registration is closed) and the other nodes re-form without it."""
 
 
 class OutOfMemory(Fatal):

@@ -17,6 +17,12 @@ from torchhook.errors import ReformBudgetSpent, SettingsError
 __all__ = ["QUORUMS", "ReformBudget", "Settings"]
 
 QUORUMS = ("majority", "any")
+SLOW_POLICIES = ("report", "exclude", "off")
+"""What a node flagged slow gets (docs/training.md, "Slow nodes")."""
+MAX_SLOW_WINDOWS = 1_000
+MAX_SLOW_WINDOW_STEPS = 100_000
+"""Bounds of the fail-slow windows: beyond them a slow node would never be flagged in a
+job's lifetime, which is a mistake, not a policy (``slow_policy="off"`` turns it off)."""
 BACKENDS = ("gloo", "nccl")
 MAX_REFORM_ATTEMPTS = 10_000
 """A re-formation budget larger than this is a mistake, not a policy."""
@@ -59,6 +65,16 @@ class Settings:
     """Default: torchrun's ``LOCAL_WORLD_SIZE``, else 1."""
     backend: str | None = None
     """``gloo`` or ``nccl``; default ``nccl`` when CUDA is available, else ``gloo``."""
+    slow_policy: str = "report"
+    """A node flagged slow (``torchhook.slowness``): ``report`` (its agent's metric and
+    ``job-slow`` event), ``exclude`` (also left out of the next group at once), ``off``
+    (no measuring, no all-gather)."""
+    slow_factor: float = 1.3
+    """Slow: a node's step compute time at least this many times the job's median."""
+    slow_windows: int = 2
+    """Slow windows in a row that flag a node (and healthy ones that clear the flag)."""
+    slow_window_steps: int = 10
+    """Steps per window: every rank shares its median step time once per window."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.job, str) or not self.job:
@@ -70,6 +86,7 @@ class Settings:
         _int_at_least("min_nodes", self.min_nodes, 1)
         _int_at_least("reform_attempts", self.reform_attempts, 1, MAX_REFORM_ATTEMPTS)
         _int_at_least("heartbeat_pause_ms", self.heartbeat_pause_ms, 1)
+        _check_slow(self)
         for name in ("pg_timeout_s", "formation_timeout_s", "join_timeout_s", "reform_timeout_s"):
             _positive(name, getattr(self, name))
         _positive("reform_backoff_s", self.reform_backoff_s, zero_ok=True)
@@ -85,6 +102,21 @@ class Settings:
                     f"local_rank ({self.local_rank}) must be < local_world_size "
                     f"({self.local_world_size})"
                 )
+
+
+def _check_slow(s: Settings) -> None:
+    if s.slow_policy == "replace":
+        raise SettingsError(
+            "slow_policy='replace' needs hot spares, which this version does not have: "
+            f"use one of {SLOW_POLICIES}"
+        )
+    if s.slow_policy not in SLOW_POLICIES:
+        raise SettingsError(f"slow_policy must be one of {SLOW_POLICIES}, got {s.slow_policy!r}")
+    _positive("slow_factor", s.slow_factor)
+    if s.slow_factor <= 1.0:
+        raise SettingsError(f"slow_factor must be > 1 (times the median), got {s.slow_factor!r}")
+    _int_at_least("slow_windows", s.slow_windows, 1, MAX_SLOW_WINDOWS)
+    _int_at_least("slow_window_steps", s.slow_window_steps, 1, MAX_SLOW_WINDOW_STEPS)
 
 
 def _int_at_least(name: str, value: object, low: int, high: int | None = None) -> None:

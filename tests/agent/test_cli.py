@@ -428,6 +428,8 @@ def test_jobs_and_view_with_real_registrations(agents: list[LocalAgent]) -> None
             "local_ranks": 2,
             "paused": [],
             "refused_frames": 0,
+            "slow": {},
+            "slow_flags": 0,
         }
         assert [(m["name"], m["ranks"], m["store_port"]) for m in shown["members"]] == [
             ("agent-0", 2, 29500),
@@ -437,10 +439,10 @@ def test_jobs_and_view_with_real_registrations(agents: list[LocalAgent]) -> None
         text = swimctl(a0, "jobs").stdout.splitlines()
         assert text[0].split() == [
             *("Job", "Generation", "Nodes", "Ranks", "Hung", "Local", "ranks", "Paused"),
-            "Fingerprint",
+            *("Slow", "Fingerprint"),
         ]
         generation, fp = str(train["generation"]), train["fingerprint"]
-        assert text[1].split() == ["train", generation, "2", "3", "1", "2", "-", fp]
+        assert text[1].split() == ["train", generation, "2", "3", "1", "2", "-", "-", fp]
         text = swimctl(a0, "view", "train").stdout.splitlines()
         assert text[0] == (
             f"Job train: generation {shown['generation']}, fingerprint {shown['fingerprint']}, "

@@ -178,6 +178,7 @@ async def test_jobs_show_views_local_ranks_steps_and_a_hung_rank(tmp_path: Path)
             "steps": {"0": 44, "1": 44},
             "hung_ranks": [1],
             "paused": [],
+            "slow": {},
         }
         # on n1 the same job, without n0's local detail
         n1_job = (await get_json(n1.agent.metrics_port, "/v1/jobs"))["jobs"][0]

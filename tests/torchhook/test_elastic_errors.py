@@ -112,12 +112,24 @@ def test_settings_defaults_are_valid_and_frozen() -> None:
         ("heartbeat_pause_ms", 0),
         ("local_rank", -1),
         ("local_world_size", 0),
+        ("slow_policy", "evict"),
+        ("slow_factor", 1.0),
+        ("slow_factor", math.nan),
+        ("slow_windows", 0),
+        ("slow_window_steps", 0),
+        ("slow_window_steps", 10**6),
     ],
 )
 def test_a_bad_setting_is_refused_by_name(field: str, value: Any) -> None:
     options: dict[str, Any] = {"job": "train", field: value}
     with pytest.raises(SettingsError, match=field):
         Settings(**options)
+
+
+def test_replacing_a_slow_node_is_refused_without_spares() -> None:
+    with pytest.raises(SettingsError, match="slow_policy='replace' needs hot spares"):
+        Settings(job="j", slow_policy="replace")
+    assert Settings(job="j", slow_policy="exclude").slow_policy == "exclude"
 
 
 def test_settings_that_contradict_each_other_are_refused() -> None:
