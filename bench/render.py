@@ -84,8 +84,9 @@ TOPICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     (
         "Step efficiency",
         "The share of failure-free throughput a job keeps while a node is killed and "
-        "restarted every minute.",
-        ("step-efficiency-",),
+        "restarted every minute, and how fast a slow node is flagged (and how often a job "
+        "without one flags a node anyway).",
+        ("step-efficiency-", "fail-slow"),
     ),
     (
         "Simulator speed",
