@@ -204,7 +204,7 @@ def _start_fleet(fleet: Fleet, n: int) -> list[str]:
 def run_start(impl: str, profile: str, n: int, settle_s: float) -> Tally:
     t = Tally(impl, profile, n)
     with tempfile.TemporaryDirectory(prefix=f"fleet-{impl}-") as tmp:
-        fleet = Fleet(impl, profile, Path(tmp))
+        fleet = Fleet(impl, profile, Path(os.environ.get("FLEET_KEEP", tmp)))
         try:
             t0 = time.monotonic()
             _start_fleet(fleet, n)
@@ -224,7 +224,7 @@ def run_restart(
 ) -> Tally:
     t = Tally(impl, profile, n, restart, cycles)
     with tempfile.TemporaryDirectory(prefix=f"fleet-{impl}-") as tmp:
-        fleet = Fleet(impl, profile, Path(tmp))
+        fleet = Fleet(impl, profile, Path(os.environ.get("FLEET_KEEP", tmp)))
         try:
             names = _start_fleet(fleet, n)
             time.sleep(settle_s)

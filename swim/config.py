@@ -155,6 +155,15 @@ class Config:
     (simulations/RESULTS.md §9). Copies cost only small packets, on a path that runs only
     for a suspicion nobody confirmed."""
 
+    starved_lag_ms: int = 0
+    """A timer handed back this much after its deadline means this node was itself
+    descheduled (its process starved of CPU or stopped): for one probe interval after, its
+    own health score rises by one (Lifeguard §IV-A: a slow node waits longer before it
+    accuses), and a suspicion that runs out while this node was starved since it began is
+    held to Lifeguard's maximum window, then given the last-chance ping however many
+    confirmed it (a box starved as a whole, such as a fleet starting at once, fails every
+    probe at once, so the confirmations are not independent). 0: off (memberlist). Ours."""
+
     # Faster detection (ours, all off in lan/wan/local, on in fast; measured in
     # simulations/RESULTS.md §9). Each shortens one phase of the detection budget.
     coordinated_probes: bool = False
@@ -281,6 +290,7 @@ class Config:
             "early_probe_conclusion": True,
             "suspicion_cross_checks": 4,
             "confirmed_suspicion_safety_mult": 1,
+            "starved_lag_ms": 250,
             "gossip_interval_ms": 50,
             "gossip_nodes": 4,
             "gossip_to_the_dead_time_ms": 15_000,

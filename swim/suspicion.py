@@ -15,6 +15,11 @@ arXiv:1707.00788 §IV-B; docs/design.md §5.3):
   it. Fewer than k confirmations keep Lifeguard's decay and its min.
 - A member has at most one open suspicion; the timer carries the member's
   ``state_change_ms``, so the timer of an earlier suspicion of the same member is stale.
+- Starvation (ours, ``starved_lag_ms``): a suspicion whose timer runs out while this node
+  was itself starved since the suspicion began (``Awareness.starved_since``, from one probe
+  interval before it) is held once, to Lifeguard's maximum window counted from its start,
+  and then goes to the last-chance ping whatever its confirmations: a refutation that a
+  starved box delays, and confirmations from members starved alike, decide nothing.
 - What happens when the timer fires (a last-chance ping, or death) is ``swim.node``'s and
   ``swim.membership``'s; this module only keeps the clock.
 """
@@ -88,6 +93,8 @@ class Suspicion:
     """Where the window ends once all k confirmations are in (``confirmed_window_ms``)."""
     confirmers: set[str] = field(default_factory=set)
     confirmations: int = 0
+    held: bool = False
+    """Held to max because this node was starved meanwhile (``hold_if_starved``)."""
 
     @property
     def unconfirmed(self) -> bool:
@@ -126,9 +133,25 @@ class Suspicions:
         ctx = self._ctx
         s.confirmers.add(accuser)
         s.confirmations += 1
+        if s.held:  # held to max: confirmations from a starved box do not shorten it
+            return True
         remaining = _remaining_ms(s, ctx.now_ms - s.start_ms)
         ctx.cancel_timer(s.timer_id)
         s.timer_id = ctx.set_timer(SuspicionTimeout, max(remaining, 0), name, state_change_ms)
+        return True
+
+    def hold_if_starved(self, name: str, s: Suspicion, state_change_ms: int) -> bool:
+        """If this node was starved since one probe interval before ``s`` began and it has
+        not been held yet, re-arm its timer for ``start + max`` (at least one probe
+        interval from now) and mark it held; True if it was held."""
+        ctx = self._ctx
+        since_ms = s.start_ms - ctx.config.probe_interval_ms
+        if s.held or not ctx.awareness.starved_since(since_ms):
+            return False
+        s.held = True
+        wait_ms = max(s.start_ms + s.max_ms - ctx.now_ms, ctx.config.probe_interval_ms)
+        s.timer_id = ctx.set_timer(SuspicionTimeout, wait_ms, name, state_change_ms)
+        ctx.stats.suspicions_held_starved += 1
         return True
 
     def cancel(self, name: str) -> None:
