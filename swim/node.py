@@ -363,7 +363,8 @@ class Node:
         """A timer we asked for is due. One no longer live is ignored; a ``Timer`` that is
         not one of ours (``swim.timers.NodeTimer``) is a driver bug and raises TypeError."""
         self._ctx.begin(now_ms)
-        self._ctx.awareness.note_timer(timer.deadline_ms, now_ms)
+        if not isinstance(timer, GossipTick):  # an idle gossip tick is held back by design
+            self._ctx.awareness.note_timer(timer.deadline_ms, now_ms)
         live = self._ctx.take_timer(timer)
         if live is not None:
             self._on_timer(live)
