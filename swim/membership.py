@@ -296,6 +296,7 @@ class Membership:
             self._set_state(state, _ALIVE, ctx.now_ms)
         self.failed.forget(a.node)
         if old_state in (_DEAD, _LEFT):
+            self._suspicions.joined(a.node)
             ctx.event(EventKind.JOINED, state.snapshot())
         elif old_state == _SUSPECT:
             ctx.stats.suspicions_refuted_by_others += 1

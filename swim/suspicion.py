@@ -20,6 +20,10 @@ arXiv:1707.00788 §IV-B; docs/design.md §5.3):
   interval before it) is held once, to Lifeguard's maximum window counted from its start,
   and then goes to the last-chance ping whatever its confirmations: a refutation that a
   starved box delays, and confirmations from members starved alike, decide nothing.
+- A starting member (ours, ``new_member_grace_ms``): a suspicion of a member that joined
+  (``joined``: first alive, or back from dead or left) less than that long ago is held
+  from the start, the same way. ``joined`` times are kept per name, at most
+  ``max_members`` of them, the expired ones dropped first.
 - What happens when the timer fires (a last-chance ping, or death) is ``swim.node``'s and
   ``swim.membership``'s; this module only keeps the clock.
 """
@@ -108,6 +112,28 @@ class Suspicions:
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
         self._open: dict[str, Suspicion] = {}
+        self._joined_ms: dict[str, int] = {}
+        """When each member joined, for ``new_member_grace_ms`` (bounded: ``joined``)."""
+
+    def joined(self, name: str) -> None:
+        """``name`` joined now (or came back from dead or left): it is starting."""
+        ctx = self._ctx
+        grace_ms = ctx.config.new_member_grace_ms
+        if not grace_ms:
+            return
+        if len(self._joined_ms) >= ctx.config.max_members:  # the bound: expired first
+            self._joined_ms = {
+                n: t for n, t in self._joined_ms.items() if ctx.now_ms - t < grace_ms
+            }
+            if len(self._joined_ms) >= ctx.config.max_members:
+                return
+        self._joined_ms.pop(name, None)
+        self._joined_ms[name] = ctx.now_ms
+
+    def _starting(self, name: str) -> bool:
+        joined_ms = self._joined_ms.get(name)
+        grace_ms = self._ctx.config.new_member_grace_ms
+        return joined_ms is not None and self._ctx.now_ms - joined_ms < grace_ms
 
     def get(self, name: str) -> Suspicion | None:
         return self._open.get(name)
@@ -117,10 +143,11 @@ class Suspicions:
         ctx = self._ctx
         rtt_ms = ctx.rtt.typical_ms
         min_ms, max_ms, k = suspicion_window_ms(ctx.config, n, rtt_ms)
-        timeout_ms = max_ms if k >= 1 else min_ms
+        starting = self._starting(name)
+        timeout_ms = max_ms if k >= 1 or starting else min_ms
         timer_id = ctx.set_timer(SuspicionTimeout, timeout_ms, name, state_change_ms)
         confirmed_ms = _confirmed_ms(ctx.config, n, rtt_ms, min_ms) if k else min_ms
-        suspicion = Suspicion(k, min_ms, max_ms, ctx.now_ms, timer_id, confirmed_ms)
+        suspicion = Suspicion(k, min_ms, max_ms, ctx.now_ms, timer_id, confirmed_ms, held=starting)
         suspicion.confirmers.add(accuser)
         self._open[name] = suspicion
 
@@ -164,6 +191,8 @@ class Suspicions:
         s = self._open.get(name)
         if s is None:
             return None
+        if s.held:
+            return s.start_ms + s.max_ms  # no earlier than its timer (``hold_if_starved``)
         if s.k < 1:
             return s.start_ms + s.min_ms
         return s.start_ms + _remaining_ms(s, 0)
