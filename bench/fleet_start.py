@@ -93,8 +93,10 @@ class Tally:
 class Fleet:
     """N agents of one implementation; each slot's launches (a restart appends one)."""
 
-    def __init__(self, impl: str, profile: str, workdir: Path) -> None:
-        self.impl, self.profile, self.workdir = impl, profile, workdir
+    def __init__(
+        self, impl: str, profile: str, workdir: Path, cpus: set[int] | None = None
+    ) -> None:
+        self.impl, self.profile, self.workdir, self.cpus = impl, profile, workdir, cpus
         self.procs: dict[str, Proc] = {}
         self.all: list[Proc] = []
         self.launched: dict[str, list[float]] = {}
@@ -103,6 +105,9 @@ class Fleet:
 
     def launch(self, name: str, port: int | None = None) -> Proc:
         p = start(self.impl, name, self.profile, self.seed_port, self.workdir, port)
+        if self.cpus:  # a smaller box: every agent on these CPUs
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(p.popen.pid, self.cpus)
         if self.seed_port is None:
             self.seed_port = p.port
         self.procs[name] = p
@@ -201,10 +206,13 @@ def _start_fleet(fleet: Fleet, n: int) -> list[str]:
     return names
 
 
-def run_start(impl: str, profile: str, n: int, settle_s: float) -> Tally:
+def run_start(
+    impl: str, profile: str, n: int, settle_s: float, cpus: set[int] | None = None
+) -> Tally:
+    """A seed, then ``n`` − 1 agents started at once; until converged, then ``settle_s``."""
     t = Tally(impl, profile, n)
     with tempfile.TemporaryDirectory(prefix=f"fleet-{impl}-") as tmp:
-        fleet = Fleet(impl, profile, Path(os.environ.get("FLEET_KEEP", tmp)))
+        fleet = Fleet(impl, profile, Path(os.environ.get("FLEET_KEEP", tmp)), cpus)
         try:
             t0 = time.monotonic()
             _start_fleet(fleet, n)
@@ -220,11 +228,19 @@ def run_start(impl: str, profile: str, n: int, settle_s: float) -> Tally:
 
 
 def run_restart(
-    impl: str, profile: str, n: int, restart: int, cycles: int, settle_s: float
+    impl: str,
+    profile: str,
+    n: int,
+    restart: int,
+    cycles: int,
+    settle_s: float,
+    cpus: set[int] | None = None,
 ) -> Tally:
+    """A fleet of ``n``; its last ``restart`` agents SIGKILLed at once, declared dead by
+    the others, restarted at once under the same names and ports, ``cycles`` times."""
     t = Tally(impl, profile, n, restart, cycles)
     with tempfile.TemporaryDirectory(prefix=f"fleet-{impl}-") as tmp:
-        fleet = Fleet(impl, profile, Path(os.environ.get("FLEET_KEEP", tmp)))
+        fleet = Fleet(impl, profile, Path(os.environ.get("FLEET_KEEP", tmp)), cpus)
         try:
             names = _start_fleet(fleet, n)
             time.sleep(settle_s)

@@ -300,7 +300,7 @@ class Config:
             "suspicion_cross_checks": 4,
             "confirmed_suspicion_safety_mult": 1,
             "starved_lag_ms": 250,
-            "new_member_grace_ms": 60_000,
+            "new_member_grace_ms": 30_000,
             "gossip_interval_ms": 50,
             "gossip_nodes": 4,
             "gossip_to_the_dead_time_ms": 15_000,
