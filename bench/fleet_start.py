@@ -28,16 +28,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from agent.control import ControlClient, ControlError
 from agent.procs import stop, until
@@ -280,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restart", type=int, default=32)
     parser.add_argument("--cycles", type=int, default=1)
     parser.add_argument("--settle-s", type=float, default=10.0)
+    parser.add_argument("--cpus", help="pin every agent to these CPUs, e.g. 0 or 0,1")
     results.add_arguments(parser)
     args = parser.parse_args(argv)
     started = results.machine()
@@ -287,14 +285,21 @@ def main(argv: list[str] | None = None) -> int:
     if any(impl == "serf" for impl, _ in runs) and SERF is None:
         print("serf is not installed (scripts/setup.sh installs it)", file=sys.stderr)
         return 2
+    cpus = {int(c) for c in args.cpus.split(",")} if args.cpus else None
     tallies = []
     for impl, profile in runs:
         print(f"-- {impl}:{profile} {args.scenario} N={args.n} ...", file=sys.stderr, flush=True)
         if args.scenario == "start":
-            tally = run_start(impl, profile, args.n, args.settle_s)
+            tally = run_start(impl, profile, args.n, args.settle_s, cpus)
         else:
             tally = run_restart(
-                impl, profile, args.n, min(args.restart, args.n - 1), args.cycles, args.settle_s
+                impl,
+                profile,
+                args.n,
+                min(args.restart, args.n - 1),
+                args.cycles,
+                args.settle_s,
+                cpus,
             )
         print(tally.line(), flush=True)
         tallies.append(tally)

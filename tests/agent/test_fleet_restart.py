@@ -22,7 +22,7 @@ from bench import fleet_start
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity")
 def test_a_rack_restarted_at_once_is_never_declared_dead() -> None:
     cpu = min(os.sched_getaffinity(0))
-    t = fleet_start.run_restart("swim", "fast", 40, 32, 1, settle_s=3.0, cpus={cpu})
+    t = fleet_start.run_restart("swim", "fast", 20, 16, 1, settle_s=2.0, cpus={cpu})
     print(t.line())
     assert t.dead_events == 0, t.line()
     assert t.flapping == 0, t.line()
