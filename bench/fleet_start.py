@@ -250,14 +250,20 @@ def run_restart(
                 fleet.kill(rack)
                 survivors = fleet.live()
                 until(
-                    lambda: all(p.seen("dead", v, killed) for p in survivors for v in rack),
+                    lambda s=survivors, k=killed: all(  # type: ignore[misc]
+                        p.seen("dead", v, k) for p in s for v in rack
+                    ),
                     60,
                     "the rack dead everywhere",
                 )
                 back = time.monotonic()
                 for name in rack:
                     fleet.launch(name, ports[name])
-                until(lambda: fleet.alive_everywhere(rack, back), 120, "the rack alive everywhere")
+                until(
+                    lambda b=back: fleet.alive_everywhere(rack, b),  # type: ignore[misc]
+                    120,
+                    "the rack alive everywhere",
+                )
                 t.alive_everywhere_s.append(time.monotonic() - back)
                 flap_from = time.monotonic()
                 time.sleep(settle_s)
@@ -303,7 +309,77 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(tally.line(), flush=True)
         tallies.append(tally)
+    results.record(args, "bench.fleet_start", argv, started, _built(args, tallies))
     return 0
+
+
+def _built(args: argparse.Namespace, tallies: list[Tally]) -> dict[str, object]:
+    """The result file's question, figures and table (bench/results.py)."""
+    runs = "-".join(f"{t.impl}-{t.profile}" for t in tallies)
+    restart = args.scenario == "restart"
+    question = f"fleet-{args.scenario}-{args.n}" + (
+        f"-r{args.restart}x{args.cycles}" if restart else ""
+    )
+    if args.cpus:
+        question += f"-cpus{args.cpus.replace(',', '-')}"
+    question += f"-{runs}"
+    what = (
+        f"{args.restart} of {args.n} agents restarted at once, {args.cycles} times"
+        if restart
+        else f"{args.n} agents started at once"
+    )
+    pinned = f" on CPUs {args.cpus}" if args.cpus else ""
+    figures = {}
+    rows = []
+    for t in tallies:
+        key = f"{t.impl}_{t.profile}"
+        figures[f"{key}_false_dead"] = results.figure(
+            f"{t.impl} `{t.profile}`: dead events about running members", t.dead_events, "", 0
+        )
+        figures[f"{key}_false_suspect"] = results.figure(
+            f"{t.impl} `{t.profile}`: suspect events about running members",
+            t.suspect_events,
+            "",
+            0,
+        )
+        alive = t.alive_everywhere_s
+        rows.append(
+            {
+                "run": f"{t.impl} `{t.profile}`",
+                "dead": t.dead_events,
+                "suspect": t.suspect_events,
+                "raised": f"{t.raised_by_starting}/{t.raised_by_settled}",
+                "declared": f"{t.declared_by_starting}/{t.declared_by_settled}",
+                "alive_s": results.stat(max(alive), lo=min(alive), hi=max(alive))
+                if alive
+                else None,
+                "flapping": t.flapping,
+                "incarnations": t.incarnations_agree,
+                "load": " / ".join(f"{x:.1f}" for x in t.load),
+            }
+        )
+    columns = [
+        results.column("run", "run"),
+        results.column("dead", "false dead"),
+        results.column("suspect", "false suspect"),
+        results.column("raised", "suspicions raised by starting/settled"),
+        results.column("declared", "deaths declared by starting/settled"),
+        results.column("alive_s", "all alive everywhere s", 1),
+        results.column("flapping", "suspect events after"),
+        results.column("incarnations", "incarnations agree"),
+        results.column("load", "load 1/5/15 min at the end"),
+    ]
+    return {
+        "question": question,
+        "title": f"A fleet {'restarted' if restart else 'started'} at once: {what}{pinned}",
+        "method": (
+            f"{what}{pinned} on loopback (bench/fleet_start.py), one implementation after "
+            f"another; events counted from each agent's log as lines arrive; a member counts "
+            f"as starting for {STARTING_S:g} s after its launch; settle {args.settle_s:g} s."
+        ),
+        "figures": figures,
+        "tables": [{"caption": "Per run", "columns": columns, "rows": rows}],
+    }
 
 
 if __name__ == "__main__":

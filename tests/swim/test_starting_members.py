@@ -42,7 +42,7 @@ def _accused(o: Peer, now_ms: int) -> int:
 def test_a_starting_member_gets_the_maximum_window_and_a_last_chance() -> None:
     o = _observer()
     n = o.node.num_members()
-    min_ms, max_ms, k = suspicion_window_ms(o.node.config, n, 0)
+    _, max_ms, k = suspicion_window_ms(o.node.config, n, 0)
     assert k == 2
     assert _accused(o, 1000) == 1000 + max_ms, "confirmations do not shorten it"
     out = o.fire(SuspicionTimeout)
