@@ -31,8 +31,6 @@ class Awareness:
         self.score = 0
         self.starved_ms: int | None = None
         """When a timer was last handed back late by ``starved_lag_ms`` or more."""
-        self.starved_count = 0
-        """How many times that happened (at most one per probe interval is counted)."""
 
     def note_timer(self, deadline_ms: int, now_ms: int) -> None:
         """A timer due at ``deadline_ms`` handed back at ``now_ms``: late enough to mean
@@ -43,7 +41,6 @@ class Awareness:
         last = self.starved_ms
         self.starved_ms = now_ms
         if last is None or now_ms - last >= self._config.probe_interval_ms:
-            self.starved_count += 1
             self.apply_delta(1)
 
     def starved_since(self, since_ms: int) -> bool:

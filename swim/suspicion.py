@@ -98,7 +98,8 @@ class Suspicion:
     confirmers: set[str] = field(default_factory=set)
     confirmations: int = 0
     held: bool = False
-    """Held to max because this node was starved meanwhile (``hold_if_starved``)."""
+    """Held to max, unshortened by confirmations, then verified: the member is starting
+    (``new_member_grace_ms``) or this node was starved meanwhile (``hold_if_starved``)."""
 
     @property
     def unconfirmed(self) -> bool:
