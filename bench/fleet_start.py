@@ -21,7 +21,9 @@ holds of every member at the end (they agree once the fleet settled).
     python -m bench.fleet_start --runs swim:fast,serf:local --n 128
     python -m bench.fleet_start --scenario restart --n 40 --restart 32 --cycles 5
 
-Writes one result JSON under results/ (``fleet-start-…`` / ``fleet-restart-…``).
+Writes one result JSON under results/ (``fleet-start-…`` / ``fleet-restart-…``);
+``--cpus 0`` pins every agent to CPU 0 (a smaller box); ``FLEET_KEEP=DIR`` keeps the
+agents' logs in DIR for reading afterwards.
 """
 
 from __future__ import annotations
