@@ -32,15 +32,7 @@ from swim.context import Context
 from swim.effects import EventKind
 from swim.failed import FailedMembers
 from swim.member_state import MemberState
-from swim.messages import (
-    Address,
-    Alive,
-    Dead,
-    NodeStateType,
-    PushNodeState,
-    Suspect,
-    ip_from_bytes,
-)
+from swim.messages import Address, Alive, Dead, NodeStateType, PushNodeState, Suspect, ip_from_bytes
 from swim.schedule import ProbeRing
 from swim.shared import PushPullDiff
 from swim.suspicion import Suspicion, Suspicions
@@ -304,6 +296,7 @@ class Membership:
             self._set_state(state, _ALIVE, ctx.now_ms)
         self.failed.forget(a.node)
         if old_state in (_DEAD, _LEFT):
+            self._suspicions.joined(a.node)
             ctx.event(EventKind.JOINED, state.snapshot())
         elif old_state == _SUSPECT:
             ctx.stats.suspicions_refuted_by_others += 1
@@ -382,11 +375,17 @@ class Membership:
 
     def needs_verify(self, name: str, state_change_ms: int) -> bool:
         """The suspicion is live and, with ``verify_unconfirmed_suspicion``, has fewer than
-        k confirmations (or k is 0), or any with ``verify_confirmed_suspicion``."""
+        k confirmations (or k is 0), or was held because we were starved, or any with
+        ``verify_confirmed_suspicion``."""
         c, live = self._ctx.config, self._live_suspicion(name, state_change_ms)
         if live is None or not c.verify_unconfirmed_suspicion:
             return False
-        return live.unconfirmed or c.verify_confirmed_suspicion
+        return live.unconfirmed or live.held or c.verify_confirmed_suspicion
+
+    def hold_if_starved(self, name: str, state_change_ms: int) -> bool:
+        """``Suspicions.hold_if_starved`` for the live suspicion (``starved_lag_ms``)."""
+        live = self._live_suspicion(name, state_change_ms)
+        return live is not None and self._suspicions.hold_if_starved(name, live, state_change_ms)
 
     def on_suspicion_timeout(self, name: str, state_change_ms: int) -> None:
         suspicion = self._live_suspicion(name, state_change_ms)
