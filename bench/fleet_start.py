@@ -45,6 +45,8 @@ from bench.compare_serf import parse_runs
 from bench.procs import SERF
 from bench.watched import Proc, start
 
+CONVERGE_S = 180.0
+"""How long a fleet may take to converge (128 agents on 2 busy cores take about 60 s)."""
 STARTING_S = 10.0
 """A member launched less than this long ago counts as starting (interpreter start, bind,
 join, first push-pull: about 1–5 s each on a busy 2-core box)."""
@@ -70,6 +72,8 @@ class Tally:
     incarnations_agree: bool | None = None
     max_incarnation: int | None = None
     load: list[float] = field(default_factory=list)
+    missing_joins: int = 0
+    """Joins not yet seen when the wait for convergence (``CONVERGE_S``) ended."""
     about: dict[str, int] = field(default_factory=dict)
 
     def line(self) -> str:
@@ -84,7 +88,8 @@ class Tally:
             f"(suspicions raised by starting/settled {self.raised_by_starting}/"
             f"{self.raised_by_settled}, deaths declared by starting/settled "
             f"{self.declared_by_starting}/{self.declared_by_settled}); alive everywhere "
-            f"{alive} s; flapping {self.flapping}; incarnations agree "
+            f"{alive} s (joins missing {self.missing_joins}); flapping {self.flapping}; "
+            f"incarnations agree "
             f"{self.incarnations_agree} (max {self.max_incarnation}); load {self.load}"
         )
 
@@ -93,9 +98,19 @@ class Fleet:
     """N agents of one implementation; each slot's launches (a restart appends one)."""
 
     def __init__(
-        self, impl: str, profile: str, workdir: Path, cpus: set[int] | None = None
+        self,
+        impl: str,
+        profile: str,
+        workdir: Path,
+        cpus: set[int] | None = None,
+        protocol: dict[str, int] | None = None,
     ) -> None:
         self.impl, self.profile, self.workdir, self.cpus = impl, profile, workdir, cpus
+        self.config: Path | None = None
+        if protocol and impl == "swim":  # swim.Config overrides (agent/config.py [protocol])
+            self.config = workdir / "protocol.toml"
+            lines = ["[protocol]", *(f"{k} = {v}" for k, v in protocol.items())]
+            self.config.write_text("\n".join(lines) + "\n")
         self.procs: dict[str, Proc] = {}
         self.all: list[Proc] = []
         self.launched: dict[str, list[float]] = {}
@@ -103,7 +118,7 @@ class Fleet:
         self.seed_port: int | None = None
 
     def launch(self, name: str, port: int | None = None) -> Proc:
-        p = start(self.impl, name, self.profile, self.seed_port, self.workdir, port)
+        p = start(self.impl, name, self.profile, self.seed_port, self.workdir, port, self.config)
         if self.cpus:  # a smaller box: every agent on these CPUs
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(p.popen.pid, self.cpus)
@@ -187,6 +202,16 @@ def _incarnations(fleet: Fleet, t: Tally) -> None:
     t.max_incarnation = max((max(v) for v in seen.values()), default=None)
 
 
+def _workdir(tmp: str) -> Path:
+    """``FLEET_KEEP`` (kept afterwards) or the temporary directory."""
+    keep = os.environ.get("FLEET_KEEP")
+    if keep is None:
+        return Path(tmp)
+    path = Path(keep)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -197,25 +222,33 @@ def _start_fleet(fleet: Fleet, n: int) -> list[str]:
     for i in range(1, n):
         fleet.launch(f"{fleet.impl}-{i}")
     names = [f"{fleet.impl}-{i}" for i in range(n)]
-    until(
-        lambda: all(p.joined() >= set(names) - {p.name} for p in fleet.live()),
-        120,
-        f"{fleet.impl} N={n} converged",
-    )
+    with contextlib.suppress(TimeoutError):  # a fleet that never converges is a result too
+        until(
+            lambda: all(p.joined() >= set(names) - {p.name} for p in fleet.live()),
+            CONVERGE_S,
+            f"{fleet.impl} N={n} converged",
+        )
     return names
 
 
 def run_start(
-    impl: str, profile: str, n: int, settle_s: float, cpus: set[int] | None = None
+    impl: str,
+    profile: str,
+    n: int,
+    settle_s: float,
+    cpus: set[int] | None = None,
+    protocol: dict[str, int] | None = None,
 ) -> Tally:
     """A seed, then ``n`` − 1 agents started at once; until converged, then ``settle_s``."""
     t = Tally(impl, profile, n)
     with tempfile.TemporaryDirectory(prefix=f"fleet-{impl}-") as tmp:
-        fleet = Fleet(impl, profile, Path(os.environ.get("FLEET_KEEP", tmp)), cpus)
+        fleet = Fleet(impl, profile, _workdir(tmp), cpus, protocol)
         try:
             t0 = time.monotonic()
-            _start_fleet(fleet, n)
-            t.alive_everywhere_s.append(time.monotonic() - t0)
+            names = _start_fleet(fleet, n)
+            t.missing_joins = sum(len(set(names) - {p.name} - p.joined()) for p in fleet.live())
+            if not t.missing_joins:
+                t.alive_everywhere_s.append(time.monotonic() - t0)
             converged = time.monotonic()
             time.sleep(settle_s)
             t.load = _load()
@@ -234,12 +267,13 @@ def run_restart(
     cycles: int,
     settle_s: float,
     cpus: set[int] | None = None,
+    protocol: dict[str, int] | None = None,
 ) -> Tally:
     """A fleet of ``n``; its last ``restart`` agents SIGKILLed at once, declared dead by
     the others, restarted at once under the same names and ports, ``cycles`` times."""
     t = Tally(impl, profile, n, restart, cycles)
     with tempfile.TemporaryDirectory(prefix=f"fleet-{impl}-") as tmp:
-        fleet = Fleet(impl, profile, Path(os.environ.get("FLEET_KEEP", tmp)), cpus)
+        fleet = Fleet(impl, profile, _workdir(tmp), cpus, protocol)
         try:
             names = _start_fleet(fleet, n)
             time.sleep(settle_s)
@@ -286,6 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=1)
     parser.add_argument("--settle-s", type=float, default=10.0)
     parser.add_argument("--cpus", help="pin every agent to these CPUs, e.g. 0 or 0,1")
+    parser.add_argument(
+        "--protocol",
+        action="append",
+        default=[],
+        metavar="KEY=INT",
+        help="a swim.Config override for our agents, e.g. recovered_hold_ms=0 (repeatable)",
+    )
     results.add_arguments(parser)
     args = parser.parse_args(argv)
     started = results.machine()
@@ -294,11 +335,12 @@ def main(argv: list[str] | None = None) -> int:
         print("serf is not installed (scripts/setup.sh installs it)", file=sys.stderr)
         return 2
     cpus = {int(c) for c in args.cpus.split(",")} if args.cpus else None
+    protocol = {k: int(v) for k, v in (kv.split("=", 1) for kv in args.protocol)}
     tallies = []
     for impl, profile in runs:
         print(f"-- {impl}:{profile} {args.scenario} N={args.n} ...", file=sys.stderr, flush=True)
         if args.scenario == "start":
-            tally = run_start(impl, profile, args.n, args.settle_s, cpus)
+            tally = run_start(impl, profile, args.n, args.settle_s, cpus, protocol)
         else:
             tally = run_restart(
                 impl,
@@ -308,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.cycles,
                 args.settle_s,
                 cpus,
+                protocol,
             )
         print(tally.line(), flush=True)
         tallies.append(tally)
@@ -324,6 +367,8 @@ def _built(args: argparse.Namespace, tallies: list[Tally]) -> dict[str, object]:
     )
     if args.cpus:
         question += f"-cpus{args.cpus.replace(',', '-')}"
+    for kv in args.protocol:  # an override is a different question
+        question += "-" + kv.replace("_", "-").replace("=", "")
     question += f"-{runs}"
     what = (
         f"{args.restart} of {args.n} agents restarted at once, {args.cycles} times"

@@ -99,9 +99,11 @@ def start(
     join_port: int | None,
     workdir: Path,
     port: int | None = None,
+    config: Path | None = None,
 ) -> Proc:
     """Start one agent on ``port`` (a free one if None); its log is ``workdir/name.log``
-    (appended to, so a restart under the same name keeps the earlier lines)."""
+    (appended to, so a restart under the same name keeps the earlier lines); ours reads
+    ``config`` (a TOML file, agent/config.py) if given."""
     port = free_port() if port is None else port
     if impl == "serf":
         args = serf_command(name, port, f"127.0.0.1:{free_port()}", profile, join_port)
@@ -109,6 +111,8 @@ def start(
         control = workdir / f"{name}.sock"
         args = [*agent_command(name, port, control, profile, join_port, retry_ms=500)]
         args += ["--log-level", "info"]
+        if config is not None:
+            args += ["--config", str(config)]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     popen = subprocess.Popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, env=env

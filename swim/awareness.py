@@ -31,12 +31,15 @@ class Awareness:
         self.score = 0
         self.starved_ms: int | None = None
         """When a timer was last handed back late by ``starved_lag_ms`` or more."""
+        self.lag_ms = 0
+        """How late the last timer was handed back (logged with a failed probe)."""
 
     def note_timer(self, deadline_ms: int, now_ms: int) -> None:
         """A timer due at ``deadline_ms`` handed back at ``now_ms``: late enough to mean
         this node was starved? Then raise the score, at most once per probe interval."""
+        self.lag_ms = max(now_ms - deadline_ms, 0)
         lag_ms = self._config.starved_lag_ms
-        if not lag_ms or now_ms - deadline_ms < lag_ms:
+        if not lag_ms or self.lag_ms < lag_ms:
             return
         last = self.starved_ms
         self.starved_ms = now_ms

@@ -155,15 +155,15 @@ class Config:
     (simulations/RESULTS.md §9). Copies cost only small packets, on a path that runs only
     for a suspicion nobody confirmed."""
 
-    new_member_grace_ms: int = 0
-    """A member that joined (or came back from dead or left) less than this long ago is
-    starting: a suspicion of it runs Lifeguard's maximum window, is not shortened by
-    confirmations and ends with the last-chance ping. A starting process is the busiest
-    one on its host (interpreter start, the join's push-pull, a member event per peer), so
-    on a saturated host (a fleet booting at once) it answers late while its settled
-    accusers run on time; their confirmations are no independent evidence then. Costs a
-    member that crashes within this time after joining the maximum window instead of the
-    confirmed one. 0: off (memberlist). Ours."""
+    recovered_hold_ms: int = 0
+    """A member that was suspect, dead or left in our view and came back alive (it refuted
+    an accusation, or restarted) less than this long ago has just shown that it is slow
+    rather than gone: a suspicion of it runs Lifeguard's maximum window, is not shortened
+    by confirmations and ends with the last-chance ping. On a saturated box (a fleet
+    booting at once) a busy member answers late while its accusers run on time, and their
+    confirmations are no independent evidence. A first join is no such evidence. Costs a
+    member that crashes within this time of such a recovery the maximum window instead of
+    the confirmed one. 0: off (memberlist). Ours."""
     starved_lag_ms: int = 0
     """A timer handed back this much after its deadline means this node was itself
     descheduled (its process starved of CPU or stopped): for one probe interval after, its
@@ -300,7 +300,7 @@ class Config:
             "suspicion_cross_checks": 4,
             "confirmed_suspicion_safety_mult": 1,
             "starved_lag_ms": 250,
-            "new_member_grace_ms": 30_000,
+            "recovered_hold_ms": 30_000,
             "gossip_interval_ms": 50,
             "gossip_nodes": 4,
             "gossip_to_the_dead_time_ms": 15_000,

@@ -262,6 +262,7 @@ class Membership:
             return
         about = About.US if is_local else About.MEMBER
         state = self._members.get(a.node)
+        known = state is not None  # a first join is no recovery (``recovered_hold_ms``)
         if state is None:
             if len(self._members) >= ctx.config.max_members:
                 ctx.drop(DropReason.LIMIT)
@@ -295,8 +296,9 @@ class Membership:
         if state.state != _ALIVE:
             self._set_state(state, _ALIVE, ctx.now_ms)
         self.failed.forget(a.node)
+        if known and old_state != _ALIVE:  # it refuted an accusation, or came back
+            self._suspicions.recovered(a.node)
         if old_state in (_DEAD, _LEFT):
-            self._suspicions.joined(a.node)
             ctx.event(EventKind.JOINED, state.snapshot())
         elif old_state == _SUSPECT:
             ctx.stats.suspicions_refuted_by_others += 1
@@ -374,9 +376,8 @@ class Membership:
         return self._suspicions.get(name)
 
     def needs_verify(self, name: str, state_change_ms: int) -> bool:
-        """The suspicion is live and, with ``verify_unconfirmed_suspicion``, has fewer than
-        k confirmations (or k is 0), or was held because we were starved, or any with
-        ``verify_confirmed_suspicion``."""
+        """The suspicion is live and, with ``verify_unconfirmed_suspicion``, unconfirmed (fewer
+        than k, or k is 0), held, or any with ``verify_confirmed_suspicion``."""
         c, live = self._ctx.config, self._live_suspicion(name, state_change_ms)
         if live is None or not c.verify_unconfirmed_suspicion:
             return False

@@ -382,7 +382,10 @@ class Prober:
                 kind, how = "urgent_probe_failed", " (urgent probe)"
             else:
                 kind, how = "probe_failed", ""
-            ctx.notice("info", kind, f"suspect {probe.target} has failed, no acks received{how}")
+            lag = f"; our timers {ctx.awareness.lag_ms} ms late, health {ctx.awareness.score}"
+            ctx.notice(
+                "info", kind, f"suspect {probe.target} has failed, no acks received{how}{lag}"
+            )
             self._members.apply_suspect(
                 Suspect(target.incarnation, target.name, self._members.local_name)
             )

@@ -20,10 +20,13 @@ arXiv:1707.00788 §IV-B; docs/design.md §5.3):
   interval before it) is held once, to Lifeguard's maximum window counted from its start,
   and then goes to the last-chance ping whatever its confirmations: a refutation that a
   starved box delays, and confirmations from members starved alike, decide nothing.
-- A starting member (ours, ``new_member_grace_ms``): a suspicion of a member that joined
-  (``joined``: first alive, or back from dead or left) less than that long ago is held
-  from the start, the same way. ``joined`` times are kept per name, at most
-  ``max_members`` of them, the expired ones dropped first.
+- A member that recovered lately (ours, ``recovered_hold_ms``): a suspicion of a member
+  that was suspect, dead or left in our view and came back alive (``recovered``: it
+  refuted an accusation, or restarted) less than that long ago is held from the start,
+  the same way. Such a member has just shown that it is slow, not gone; before a false
+  death on a saturated box it had refuted an earlier accusation in 1,713 of 1,714 cases
+  (docs/design.md §5.7). A first join is no such evidence and keeps the usual windows.
+  Recovery times are kept per name, at most ``max_members`` of them, expired ones first.
 - What happens when the timer fires (a last-chance ping, or death) is ``swim.node``'s and
   ``swim.membership``'s; this module only keeps the clock.
 """
@@ -98,8 +101,9 @@ class Suspicion:
     confirmers: set[str] = field(default_factory=set)
     confirmations: int = 0
     held: bool = False
-    """Held to max, unshortened by confirmations, then verified: the member is starting
-    (``new_member_grace_ms``) or this node was starved meanwhile (``hold_if_starved``)."""
+    """Held to max, unshortened by confirmations, then verified: the member recovered from
+    an accusation lately (``recovered_hold_ms``) or this node was starved meanwhile
+    (``hold_if_starved``)."""
 
     @property
     def unconfirmed(self) -> bool:
@@ -113,28 +117,29 @@ class Suspicions:
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
         self._open: dict[str, Suspicion] = {}
-        self._joined_ms: dict[str, int] = {}
-        """When each member joined, for ``new_member_grace_ms`` (bounded: ``joined``)."""
+        self._recovered_ms: dict[str, int] = {}
+        """When each member last recovered, for ``recovered_hold_ms`` (bounded: ``recovered``)."""
 
-    def joined(self, name: str) -> None:
-        """``name`` joined now (or came back from dead or left): it is starting."""
+    def recovered(self, name: str) -> None:
+        """``name``, which we held suspect, dead or left, is alive now (it refuted, or it
+        restarted): evidence that it is slow rather than gone."""
         ctx = self._ctx
-        grace_ms = ctx.config.new_member_grace_ms
-        if not grace_ms:
+        hold_ms = ctx.config.recovered_hold_ms
+        if not hold_ms:
             return
-        if len(self._joined_ms) >= ctx.config.max_members:  # the bound: expired first
-            self._joined_ms = {
-                n: t for n, t in self._joined_ms.items() if ctx.now_ms - t < grace_ms
+        if len(self._recovered_ms) >= ctx.config.max_members:  # the bound: expired first
+            self._recovered_ms = {
+                n: t for n, t in self._recovered_ms.items() if ctx.now_ms - t < hold_ms
             }
-            if len(self._joined_ms) >= ctx.config.max_members:
+            if len(self._recovered_ms) >= ctx.config.max_members:
                 return
-        self._joined_ms.pop(name, None)
-        self._joined_ms[name] = ctx.now_ms
+        self._recovered_ms.pop(name, None)
+        self._recovered_ms[name] = ctx.now_ms
 
-    def _starting(self, name: str) -> bool:
-        joined_ms = self._joined_ms.get(name)
-        grace_ms = self._ctx.config.new_member_grace_ms
-        return joined_ms is not None and self._ctx.now_ms - joined_ms < grace_ms
+    def _recovering(self, name: str) -> bool:
+        recovered_ms = self._recovered_ms.get(name)
+        hold_ms = self._ctx.config.recovered_hold_ms
+        return recovered_ms is not None and self._ctx.now_ms - recovered_ms < hold_ms
 
     def get(self, name: str) -> Suspicion | None:
         return self._open.get(name)
@@ -144,11 +149,11 @@ class Suspicions:
         ctx = self._ctx
         rtt_ms = ctx.rtt.typical_ms
         min_ms, max_ms, k = suspicion_window_ms(ctx.config, n, rtt_ms)
-        starting = self._starting(name)
-        timeout_ms = max_ms if k >= 1 or starting else min_ms
+        held = self._recovering(name)
+        timeout_ms = max_ms if k >= 1 or held else min_ms
         timer_id = ctx.set_timer(SuspicionTimeout, timeout_ms, name, state_change_ms)
         confirmed_ms = _confirmed_ms(ctx.config, n, rtt_ms, min_ms) if k else min_ms
-        suspicion = Suspicion(k, min_ms, max_ms, ctx.now_ms, timer_id, confirmed_ms, held=starting)
+        suspicion = Suspicion(k, min_ms, max_ms, ctx.now_ms, timer_id, confirmed_ms, held=held)
         suspicion.confirmers.add(accuser)
         self._open[name] = suspicion
 

@@ -5,7 +5,7 @@ on one CPU so that the restart saturates it as a booting rack saturates its host
 
 Every restarted member must be alive again in every view, no member may be declared dead
 while its process runs (the restarted ones are starting: swim.suspicion's
-``new_member_grace_ms``), nothing may be suspected once all are back, and every view must
+``recovered_hold_ms``), nothing may be suspected once all are back, and every view must
 hold the same incarnation of every member. bench/fleet_start.py runs the same at full size
 (128 started at once; 32 restarted five times) beside real Serf and prints the numbers.
 Every process is stopped by pid (agent/procs.py ``stop``) whatever happens.

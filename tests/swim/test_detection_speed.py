@@ -91,7 +91,7 @@ def test_the_ring_adds_and_discards_idempotently_and_keeps_the_local_member() ->
 def _fast(**overrides: object) -> Config:
     """``fast`` with all four switches off but those a test is about; members learned a
     moment before count as settled (the starting-member rule: test_starting_members.py)."""
-    settled = {"new_member_grace_ms": 0}
+    settled = {"recovered_hold_ms": 0}
     return Config.fast(**{**FAST_WITHOUT_DETECTION_SWITCHES, **settled, **overrides})
 
 

@@ -1,11 +1,13 @@
-"""A fleet that starts at once must not declare its own starting members dead (the fast
-profile's ``new_member_grace_ms`` and ``starved_lag_ms``; rules in swim/suspicion.py and
+"""A fleet that starts at once must not declare its own live members dead (the fast
+profile's ``recovered_hold_ms`` and ``starved_lag_ms``; rules in swim/suspicion.py and
 swim/awareness.py), through swim.Node's public API on explicit time.
 
-- A suspicion of a member that joined less than ``new_member_grace_ms`` ago runs
+- A suspicion of a member that came back alive from our suspect, dead or left state (it
+  refuted an accusation, or restarted) less than ``recovered_hold_ms`` ago runs
   Lifeguard's maximum window; confirmations do not shorten it; it ends with the
-  last-chance ping, which the member's refutation answers. After the grace, the
-  confirmed window is back (detection of a settled member's crash is unchanged).
+  last-chance ping, which the member's refutation answers, and a silent member is dead
+  after it. A first join is no such evidence: the confirmed window, as for any member;
+  after the hold time, too.
 - A node whose own timer came back ``starved_lag_ms`` late was starved: its health score
   rises (at most once per probe interval), and a suspicion that runs out meanwhile is held
   to the maximum window, then verified. An idle gossip tick that the driver held back is
@@ -29,66 +31,75 @@ def _observer(**overrides: int) -> Peer:
     return o
 
 
-def _accused(o: Peer, now_ms: int) -> int:
+def _accused(o: Peer, now_ms: int, inc: int = 1) -> int:
     """b accused by c, confirmed by d and e (k = 2): the suspicion's deadline."""
-    o.receive(addr(3), Suspect(1, "b", "c"), now_ms=now_ms)
+    o.receive(addr(3), Suspect(inc, "b", "c"), now_ms=now_ms)
     for i, sender in enumerate("de"):
-        o.receive(addr(4 + i), Suspect(1, "b", sender), now_ms=now_ms + 10)
+        o.receive(addr(4 + i), Suspect(inc, "b", sender), now_ms=now_ms + 10)
     deadline = o.node.suspicion_deadline_ms("b")
     assert deadline is not None
     return deadline
 
 
-def test_a_starting_member_gets_the_maximum_window_and_a_last_chance() -> None:
+def _refutes(o: Peer, inc: int, now_ms: int) -> None:
+    """b's alive at ``inc`` (its refutation) reaches o."""
+    o.receive(addr(2), Alive(inc, "b", addr(2).ip_bytes, addr(2).port, b"", b""), now_ms=now_ms)
+    assert o.member("b").state == NodeStateType.ALIVE
+
+
+def test_a_first_join_keeps_the_confirmed_window() -> None:
     o = _observer()
-    n = o.node.num_members()
-    _, max_ms, k = suspicion_window_ms(o.node.config, n, 0)
+    confirmed = confirmed_window_ms(o.node.config, o.node.num_members(), 0)
+    assert _accused(o, 1000) == 1000 + confirmed
+    out = o.fire(SuspicionTimeout)
+    assert [(e.kind, e.member.name) for e in out.events] == [(EventKind.DEAD, "b")]
+
+
+def test_a_member_that_refuted_gets_the_maximum_window_and_a_last_chance() -> None:
+    o = _observer()
+    _accused(o, 1000)
+    _refutes(o, 2, 1200)  # slow, not gone
+    _, max_ms, k = suspicion_window_ms(o.node.config, o.node.num_members(), 0)
     assert k == 2
-    assert _accused(o, 1000) == 1000 + max_ms, "confirmations do not shorten it"
+    assert _accused(o, 2000, inc=2) == 2000 + max_ms, "confirmations do not shorten it"
     out = o.fire(SuspicionTimeout)
     assert out.events == [], "not dead: a last-chance ping first"
     assert of_type([m for p in to(out, addr(2)) for m in decode(p.data)], Suspect)
-    # b refutes (its alive rides on the ack); the suspicion is over
-    o.receive(addr(2), Alive(2, "b", addr(2).ip_bytes, addr(2).port, b"", b""), now_ms=5000)
-    assert o.member("b").state == NodeStateType.ALIVE
+    _refutes(o, 3, 2000 + max_ms + 50)  # the refutation rides on the ack
     assert o.fire(SuspicionVerify).events == []
 
 
-def test_a_silent_starting_member_is_still_declared_dead_after_the_last_chance() -> None:
+def test_a_silent_recovered_member_is_still_declared_dead_after_the_last_chance() -> None:
     o = _observer()
     _accused(o, 1000)
+    _refutes(o, 2, 1200)
+    _accused(o, 2000, inc=2)
     o.fire(SuspicionTimeout)
     out = o.fire(SuspicionVerify)
     assert [(e.kind, e.member.name) for e in out.events] == [(EventKind.DEAD, "b")]
 
 
-def test_a_settled_member_keeps_the_confirmed_window() -> None:
+def test_after_the_hold_time_the_confirmed_window_is_back() -> None:
     o = _observer()
-    grace_ms = o.node.config.new_member_grace_ms
-    at = grace_ms + 1000
+    _accused(o, 1000)
+    _refutes(o, 2, 1200)
+    at = 1200 + o.node.config.recovered_hold_ms
     confirmed = confirmed_window_ms(o.node.config, o.node.num_members(), 0)
-    assert _accused(o, at) == at + confirmed
-    out = o.fire(SuspicionTimeout)
-    assert [(e.kind, e.member.name) for e in out.events] == [(EventKind.DEAD, "b")]
+    assert _accused(o, at, inc=2) == at + confirmed
 
 
-def test_a_member_back_from_dead_is_starting_again() -> None:
+def test_a_member_back_from_dead_is_held() -> None:
     o = _observer()
-    at = o.node.config.new_member_grace_ms + 1000
-    _accused(o, at)
-    o.fire(SuspicionTimeout)  # dead (settled, confirmed)
+    _accused(o, 1000)
+    o.fire(SuspicionTimeout)  # dead (first join: the confirmed window)
     assert o.member("b").state == NodeStateType.DEAD
-    o.receive(addr(2), Alive(2, "b", addr(2).ip_bytes, addr(2).port, b"", b""), now_ms=at + 2000)
-    assert o.member("b").state == NodeStateType.ALIVE
+    _refutes(o, 2, 3000)  # restarted, or refuted its death
     _, max_ms, _ = suspicion_window_ms(o.node.config, o.node.num_members(), 0)
-    o.receive(addr(3), Suspect(2, "b", "c"), now_ms=at + 3000)
-    for i, sender in enumerate("de"):
-        o.receive(addr(4 + i), Suspect(2, "b", sender), now_ms=at + 3010)
-    assert o.node.suspicion_deadline_ms("b") == at + 3000 + max_ms
+    assert _accused(o, 4000, inc=2) == 4000 + max_ms
 
 
 def test_a_starved_observer_holds_a_suspicion_that_ran_out_meanwhile() -> None:
-    o = _observer(new_member_grace_ms=0)
+    o = _observer(recovered_hold_ms=0)
     c = o.node.config
     _accused(o, 1000)
     deadline = o.node.suspicion_deadline_ms("b")
@@ -113,7 +124,7 @@ def test_a_starved_observer_holds_a_suspicion_that_ran_out_meanwhile() -> None:
 
 
 def test_a_late_idle_gossip_tick_is_no_sign_of_starvation() -> None:
-    o = _observer(new_member_grace_ms=0)
+    o = _observer(recovered_hold_ms=0)
     score = o.node.health_score
     tick = o.timer(GossipTick)
     o.timers.remove(tick)
@@ -126,4 +137,4 @@ def test_a_late_idle_gossip_tick_is_no_sign_of_starvation() -> None:
 def test_off_in_memberlists_profiles() -> None:
     for name in ("lan", "wan", "local"):
         c = Config.profile(name)
-        assert c.new_member_grace_ms == 0 and c.starved_lag_ms == 0
+        assert c.recovered_hold_ms == 0 and c.starved_lag_ms == 0
