@@ -4,7 +4,7 @@ on one CPU so that the restart saturates it as a booting rack saturates its host
 35 s; the rules themselves are tested on explicit time in tests/swim/test_starting_members.py).
 
 Every restarted member must be alive again in every view, no member may be declared dead
-while its process runs (the restarted ones are starting: swim.suspicion's
+while its process runs (the restarted ones came back from dead: swim.suspicion's
 ``recovered_hold_ms``), nothing may be suspected once all are back, and every view must
 hold the same incarnation of every member. bench/fleet_start.py runs the same at full size
 (128 started at once; 32 restarted five times) beside real Serf and prints the numbers.

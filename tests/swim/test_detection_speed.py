@@ -89,10 +89,8 @@ def test_the_ring_adds_and_discards_idempotently_and_keeps_the_local_member() ->
 
 
 def _fast(**overrides: object) -> Config:
-    """``fast`` with all four switches off but those a test is about; members learned a
-    moment before count as settled (the starting-member rule: test_starting_members.py)."""
-    settled = {"recovered_hold_ms": 0}
-    return Config.fast(**{**FAST_WITHOUT_DETECTION_SWITCHES, **settled, **overrides})
+    """``fast`` with all four switches off but those a test is about."""
+    return Config.fast(**{**FAST_WITHOUT_DETECTION_SWITCHES, **overrides})
 
 
 def _group(**overrides: object) -> Peer:
@@ -126,7 +124,7 @@ def test_coordinated_probes_follow_the_rotation_of_the_wall_clock_round() -> Non
 def test_a_late_tick_never_repeats_a_round_and_the_dead_leave_the_ring() -> None:
     a = _group(coordinated_probes=True)
     a.receive(addr(30), Suspect(1, "d", "z"), now_ms=10)
-    a.fire(SuspicionTimeout)  # unconfirmed: a last-chance ping first
+    a.fire(SuspicionTimeout)  # unconfirmed: a last-chance ping first (at its deadline)
     a.fire(SuspicionVerify)
     assert a.member("d").state == NodeStateType.DEAD
     seen = []

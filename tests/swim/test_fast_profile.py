@@ -283,9 +283,8 @@ def test_relay_uses_its_own_rtt_estimate_of_the_target() -> None:
 
 
 def test_derived_suspicion_window_replaces_memberlists() -> None:
-    # Lifeguard's window, without the confirmed one; b, learned just before, counts as
-    # settled (the starting-member rule: test_starting_members.py)
-    c = Config.fast(recovered_hold_ms=0, **FAST_WITHOUT_DETECTION_SWITCHES)
+    # Lifeguard's window, without the confirmed one
+    c = Config.fast(**FAST_WITHOUT_DETECTION_SWITCHES)
     o = make_peer("o", 1, config=c)
     o.learn(*(alive(name, i + 2) for i, name in enumerate("bcdefg")))
     n = o.node.num_members()
@@ -302,9 +301,7 @@ def test_derived_suspicion_window_replaces_memberlists() -> None:
 
 
 def _suspecting_observer(**overrides: int) -> tuple[Peer, int]:
-    """o suspects b; its members, learned a moment before, count as settled here."""
-    settled = {"recovered_hold_ms": 0, **overrides}
-    o = make_peer("o", 1, config=Config.fast(disable_tcp_pings=True, **settled))
+    o = make_peer("o", 1, config=Config.fast(disable_tcp_pings=True, **overrides))
     o.learn(*(alive(name, i + 2) for i, name in enumerate("bcdefg")))
     o.receive(addr(3), Suspect(1, "b", "c"), now_ms=1000)  # one accuser, no confirmations
     return o, o.timer(SuspicionTimeout).deadline_ms
