@@ -287,7 +287,7 @@ class Membership:
         self._suspicions.cancel(a.node)
         self._broadcast(a.node, a)
         state = self._members.mutable(a.node)
-        old_state, old_meta = state.state, state.meta
+        old_state, old_meta, old_inc = state.state, state.meta, state.incarnation
         if len(a.vsn) >= 6:
             state.vsn = tuple(a.vsn[:6])
         state.incarnation = a.incarnation
@@ -296,8 +296,8 @@ class Membership:
         if state.state != _ALIVE:
             self._set_state(state, _ALIVE, ctx.now_ms)
         self.failed.forget(a.node)
-        if known and old_state != _ALIVE:  # it refuted an accusation, or came back
-            self._suspicions.recovered(a.node)
+        if known and (old_state != _ALIVE or (a.incarnation > old_inc and a.meta == old_meta)):
+            self._suspicions.recovered(a.node)  # it refuted an accusation, or came back
         if old_state in (_DEAD, _LEFT):
             ctx.event(EventKind.JOINED, state.snapshot())
         elif old_state == _SUSPECT:

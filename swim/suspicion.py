@@ -21,8 +21,9 @@ arXiv:1707.00788 §IV-B; docs/design.md §5.3):
   and then goes to the last-chance ping whatever its confirmations: a refutation that a
   starved box delays, and confirmations from members starved alike, decide nothing.
 - A member that recovered lately (ours, ``recovered_hold_ms``): a suspicion of a member
-  that was suspect, dead or left in our view and came back alive (``recovered``: it
-  refuted an accusation, or restarted) less than that long ago is held from the start,
+  that was suspect, dead or left in our view and came back alive, or came back at a
+  higher incarnation with the same metadata (``recovered``: it refuted an accusation, or
+  restarted) less than that long ago is held from the start,
   the same way. Such a member has just shown that it is slow, not gone; before a false
   death on a saturated box it had refuted an earlier accusation in 1,713 of 1,714 cases
   (docs/design.md §5.7). A first join is no such evidence and keeps the usual windows.
@@ -121,8 +122,9 @@ class Suspicions:
         """When each member last recovered, for ``recovered_hold_ms`` (bounded: ``recovered``)."""
 
     def recovered(self, name: str) -> None:
-        """``name``, which we held suspect, dead or left, is alive now (it refuted, or it
-        restarted): evidence that it is slow rather than gone."""
+        """``name``, which we held suspect, dead or left, is alive now, or alive at a higher
+        incarnation with the same metadata (it refuted an accusation, perhaps one we never
+        saw, or it restarted): evidence that it is slow rather than gone."""
         ctx = self._ctx
         hold_ms = ctx.config.recovered_hold_ms
         if not hold_ms:

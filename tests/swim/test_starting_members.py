@@ -88,6 +88,17 @@ def test_after_the_hold_time_the_confirmed_window_is_back() -> None:
     assert _accused(o, at, inc=2) == at + confirmed
 
 
+def test_a_refutation_heard_second_hand_holds_but_a_tag_update_does_not() -> None:
+    o = _observer()
+    _, max_ms, _ = suspicion_window_ms(o.node.config, o.node.num_members(), 0)
+    _refutes(o, 2, 1000)  # b refuted an accusation that never reached o: same metadata
+    assert _accused(o, 2000, inc=2) == 2000 + max_ms
+    t = _observer()
+    t.receive(addr(2), Alive(2, "b", addr(2).ip_bytes, addr(2).port, b"rack=a", b""), now_ms=1000)
+    confirmed = confirmed_window_ms(t.node.config, t.node.num_members(), 0)
+    assert _accused(t, 2000, inc=2) == 2000 + confirmed, "new tags are no recovery"
+
+
 def test_a_member_back_from_dead_is_held() -> None:
     o = _observer()
     _accused(o, 1000)
