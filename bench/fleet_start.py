@@ -73,6 +73,8 @@ class Tally:
     max_incarnation: int | None = None
     load: list[float] = field(default_factory=list)
     missing_joins: int = 0
+    timeouts: int = 0
+    """Restart waits (dead everywhere 60 s, alive everywhere 120 s) that ran out."""
     """Joins not yet seen when the wait for convergence (``CONVERGE_S``) ended."""
     about: dict[str, int] = field(default_factory=dict)
 
@@ -88,7 +90,8 @@ class Tally:
             f"(suspicions raised by starting/settled {self.raised_by_starting}/"
             f"{self.raised_by_settled}, deaths declared by starting/settled "
             f"{self.declared_by_starting}/{self.declared_by_settled}); alive everywhere "
-            f"{alive} s (joins missing {self.missing_joins}); flapping {self.flapping}; "
+            f"{alive} s (joins missing {self.missing_joins}, waits timed out {self.timeouts}); "
+            f"flapping {self.flapping}; "
             f"incarnations agree "
             f"{self.incarnations_agree} (max {self.max_incarnation}); load {self.load}"
         )
@@ -285,22 +288,28 @@ def run_restart(
                 ports = {name: fleet.procs[name].port for name in rack}
                 fleet.kill(rack)
                 survivors = fleet.live()
-                until(
-                    lambda s=survivors, k=killed: all(  # type: ignore[misc]
-                        p.seen("dead", v, k) for p in s for v in rack
-                    ),
-                    60,
-                    "the rack dead everywhere",
-                )
+                try:  # a survivor that already held one dead logs no second death of it
+                    until(
+                        lambda s=survivors, k=killed: all(  # type: ignore[misc]
+                            p.seen("dead", v, k) for p in s for v in rack
+                        ),
+                        60,
+                        "the rack dead everywhere",
+                    )
+                except TimeoutError:
+                    t.timeouts += 1
                 back = time.monotonic()
                 for name in rack:
                     fleet.launch(name, ports[name])
-                until(
-                    lambda b=back: fleet.alive_everywhere(rack, b),  # type: ignore[misc]
-                    120,
-                    "the rack alive everywhere",
-                )
-                t.alive_everywhere_s.append(time.monotonic() - back)
+                try:
+                    until(
+                        lambda b=back: fleet.alive_everywhere(rack, b),  # type: ignore[misc]
+                        120,
+                        "the rack alive everywhere",
+                    )
+                    t.alive_everywhere_s.append(time.monotonic() - back)
+                except TimeoutError:
+                    t.timeouts += 1
                 flap_from = time.monotonic()
                 time.sleep(settle_s)
             t.load = _load()
