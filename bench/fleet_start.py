@@ -23,7 +23,9 @@ holds of every member at the end (they agree once the fleet settled).
 
 Writes one result JSON under results/ (``fleet-start-…`` / ``fleet-restart-…``);
 ``--cpus 0`` pins every agent to CPU 0 (a smaller box); ``FLEET_KEEP=DIR`` keeps the
-agents' logs in DIR for reading afterwards.
+agents' logs in DIR for reading afterwards (``python -m bench.fleet_logs DIR`` says who
+accused whom, how late, and what preceded each death); ``--protocol KEY=INT`` overrides a
+swim.Config field of our agents (e.g. the rules off: ``recovered_hold_ms=0``).
 """
 
 from __future__ import annotations
