@@ -204,6 +204,7 @@ class Driver:
             "tcp_fallback_rescues": st.tcp_fallback_rescues,
             "suspicions_raised": st.suspicions_raised,
             "suspicion_verifications": st.suspicion_verifications,
+            "suspicions_held_starved": st.suspicions_held_starved,
             "cross_check_probes": st.cross_check_probes,
             "cross_check_probes_failed": st.cross_check_probes_failed,
             "refutations": st.refutations,

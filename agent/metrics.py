@@ -20,6 +20,7 @@ Metric names (all prefixed ``swim_``; counters end in ``_total``; base units):
 - ``swim_suspicions_raised_total``, ``swim_suspicions_refuted_total``,
   ``swim_refutations_total``, ``swim_deaths_declared_total``,
   ``swim_suspicion_timeouts_degraded_total``, ``swim_suspicion_verifications_total``,
+  ``swim_suspicions_held_starved_total``,
   ``swim_cross_check_probes_total``, ``swim_cross_check_probes_failed_total``
 - ``swim_address_conflicts_total`` (alives refused: a live member holds the name elsewhere)
 - ``swim_health_score``, ``swim_broadcast_queue_depth``, ``swim_incarnation`` gauges
@@ -194,6 +195,13 @@ _SCALARS: tuple[_Scalar, ...] = (
         "(verify_unconfirmed_suspicion, the fast profile).",
         True,
         lambda n: n.stats.suspicion_verifications,
+    ),
+    _Scalar(
+        "swim_suspicions_held_starved",
+        "Suspicions held to their maximum window because this agent was itself starved of "
+        "CPU meanwhile (starved_lag_ms, the fast profile).",
+        True,
+        lambda n: n.stats.suspicions_held_starved,
     ),
     _Scalar(
         "swim_cross_check_probes",

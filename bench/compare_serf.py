@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="swim vs serf, side by side")
     parser.add_argument("--sizes", default="8,32,64")
     parser.add_argument("--profile", default="lan", choices=list(PROFILES))
-    parser.add_argument("--settle-s", type=float, default=10.0)
+    parser.add_argument("--settle-s", type=float, default=15.0)
     parser.add_argument("--window-s", type=float, default=20.0)
     parser.add_argument("--kills", type=int, default=5, help="SIGKILLs per cluster")
     parser.add_argument("--runs", help="IMPL:PROFILE,... (default: serf:P,swim:P for --profile P)")

@@ -38,12 +38,17 @@ PATTERNS = {
         "join": re.compile(r"EventMemberJoin: (\S+)"),
         "suspect": re.compile(r"memberlist: Suspect (\S+) has failed"),
         "dead": re.compile(r"EventMemberFailed: (\S+)"),
+        "raised": re.compile(r"memberlist: Suspect (\S+) has failed"),
+        "declared": re.compile(r"memberlist: Marking (\S+) as failed"),
     },
     "swim": {
         "ready": re.compile(r"()control API on"),
         "join": re.compile(r"member (\S+) joined"),
         "suspect": re.compile(r"member (\S+) suspect"),
         "dead": re.compile(r"member (\S+) dead"),
+        "alive": re.compile(r"member (\S+) alive"),
+        "raised": re.compile(r"suspect (\S+) has failed, no acks"),
+        "declared": re.compile(r"marking (\S+) as failed"),
     },
 }
 
@@ -75,7 +80,7 @@ class Proc:
 def _reader(proc: Proc, impl: str, log_path: Path) -> None:
     assert proc.popen.stdout is not None
     patterns = PATTERNS[impl]
-    with log_path.open("wb") as log:
+    with log_path.open("ab") as log:
         for raw in proc.popen.stdout:
             now = time.monotonic()
             log.write(raw)
@@ -87,14 +92,27 @@ def _reader(proc: Proc, impl: str, log_path: Path) -> None:
                         proc.events.append((now, kind, match.group(1)))
 
 
-def start(impl: str, name: str, profile: str, join_port: int | None, workdir: Path) -> Proc:
-    port = free_port()
+def start(
+    impl: str,
+    name: str,
+    profile: str,
+    join_port: int | None,
+    workdir: Path,
+    port: int | None = None,
+    config: Path | None = None,
+) -> Proc:
+    """Start one agent on ``port`` (a free one if None); its log is ``workdir/name.log``
+    (appended to, so a restart under the same name keeps the earlier lines); ours reads
+    ``config`` (a TOML file, agent/config.py) if given."""
+    port = free_port() if port is None else port
     if impl == "serf":
         args = serf_command(name, port, f"127.0.0.1:{free_port()}", profile, join_port)
     else:
         control = workdir / f"{name}.sock"
         args = [*agent_command(name, port, control, profile, join_port, retry_ms=500)]
         args += ["--log-level", "info"]
+        if config is not None:
+            args += ["--config", str(config)]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     popen = subprocess.Popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT, env=env

@@ -155,6 +155,24 @@ class Config:
     (simulations/RESULTS.md §9). Copies cost only small packets, on a path that runs only
     for a suspicion nobody confirmed."""
 
+    recovered_hold_ms: int = 0
+    """A member that was suspect, dead or left in our view and came back alive (it refuted
+    an accusation, or restarted) less than this long ago has just shown that it is slow
+    rather than gone: a suspicion of it runs Lifeguard's maximum window, is not shortened
+    by confirmations and ends with the last-chance ping. On a saturated box (a fleet
+    booting at once) a busy member answers late while its accusers run on time, and their
+    confirmations are no independent evidence. A first join is no such evidence. Costs a
+    member that crashes within this time of such a recovery the maximum window instead of
+    the confirmed one. 0: off (memberlist). Ours."""
+    starved_lag_ms: int = 0
+    """A timer handed back this much after its deadline means this node was itself
+    descheduled (its process starved of CPU or stopped): for one probe interval after, its
+    own health score rises by one (Lifeguard §IV-A: a slow node waits longer before it
+    accuses), and a suspicion that runs out while this node was starved since it began is
+    held to Lifeguard's maximum window, then given the last-chance ping however many
+    confirmed it (a box starved as a whole, such as a fleet starting at once, fails every
+    probe at once, so the confirmations are not independent). 0: off (memberlist). Ours."""
+
     # Faster detection (ours, all off in lan/wan/local, on in fast; measured in
     # simulations/RESULTS.md §9). Each shortens one phase of the detection budget.
     coordinated_probes: bool = False
@@ -281,6 +299,8 @@ class Config:
             "early_probe_conclusion": True,
             "suspicion_cross_checks": 4,
             "confirmed_suspicion_safety_mult": 1,
+            "starved_lag_ms": 250,
+            "recovered_hold_ms": 30_000,
             "gossip_interval_ms": 50,
             "gossip_nodes": 4,
             "gossip_to_the_dead_time_ms": 15_000,

@@ -241,6 +241,9 @@ class NodeStats:
     (``swim.claims``: a real name conflict)."""
     suspicion_timeouts_degraded: int = 0
     suspicion_verifications: int = 0
+    suspicions_held_starved: int = 0
+    """Suspicions held to their maximum window because this node was starved
+    (``starved_lag_ms``)."""
     cross_check_probes: int = 0
     """Probes of a member just heard accused (``Config.suspicion_cross_checks``)."""
     cross_check_probes_failed: int = 0

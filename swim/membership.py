@@ -32,15 +32,7 @@ from swim.context import Context
 from swim.effects import EventKind
 from swim.failed import FailedMembers
 from swim.member_state import MemberState
-from swim.messages import (
-    Address,
-    Alive,
-    Dead,
-    NodeStateType,
-    PushNodeState,
-    Suspect,
-    ip_from_bytes,
-)
+from swim.messages import Address, Alive, Dead, NodeStateType, PushNodeState, Suspect, ip_from_bytes
 from swim.schedule import ProbeRing
 from swim.shared import PushPullDiff
 from swim.suspicion import Suspicion, Suspicions
@@ -270,6 +262,7 @@ class Membership:
             return
         about = About.US if is_local else About.MEMBER
         state = self._members.get(a.node)
+        known = state is not None  # a first join is no recovery (``recovered_hold_ms``)
         if state is None:
             if len(self._members) >= ctx.config.max_members:
                 ctx.drop(DropReason.LIMIT)
@@ -294,7 +287,7 @@ class Membership:
         self._suspicions.cancel(a.node)
         self._broadcast(a.node, a)
         state = self._members.mutable(a.node)
-        old_state, old_meta = state.state, state.meta
+        old_state, old_meta, old_inc = state.state, state.meta, state.incarnation
         if len(a.vsn) >= 6:
             state.vsn = tuple(a.vsn[:6])
         state.incarnation = a.incarnation
@@ -303,6 +296,8 @@ class Membership:
         if state.state != _ALIVE:
             self._set_state(state, _ALIVE, ctx.now_ms)
         self.failed.forget(a.node)
+        if known and (old_state != _ALIVE or (a.incarnation > old_inc and a.meta == old_meta)):
+            self._suspicions.recovered(a.node)  # it refuted an accusation, or came back
         if old_state in (_DEAD, _LEFT):
             ctx.event(EventKind.JOINED, state.snapshot())
         elif old_state == _SUSPECT:
@@ -381,12 +376,17 @@ class Membership:
         return self._suspicions.get(name)
 
     def needs_verify(self, name: str, state_change_ms: int) -> bool:
-        """The suspicion is live and, with ``verify_unconfirmed_suspicion``, has fewer than
-        k confirmations (or k is 0), or any with ``verify_confirmed_suspicion``."""
+        """The suspicion is live and, with ``verify_unconfirmed_suspicion``, unconfirmed (fewer
+        than k, or k is 0), held, or any with ``verify_confirmed_suspicion``."""
         c, live = self._ctx.config, self._live_suspicion(name, state_change_ms)
         if live is None or not c.verify_unconfirmed_suspicion:
             return False
-        return live.unconfirmed or c.verify_confirmed_suspicion
+        return live.unconfirmed or live.held or c.verify_confirmed_suspicion
+
+    def hold_if_starved(self, name: str, state_change_ms: int) -> bool:
+        """``Suspicions.hold_if_starved`` for the live suspicion (``starved_lag_ms``)."""
+        live = self._live_suspicion(name, state_change_ms)
+        return live is not None and self._suspicions.hold_if_starved(name, live, state_change_ms)
 
     def on_suspicion_timeout(self, name: str, state_change_ms: int) -> None:
         suspicion = self._live_suspicion(name, state_change_ms)

@@ -363,6 +363,8 @@ class Node:
         """A timer we asked for is due. One no longer live is ignored; a ``Timer`` that is
         not one of ours (``swim.timers.NodeTimer``) is a driver bug and raises TypeError."""
         self._ctx.begin(now_ms)
+        if not isinstance(timer, GossipTick):  # an idle gossip tick is held back by design
+            self._ctx.awareness.note_timer(timer.deadline_ms, now_ms)
         live = self._ctx.take_timer(timer)
         if live is not None:
             self._on_timer(live)
@@ -422,7 +424,9 @@ class Node:
             case SuspicionTimeout(name=name, state_change_ms=state_change_ms):
                 # A last-chance ping first (its deadline is SuspicionVerify) where the config
                 # asks for one (``Membership.needs_verify``); else the member is dead.
-                if self._members.needs_verify(name, state_change_ms):
+                if self._members.hold_if_starved(name, state_change_ms):
+                    pass  # re-armed for Lifeguard's maximum (``starved_lag_ms``)
+                elif self._members.needs_verify(name, state_change_ms):
                     prober.verify_suspect(name, state_change_ms)
                 else:
                     self._members.on_suspicion_timeout(name, state_change_ms)

@@ -371,8 +371,7 @@ class Prober:
         delta = formulas.probe_failure_awareness_delta(
             probe.expected_nacks if ctx.config.lifeguard_nacks else 0, probe.nacks
         )
-        # Suspect first, then end the probe: a tick that arrived meanwhile starts the next
-        # probe, which must see the suspicion (memberlist runs it after probeNode returns).
+        # Suspect, then end the probe: the next one, which a tick may start, sees the suspicion
         target = self._members.get(probe.target)
         # a probe of an address its name has since left (swim.claims) says nothing of it now
         if target and not target.dead_or_left() and target.address == probe.target_address:
@@ -382,6 +381,7 @@ class Prober:
                 kind, how = "urgent_probe_failed", " (urgent probe)"
             else:
                 kind, how = "probe_failed", ""
+            how += f"; our timers {ctx.awareness.lag_ms} ms late, health {ctx.awareness.score}"
             ctx.notice("info", kind, f"suspect {probe.target} has failed, no acks received{how}")
             self._members.apply_suspect(
                 Suspect(target.incarnation, target.name, self._members.local_name)

@@ -15,6 +15,19 @@ arXiv:1707.00788 §IV-B; docs/design.md §5.3):
   it. Fewer than k confirmations keep Lifeguard's decay and its min.
 - A member has at most one open suspicion; the timer carries the member's
   ``state_change_ms``, so the timer of an earlier suspicion of the same member is stale.
+- Starvation (ours, ``starved_lag_ms``): a suspicion whose timer runs out while this node
+  was itself starved since the suspicion began (``Awareness.starved_since``, from one probe
+  interval before it) is held once, to Lifeguard's maximum window counted from its start,
+  and then goes to the last-chance ping whatever its confirmations: a refutation that a
+  starved box delays, and confirmations from members starved alike, decide nothing.
+- A member that recovered lately (ours, ``recovered_hold_ms``): a suspicion of a member
+  that was suspect, dead or left in our view and came back alive, or came back at a
+  higher incarnation with the same metadata (``recovered``: it refuted an accusation, or
+  restarted) less than that long ago is held from the start,
+  the same way. Such a member has just shown that it is slow, not gone; before a false
+  death on a saturated box it had refuted an earlier accusation in 1,713 of 1,714 cases
+  (docs/design.md §5.7). A first join is no such evidence and keeps the usual windows.
+  Recovery times are kept per name, at most ``max_members`` of them, expired ones first.
 - What happens when the timer fires (a last-chance ping, or death) is ``swim.node``'s and
   ``swim.membership``'s; this module only keeps the clock.
 """
@@ -88,6 +101,10 @@ class Suspicion:
     """Where the window ends once all k confirmations are in (``confirmed_window_ms``)."""
     confirmers: set[str] = field(default_factory=set)
     confirmations: int = 0
+    held: bool = False
+    """Held to max, unshortened by confirmations, then verified: the member recovered from
+    an accusation lately (``recovered_hold_ms``) or this node was starved meanwhile
+    (``hold_if_starved``)."""
 
     @property
     def unconfirmed(self) -> bool:
@@ -101,6 +118,30 @@ class Suspicions:
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
         self._open: dict[str, Suspicion] = {}
+        self._recovered_ms: dict[str, int] = {}
+        """When each member last recovered, for ``recovered_hold_ms`` (bounded: ``recovered``)."""
+
+    def recovered(self, name: str) -> None:
+        """``name``, which we held suspect, dead or left, is alive now, or alive at a higher
+        incarnation with the same metadata (it refuted an accusation, perhaps one we never
+        saw, or it restarted): evidence that it is slow rather than gone."""
+        ctx = self._ctx
+        hold_ms = ctx.config.recovered_hold_ms
+        if not hold_ms:
+            return
+        if len(self._recovered_ms) >= ctx.config.max_members:  # the bound: expired first
+            self._recovered_ms = {
+                n: t for n, t in self._recovered_ms.items() if ctx.now_ms - t < hold_ms
+            }
+            if len(self._recovered_ms) >= ctx.config.max_members:
+                return
+        self._recovered_ms.pop(name, None)
+        self._recovered_ms[name] = ctx.now_ms
+
+    def _recovering(self, name: str) -> bool:
+        recovered_ms = self._recovered_ms.get(name)
+        hold_ms = self._ctx.config.recovered_hold_ms
+        return recovered_ms is not None and self._ctx.now_ms - recovered_ms < hold_ms
 
     def get(self, name: str) -> Suspicion | None:
         return self._open.get(name)
@@ -110,10 +151,11 @@ class Suspicions:
         ctx = self._ctx
         rtt_ms = ctx.rtt.typical_ms
         min_ms, max_ms, k = suspicion_window_ms(ctx.config, n, rtt_ms)
-        timeout_ms = max_ms if k >= 1 else min_ms
+        held = self._recovering(name)
+        timeout_ms = max_ms if k >= 1 or held else min_ms
         timer_id = ctx.set_timer(SuspicionTimeout, timeout_ms, name, state_change_ms)
         confirmed_ms = _confirmed_ms(ctx.config, n, rtt_ms, min_ms) if k else min_ms
-        suspicion = Suspicion(k, min_ms, max_ms, ctx.now_ms, timer_id, confirmed_ms)
+        suspicion = Suspicion(k, min_ms, max_ms, ctx.now_ms, timer_id, confirmed_ms, held=held)
         suspicion.confirmers.add(accuser)
         self._open[name] = suspicion
 
@@ -126,9 +168,25 @@ class Suspicions:
         ctx = self._ctx
         s.confirmers.add(accuser)
         s.confirmations += 1
+        if s.held:  # held to max: confirmations from a starved box do not shorten it
+            return True
         remaining = _remaining_ms(s, ctx.now_ms - s.start_ms)
         ctx.cancel_timer(s.timer_id)
         s.timer_id = ctx.set_timer(SuspicionTimeout, max(remaining, 0), name, state_change_ms)
+        return True
+
+    def hold_if_starved(self, name: str, s: Suspicion, state_change_ms: int) -> bool:
+        """If this node was starved since one probe interval before ``s`` began and it has
+        not been held yet, re-arm its timer for ``start + max`` (at least one probe
+        interval from now) and mark it held; True if it was held."""
+        ctx = self._ctx
+        since_ms = s.start_ms - ctx.config.probe_interval_ms
+        if s.held or not ctx.awareness.starved_since(since_ms):
+            return False
+        s.held = True
+        wait_ms = max(s.start_ms + s.max_ms - ctx.now_ms, ctx.config.probe_interval_ms)
+        s.timer_id = ctx.set_timer(SuspicionTimeout, wait_ms, name, state_change_ms)
+        ctx.stats.suspicions_held_starved += 1
         return True
 
     def cancel(self, name: str) -> None:
@@ -141,6 +199,8 @@ class Suspicions:
         s = self._open.get(name)
         if s is None:
             return None
+        if s.held:
+            return s.start_ms + s.max_ms  # no earlier than its timer (``hold_if_starved``)
         if s.k < 1:
             return s.start_ms + s.min_ms
         return s.start_ms + _remaining_ms(s, 0)

@@ -165,6 +165,7 @@ def test_every_scalar_stat_is_exported() -> None:
         "suspicion_timeouts_degraded": "swim_suspicion_timeouts_degraded_total",
         "urgent_probes_failed": "swim_urgent_probes_failed_total",
         "suspicion_verifications": "swim_suspicion_verifications_total",
+        "suspicions_held_starved": "swim_suspicions_held_starved_total",
         "cross_check_probes": "swim_cross_check_probes_total",
         "cross_check_probes_failed": "swim_cross_check_probes_failed_total",
         "streams_opened": "swim_streams_opened_total",

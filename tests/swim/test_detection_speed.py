@@ -124,7 +124,7 @@ def test_coordinated_probes_follow_the_rotation_of_the_wall_clock_round() -> Non
 def test_a_late_tick_never_repeats_a_round_and_the_dead_leave_the_ring() -> None:
     a = _group(coordinated_probes=True)
     a.receive(addr(30), Suspect(1, "d", "z"), now_ms=10)
-    a.fire(SuspicionTimeout, 10_000)  # unconfirmed: a last-chance ping first
+    a.fire(SuspicionTimeout)  # unconfirmed: a last-chance ping first (at its deadline)
     a.fire(SuspicionVerify)
     assert a.member("d").state == NodeStateType.DEAD
     seen = []
