@@ -70,13 +70,13 @@ checked against torch 2.13 on this machine.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
+from torchhook import formation_wire as wire
 from torchhook.client import JobMember, View
 from torchhook.stores import (
     STORE_CONNECT,
@@ -249,13 +249,8 @@ class FormationOn(Generic[S]):
         token = os.urandom(8).hex()  # rule 1
         store = self.net.serve(self.store_host, timedelta(seconds=self.timeout_s))
         store.set(TOKEN_KEY, token)
-        offer = {
-            "fingerprint": view.fingerprint,
-            "port": store.port,
-            "token": token,
-            "layout": layout.encode(),
-        }
-        directory.set(FORMATION_KEY, json.dumps(offer))
+        offer = wire.Offer(view.fingerprint, store.port, token, layout)
+        directory.set(FORMATION_KEY, wire.encode_offer(offer))
         keys = [info_key(r) for r in range(1, layout.world_size)]
 
         def still_leading() -> str | None:  # rule 8
@@ -271,7 +266,7 @@ class FormationOn(Generic[S]):
                     claims = Wait(store, tuple(keys), poll=True)
                     while not (yield claims):
                         self._check(still_leading, deadline, "every claim")
-                infos = [info, *(_claim_info(raw) for raw in store.multi_get(keys))]
+                infos = [info, *wire.decode_claims([_claim(raw) for raw in store.multi_get(keys)])]
             finally:
                 self._withdraw(directory)  # rule 7: before any plan
             plan = decide(layout, infos)
@@ -285,7 +280,7 @@ class FormationOn(Generic[S]):
             with contextlib.suppress(RuntimeError, OSError):
                 store.set(PLAN_KEY, ERROR_PLAN + str(exc))
             raise
-        store.set(PLAN_KEY, plan.encode())
+        store.set(PLAN_KEY, wire.encode_plan(plan))
         return Agreement(store, token, plan, layout, 0)
 
     def _withdraw(self, directory: S) -> None:
@@ -319,22 +314,22 @@ class FormationOn(Generic[S]):
             if isinstance(exc, Retry):
                 raise
             raise Retry(f"directory of {leader.name}: {exc}") from None
-        layout = Layout.decode(offer["layout"])
+        layout = offer.layout
         try:
             rank = layout.rank_of(node, local_rank)
         except KeyError:
             raise Retry(f"local rank {local_rank} is not in the offered layout") from None
-        store = self.net.connect(leader.addr, int(offer["port"]), "formation store", self.beat)
+        store = self.net.connect(leader.addr, offer.port, "formation store", self.beat)
         try:
             store.set_timeout(timedelta(seconds=self.timeout_s))
-            if read(store, TOKEN_KEY) != str(offer["token"]).encode():  # rule 4
-                raise Retry(f"stale offer {offer['fingerprint']}: its store runs another formation")
-            claim = f"{self.nonce}\n{info.encode()}"
+            if read(store, TOKEN_KEY) != offer.token.encode():  # rule 4
+                raise Retry(f"stale offer {offer.fingerprint}: its store runs another formation")
+            claim = f"{self.nonce}\n{wire.encode_claim(info)}"
             held = store.compare_set(info_key(rank), "", claim)
             if held != claim.encode():  # rule 5
                 raise ValueError(
                     f"rank {rank} ({node} local rank {local_rank}) of formation "
-                    f"{offer['fingerprint']} is claimed by another process: two trainers "
+                    f"{offer.fingerprint} is claimed by another process: two trainers "
                     "were started with the same LOCAL_RANK"
                 )
             # committed (rule 6): the plan, whatever our own view says meanwhile
@@ -343,10 +338,10 @@ class FormationOn(Generic[S]):
         except (RuntimeError, OSError) as exc:
             raise Retry(f"formation store: {exc}") from None
         if raw is None or raw == RETRY_PLAN.encode():
-            raise Retry(f"the leader abandoned formation {offer['fingerprint']}")
+            raise Retry(f"the leader abandoned formation {offer.fingerprint}")
         if raw.startswith(ERROR_PLAN.encode()):
             raise ValueError(raw[len(ERROR_PLAN) :].decode())
-        return Agreement(store, str(offer["token"]), Plan.decode(raw), layout, rank)
+        return Agreement(store, offer.token, wire.decode_plan(raw), layout, rank)
 
     def _offer_for(
         self,
@@ -355,15 +350,13 @@ class FormationOn(Generic[S]):
         abandon: Callable[[], str | None],
         deadline: float,
         leader: JobMember,
-    ) -> Generator[Wait[S], bool, dict[str, Any]]:
+    ) -> Generator[Wait[S], bool, wire.Offer]:
         """The leader's current offer, once it lists this node's registration (rule 3)."""
         what = f"a formation led by {leader.name}"
         while True:
             yield from self._await(directory, [FORMATION_KEY], abandon, deadline, what)
-            offer = _parse_offer(read(directory, FORMATION_KEY) or b"")  # None: withdrawn
-            if offer is not None and [me.name, me.registered_ms] in [
-                n[:2] for n in offer["layout"]
-            ]:
+            offer = _parse_offer(read(directory, FORMATION_KEY))  # None: withdrawn
+            if offer is not None and (me.name, me.registered_ms) in offer.layout.ids:
                 return offer
             # not for us (yet): look again shortly, without writing anything
             if not (yield Wait(directory, ())):
@@ -443,14 +436,17 @@ class Formation(FormationOn["TCPStore"]):
         )
 
 
-def _parse_offer(raw: bytes) -> dict[str, Any] | None:
-    try:
-        offer = json.loads(raw) if raw else None
-    except ValueError:
+def _parse_offer(raw: bytes | None) -> wire.Offer | None:
+    """The offer in a directory; None when there is none, or when it does not decode (a
+    torchhook of another version leads: this rank cannot join it, and waits)."""
+    if not raw:
         return None
-    return offer if isinstance(offer, dict) and "layout" in offer else None
+    try:
+        return wire.decode_offer(raw)
+    except wire.WireError:
+        return None
 
 
-def _claim_info(raw: bytes) -> RankInfo:
-    """A claim is ``<nonce>\\n<RankInfo>`` (rule 5)."""
-    return RankInfo.decode(raw.split(b"\n", 1)[1])
+def _claim(raw: bytes) -> bytes:
+    """A claim is ``<nonce>\\n<RankInfo record>`` (rule 5): the record."""
+    return raw.partition(b"\n")[2]

@@ -34,7 +34,8 @@ from torchhook.formation import (
     Wait,
     info_key,
 )
-from torchhook.strategy import Layout, Plan, RankInfo, decide
+from torchhook.formation_wire import Offer, decode_plan, encode_offer
+from torchhook.strategy import Layout, Node, Plan, RankInfo, decide
 
 TIMEOUT_S = 5.0
 SLICE_S = WAIT_SLICE.total_seconds()
@@ -537,8 +538,8 @@ def test_an_offer_for_an_older_registration_of_this_node_is_not_joined() -> None
 def _plant_offer(c: Cluster, port: int, token: str) -> None:
     directory = c.ranks["a/0"].formation.directory
     assert directory is not None
-    offer = {"fingerprint": "old", "port": port, "token": token, "layout": [["b", 200, 2]]}
-    directory.set(FORMATION_KEY, json.dumps(offer))
+    offer = Offer("old", port, token, Layout((Node("b", 200, 2),)))
+    directory.set(FORMATION_KEY, encode_offer(offer))
 
 
 def test_an_offer_whose_port_serves_another_formation_is_stale() -> None:
@@ -734,5 +735,5 @@ def test_ranks_agree_on_real_tcp_stores() -> None:
     assert formations["a", 0].directory is not None
     assert not formations["a", 0].directory.check([FORMATION_KEY])  # withdrawn
     store = results["a", 0].store
-    assert store.get(PLAN_KEY) == results["b", 1].plan.encode().encode()
+    assert decode_plan(store.get(PLAN_KEY)) == results["b", 1].plan
     assert store.check([info_key(3)])
