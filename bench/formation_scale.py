@@ -284,10 +284,8 @@ def decode_once() -> None:
     hosts at once, but here on one interpreter lock, one rank after another. This
     memoizes those decodes (in this process only), to show what the exchange costs
     without that serialised work."""
-    cached_plan = functools.lru_cache(maxsize=16)(wire.decode_plan)
-    cached_offer = functools.lru_cache(maxsize=16)(wire.decode_offer)
-    wire.decode_plan = lambda raw: cached_plan(bytes(raw))  # type: ignore[assignment]
-    wire.decode_offer = lambda raw: cached_offer(bytes(raw))  # type: ignore[assignment]
+    wire.decode_plan = functools.lru_cache(maxsize=16)(wire.decode_plan)
+    wire.decode_offer = functools.lru_cache(maxsize=16)(wire.decode_offer)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -139,10 +139,18 @@ def read(store: Store, key: str) -> bytes | None:
     return None if raw == ABSENT.encode() else raw
 
 
+Ready = bool | bytes
+"""What a ``Wait`` resumes with: False after a slice without its keys, else True (a
+``poll``) or the value of its one key (a follower's wait; see ``Wait``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Wait(Generic[S]):
-    """One step of ``Formation.steps``: resume with True once ``keys`` are all in
-    ``store``, or with False after a slice without them; no keys: a pause of ``POLL_S``."""
+    """One step of ``Formation.steps``. A follower waits for one key and resumes with its
+    value once it is there (one request that waits and reads: TCPStore's ``get``, so a
+    rank resumes once per key it waits for instead of twice; b"" if the key was deleted
+    in between), or with False after a slice without it. ``poll``: resume with True once
+    ``keys`` are all in ``store``. No keys: a pause of ``POLL_S``, resumed with False."""
 
     store: S
     keys: tuple[str, ...]
@@ -227,7 +235,7 @@ class FormationOn(Generic[S]):
         local_rank: int,
         info: RankInfo,
         decide: Callable[[Layout, list[RankInfo]], Plan],
-    ) -> Generator[Wait[S], bool, Agreement[S]]:
+    ) -> Generator[Wait[S], Ready, Agreement[S]]:
         """``agree`` one wait at a time: yields each ``Wait``; a store error during it is
         thrown back in (``generator.throw``)."""
         deadline = self.clock.monotonic() + self.timeout_s
@@ -241,7 +249,7 @@ class FormationOn(Generic[S]):
         info: RankInfo,
         decide: Callable[[Layout, list[RankInfo]], Plan],
         deadline: float,
-    ) -> Generator[Wait[S], bool, Agreement[S]]:
+    ) -> Generator[Wait[S], Ready, Agreement[S]]:
         directory = self.directory
         if directory is None:
             raise Retry("only local rank 0 leads")
@@ -290,7 +298,7 @@ class FormationOn(Generic[S]):
 
     def _follow(
         self, view: View, node: str, local_rank: int, info: RankInfo, deadline: float
-    ) -> Generator[Wait[S], bool, Agreement[S]]:
+    ) -> Generator[Wait[S], Ready, Agreement[S]]:
         """Join the formation that the oldest node of our view leads, on *its* view."""
         leader = view.members[0]
         me = view.member(node)
@@ -333,8 +341,9 @@ class FormationOn(Generic[S]):
                     "were started with the same LOCAL_RANK"
                 )
             # committed (rule 6): the plan, whatever our own view says meanwhile
-            yield from self._await(store, [PLAN_KEY], lambda: None, deadline, "the plan")
-            raw = read(store, PLAN_KEY)
+            op_timeout = timedelta(seconds=self.timeout_s)
+            raw = yield from self._fetch(store, PLAN_KEY, lambda: None, deadline, "the plan")
+            store.set_timeout(op_timeout)  # the process group's store from here on
         except (RuntimeError, OSError) as exc:
             raise Retry(f"formation store: {exc}") from None
         if raw is None or raw == RETRY_PLAN.encode():
@@ -350,29 +359,35 @@ class FormationOn(Generic[S]):
         abandon: Callable[[], str | None],
         deadline: float,
         leader: JobMember,
-    ) -> Generator[Wait[S], bool, wire.Offer]:
+    ) -> Generator[Wait[S], Ready, wire.Offer]:
         """The leader's current offer, once it lists this node's registration (rule 3)."""
         what = f"a formation led by {leader.name}"
         while True:
-            yield from self._await(directory, [FORMATION_KEY], abandon, deadline, what)
-            offer = _parse_offer(read(directory, FORMATION_KEY))  # None: withdrawn
+            raw = yield from self._fetch(directory, FORMATION_KEY, abandon, deadline, what)
+            directory.set_timeout(DIRECTORY_OP)
+            offer = _parse_offer(raw)  # None: withdrawn
             if offer is not None and (me.name, me.registered_ms) in offer.layout.ids:
                 return offer
             # not for us (yet): look again shortly, without writing anything
             if not (yield Wait(directory, ())):
                 self._check(abandon, deadline, what)
 
-    def _await(
+    def _fetch(
         self,
         store: S,
-        keys: Sequence[str],
+        key: str,
         abandon: Callable[[], str | None],
         deadline: float,
         what: str,
-    ) -> Generator[Wait[S], bool, None]:
-        wait = Wait(store, tuple(keys))
-        while not (yield wait):
+    ) -> Generator[Wait[S], Ready, bytes | None]:
+        """``key``'s value once it is there (None: deleted meanwhile). The waits leave the
+        store's operation timeout at ``WAIT_SLICE``: the caller sets its own again."""
+        wait = Wait(store, (key,))
+        while (ready := (yield wait)) is False:
             self._check(abandon, deadline, what)
+        if not isinstance(ready, bytes):
+            raise TypeError(f"a wait for {key} resumed without its value")
+        return ready or None
 
     def _check(self, abandon: Callable[[], str | None], deadline: float, what: str) -> None:
         why = abandon()
@@ -381,7 +396,7 @@ class FormationOn(Generic[S]):
         if self.clock.monotonic() > deadline:
             raise Retry(f"timed out waiting for {what}", unreachable=True)
 
-    def _wait(self, wait: Wait[S]) -> bool:
+    def _wait(self, wait: Wait[S]) -> Ready:
         """One wait on real stores (rule 10); store errors other than a slice that ran out
         propagate (``agree`` throws them into the steps)."""
         self.beat()
@@ -391,12 +406,14 @@ class FormationOn(Generic[S]):
             self.clock.sleep(POLL_S)
             return False
         try:
-            wait.store.wait(list(wait.keys), WAIT_SLICE)
+            # TCPStore's get: a server-side wait of at most the store's timeout, then the
+            # read, in one call
+            wait.store.set_timeout(WAIT_SLICE)
+            return wait.store.get(wait.keys[0])
         except (RuntimeError, OSError) as exc:
             if self.net.timed_out(exc):
                 return False
             raise
-        return True
 
     def _directory_of(self, addr: str, port: int) -> S:
         client = self._dir_clients.get((addr, port))

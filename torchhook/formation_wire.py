@@ -40,6 +40,7 @@ import binascii
 import struct
 from dataclasses import dataclass
 from itertools import accumulate, repeat
+from typing import Any
 
 from torchhook.strategy import ACTIONS, RESTORES, Layout, Node, Plan, RankInfo
 
@@ -172,7 +173,9 @@ class _Reader:
     def __init__(self, raw: bytes | str, kind: bytes) -> None:
         self.what = _KINDS[kind]
         if len(raw) > MAX_RECORD_CHARS:
-            raise WireError(f"formation {self.what}: {len(raw)} characters, over {MAX_RECORD_CHARS}")
+            raise WireError(
+                f"formation {self.what}: {len(raw)} characters, over {MAX_RECORD_CHARS}"
+            )
         try:
             self.buf = binascii.a2b_base64(raw, strict_mode=True)
         except (binascii.Error, ValueError):
@@ -187,9 +190,9 @@ class _Reader:
                 f"{VERSION}: every node of a job must run the same torchhook"
             )
 
-    def take(self, fmt: struct.Struct) -> tuple[int, ...]:
+    def take(self, fmt: struct.Struct) -> tuple[Any, ...]:
         try:
-            values: tuple[int, ...] = fmt.unpack_from(self.buf, self.at)
+            values: tuple[Any, ...] = fmt.unpack_from(self.buf, self.at)
         except struct.error:
             raise WireError(f"formation {self.what}: truncated at byte {self.at}") from None
         self.at += fmt.size
@@ -242,7 +245,7 @@ class _Reader:
         names = list(map(joined.__getitem__, map(slice, [0, *ends], ends)))
         if not all(names):
             raise WireError(f"formation {self.what}: a node with an empty name")
-        return Layout(tuple(map(tuple.__new__, repeat(Node), zip(names, regs, ranks))))
+        return Layout(tuple(map(tuple.__new__, repeat(Node), zip(names, regs, ranks, strict=True))))
 
     def end(self) -> None:
         if self.at != len(self.buf):

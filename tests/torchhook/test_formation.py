@@ -11,7 +11,6 @@ the module docstring it checks; the last one runs the same steps on real TCPStor
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
@@ -226,7 +225,7 @@ class MemNet:
 Result = Any  # an Agreement, or the exception a rank's steps ended with
 
 
-Steps = Generator[Wait[MemStore], bool, Any]
+Steps = Generator[Wait[MemStore], bool | bytes, Any]
 
 
 class Scheduler:
@@ -282,7 +281,9 @@ class Scheduler:
                 self._resume(name, steps, lambda s=steps, e=error: s.throw(e))  # type: ignore[misc]
                 moved = True
             elif not server.stopped and all(k in server.data for k in wait.keys):
-                self._resume(name, steps, lambda s=steps: s.send(True))  # type: ignore[misc]
+                # a follower's wait reads its key (one op: TCPStore's get); a poll does not
+                ready = True if wait.poll else (lambda w=wait: w.store.get(w.keys[0]))
+                self._resume(name, steps, lambda s=steps, r=ready: s.send(r if r is True else r()))  # type: ignore[misc]
                 moved = True
         return moved
 

@@ -10,7 +10,6 @@ from torchhook.strategy import (
     TEARDOWN,
     Layout,
     Node,
-    Plan,
     RankInfo,
     decide,
     lost_peers,
