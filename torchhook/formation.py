@@ -49,9 +49,12 @@ store with every rank's real steps interleaved):
 10. **Waiting.** A follower's waits are server-side store waits of at most
     ``WAIT_SLICE`` (no polling: n ranks cost the leader's stores O(n) requests per
     formation); the leader checks for all the claims in one request every ``POLL_S`` (so
-    it notices a view change at once) and reads them in one ``multi_get``. A key is read
-    in one request that never waits (``read``; a TCPStore ``get`` waits first: two).
-    Between waits a rank heartbeats and rechecks its view and deadline.
+    it notices a view change at once) and reads them in one ``multi_get``. A follower
+    waits for the offer and the plan with TCPStore's ``get`` (a wait of at most
+    ``WAIT_SLICE``, then the read, in one call: four calls per follower, six requests); a
+    key that must not be waited for is read in one request (``read``). Between waits a
+    rank heartbeats and rechecks its view and deadline. The records are
+    ``torchhook.formation_wire``'s: packed integers, cheap for every rank to decode.
 11. **Connecting** gives up after ``STORE_CONNECT`` (``torchhook.stores.connect_store``:
     a stopped peer's kernel still accepts connections) and retries through the view, which
     by then has dropped the stopped leader.
@@ -63,8 +66,9 @@ satisfies (``Formation``, what the trainers use, is ``FormationOn`` over a ``Tcp
 ``Net`` with a fake clock.
 
 Sources: PyTorch's ``torch/csrc/distributed/c10d/TCPStore.cpp`` (``compare_set`` on a
-missing key, ``wait`` with a timeout and its cancellation, ``get`` as a wait and a read),
-checked against torch 2.13 on this machine.
+missing key, ``wait`` with a timeout and its cancellation, ``get`` as a wait and a read)
+and ``TCPStoreLibUvBackend.cpp`` (the default server: a ``get`` of a key deleted after the
+wait answers an empty value), checked against torch 2.13 on this machine.
 """
 
 from __future__ import annotations
@@ -454,12 +458,15 @@ class Formation(FormationOn["TCPStore"]):
 
 
 def _parse_offer(raw: bytes | None) -> wire.Offer | None:
-    """The offer in a directory; None when there is none, or when it does not decode (a
-    torchhook of another version leads: this rank cannot join it, and waits)."""
+    """The offer in a directory; None when there is none or it does not decode (this rank
+    waits for the next one). An offer of another wire version raises ``WireVersionError``
+    (a ``ValueError``: the job stops saying that its nodes run different torchhooks)."""
     if not raw:
         return None
     try:
         return wire.decode_offer(raw)
+    except wire.WireVersionError:
+        raise
     except wire.WireError:
         return None
 

@@ -50,6 +50,7 @@ __all__ = [
     "VERSION",
     "Offer",
     "WireError",
+    "WireVersionError",
     "decode_claim",
     "decode_claims",
     "decode_offer",
@@ -82,6 +83,10 @@ _KINDS = {_OFFER: "offer", _CLAIM: "claim", _PLAN: "plan"}
 class WireError(ValueError):
     """Bytes that are not the formation record they should be (truncated, corrupted, from
     another torchhook version, or not a record at all)."""
+
+
+class WireVersionError(WireError):
+    """A record of another wire version: a job whose nodes run different torchhooks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +190,7 @@ class _Reader:
         if tag != kind:
             raise WireError(f"formation {self.what}: a record of kind {tag!r}")
         if version != VERSION:
-            raise WireError(
+            raise WireVersionError(
                 f"formation {self.what} of wire version {version}; this torchhook reads "
                 f"{VERSION}: every node of a job must run the same torchhook"
             )

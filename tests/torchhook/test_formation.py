@@ -11,6 +11,7 @@ the module docstring it checks; the last one runs the same steps on real TCPStor
 
 from __future__ import annotations
 
+import base64
 import threading
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from torchhook.formation import (
     Wait,
     info_key,
 )
-from torchhook.formation_wire import Offer, decode_plan, encode_offer
+from torchhook.formation_wire import VERSION, Offer, WireVersionError, decode_plan, encode_offer
 from torchhook.strategy import Layout, Node, Plan, RankInfo, decide
 
 TIMEOUT_S = 5.0
@@ -561,6 +562,25 @@ def test_an_offer_whose_store_is_gone_is_stale() -> None:
     _plant_offer(c, 4242, "ours")
     results = c.form("b/1")
     assert retried(results, ["b/1"], "connection refused") and results["b/1"].unreachable
+
+
+def test_an_offer_of_another_torchhook_version_stops_the_follower() -> None:
+    """An offer of another wire version (the leader runs another torchhook): the follower
+    raises ``WireVersionError`` (a ``ValueError``: the job stops) at once, having written
+    nothing; an offer that does not decode at all is not joined (rule 3)."""
+    c = three_by_two()
+    directory = c.ranks["a/0"].formation.directory
+    assert directory is not None
+    offer = Offer("new", 4242, "t", Layout((Node("b", 200, 2),)))
+    raw = bytearray(base64.b64decode(encode_offer(offer)))
+    raw[1] = VERSION + 1
+    directory.set(FORMATION_KEY, base64.b64encode(raw).decode())
+    results = c.form("b/1")
+    assert isinstance(results["b/1"], WireVersionError) and c.world.now == 0
+    directory.set(FORMATION_KEY, "garbage")
+    results = c.form("b/1")
+    assert retried(results, ["b/1"], "timed out waiting for a formation")
+    assert writers(c, directory.port) == {"a/0"}
 
 
 def test_a_node_leaving_the_leaders_view_makes_it_publish_retry() -> None:

@@ -16,6 +16,7 @@ from torchhook.formation_wire import (
     MAX_TEXT_BYTES,
     Offer,
     WireError,
+    WireVersionError,
     decode_claim,
     decode_claims,
     decode_offer,
@@ -96,7 +97,7 @@ def test_a_record_of_another_kind_or_version_is_refused() -> None:
         decode_plan(encode_offer(OFFER))
     raw = bytearray(base64.b64decode(encode_plan(PLAN)))
     raw[1] = 2
-    with pytest.raises(WireError, match="same torchhook"):
+    with pytest.raises(WireVersionError, match="same torchhook"):
         decode_plan(base64.b64encode(raw))
 
 
