@@ -16,8 +16,8 @@ fits the stores' ``str`` values and never collides with the plan's ``retry`` and
   must run the same torchhook;
 - text (a name, a token, a fingerprint): u16 length in bytes, then utf-8;
 - a layout: u16 node count ``n``, ``n`` × i64 ``registered_ms``, ``n`` × u16 local ranks,
-  ``n`` × u16 name lengths in characters, then the names' concatenation in utf-8 (one
-  decode, sliced);
+  then the names in utf-8, each ended by a NUL (one decode, one split; a name that is
+  empty or holds a NUL is refused when encoding);
 - a rank list: u32 count, then that many u32 ranks;
 - offer: u16 port, text fingerprint, text token, layout;
 - claim (``RankInfo``): text group, i64 step, u8 flags (1: has state, 2: a layout
@@ -30,7 +30,8 @@ below, and that nothing trails the record: hostile, truncated or foreign bytes r
 ``WireError`` (a ``ValueError``) naming the record, never ``struct.error`` or an
 ``IndexError``, and never allocate more than the bytes received allow.
 
-Sources: Python's ``struct`` and ``base64`` (``b64decode(validate=True)``) documentation.
+Sources: the documentation of Python's ``struct`` and ``binascii`` (``a2b_base64`` with
+``strict_mode``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import base64
 import binascii
 import struct
 from dataclasses import dataclass
-from itertools import accumulate, repeat
+from itertools import repeat
 from typing import Any
 
 from torchhook.strategy import ACTIONS, RESTORES, Layout, Node, Plan, RankInfo
@@ -47,6 +48,7 @@ from torchhook.strategy import ACTIONS, RESTORES, Layout, Node, Plan, RankInfo
 __all__ = [
     "MAX_RECORD_CHARS",
     "MAX_TEXT_BYTES",
+    "NAME_END",
     "VERSION",
     "Offer",
     "WireError",
@@ -63,6 +65,8 @@ __all__ = [
 VERSION = 1
 MAX_TEXT_BYTES = 1024
 """A node name, token or fingerprint: node names are a few dozen bytes, tokens 16."""
+NAME_END = "\x00"
+"""Ends each of a layout's node names (a name holding one cannot be encoded)."""
 MAX_RECORD_CHARS = 16 << 20
 """The longest record decoded, in base64 characters; a longer value is refused before it is
 decoded. Far above any job: a 4,096-node layout with 64-byte names is ~400 KB, and a plan
@@ -157,14 +161,15 @@ def _put_layout(out: bytearray, layout: Layout) -> None:
     nodes = layout.nodes
     n = len(nodes)
     names = [node.name for node in nodes]
+    for name in names:
+        if not name or "\x00" in name or len(name.encode()) > MAX_TEXT_BYTES:
+            raise WireError(
+                f"node name {name[:40]!r}: empty, with a NUL, or over {MAX_TEXT_BYTES} bytes"
+            )
     out += _checked(_U16, "node count", n)
     out += _checked(struct.Struct(f"<{n}q"), "registered_ms", *(x.registered_ms for x in nodes))
     out += _checked(struct.Struct(f"<{n}H"), "local ranks", *(x.ranks for x in nodes))
-    out += _checked(struct.Struct(f"<{n}H"), "node name lengths", *map(len, names))
-    joined = "".join(names).encode()
-    if len(joined) > n * MAX_TEXT_BYTES:
-        raise WireError(f"node names longer than {MAX_TEXT_BYTES} bytes in {names}")
-    out += joined
+    out += "".join(name + NAME_END for name in names).encode()
 
 
 # ---------------------------------------------------------------- decoding
@@ -238,18 +243,13 @@ class _Reader:
         (n,) = self.take(_U16)
         regs = self.ints("q", n)
         ranks = self.ints("H", n)
-        lengths = self.ints("H", n)
         if n and min(ranks) < 1:
             raise WireError(f"formation {self.what}: a node with no local ranks")
-        joined = self._utf8(self.raw(len(self.buf) - self.at))
-        ends = list(accumulate(lengths))
-        if (ends[-1] if ends else 0) != len(joined):
-            raise WireError(f"formation {self.what}: node names do not match their lengths")
-        # C loops only (a slice per name, a tuple per node): this runs once per rank and
-        # formation for every node of the job
-        names = list(map(joined.__getitem__, map(slice, [0, *ends], ends)))
-        if not all(names):
-            raise WireError(f"formation {self.what}: a node with an empty name")
+        rest = self._utf8(self.raw(len(self.buf) - self.at))
+        # one split in C: this runs once per rank and formation for every node of the job
+        names = rest.split(NAME_END)
+        if len(names) != n + 1 or names.pop() or not all(names) or len(rest) > n * MAX_TEXT_BYTES:
+            raise WireError(f"formation {self.what}: {n} node names expected, got {rest[:80]!r}")
         return Layout(tuple(map(tuple.__new__, repeat(Node), zip(names, regs, ranks, strict=True))))
 
     def end(self) -> None:

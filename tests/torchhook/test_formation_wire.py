@@ -119,5 +119,8 @@ def test_values_that_do_not_fit_are_refused_when_encoding() -> None:
         encode_offer(Offer("fp", 70000, "t", SMALL))
     with pytest.raises(WireError, match="ranks"):
         encode_plan(Plan("reform", (), 0, "fresh", 0, receivers=(-1,)))
+    for name in ("a\x00b", ""):
+        with pytest.raises(WireError, match="NUL"):
+            encode_offer(Offer("fp", 1, "t", Layout((Node(name, 1, 2),))))
     with pytest.raises(WireError, match="local ranks"):
         encode_offer(Offer("fp", 1, "t", Layout((Node("a", 1, 70000),))))
