@@ -45,7 +45,7 @@ from typing import Any
 from torch._C._distributed_c10d import TCPStore
 
 from bench import results
-from torchhook import formation
+from torchhook import formation_wire as wire
 from torchhook.client import JobMember, View
 from torchhook.formation import Agreement, FormationOn
 from torchhook.stores import TcpNet
@@ -280,17 +280,12 @@ def check(results: list[Any]) -> str:
 
 def decode_once() -> None:
     """Every rank decodes the same offer (its layout lists every node) and the same plan
-    (its receivers list every rank): O(n) work per rank, which on a cluster runs on n
+    (its receivers may list every rank): O(n) work per rank, which on a cluster runs on n
     hosts at once, but here on one interpreter lock, one rank after another. This
     memoizes those decodes (in this process only), to show what the exchange costs
     without that serialised work."""
-    plan_decode, layout_decode, parse_offer = Plan.decode, Layout.decode, formation._parse_offer
-    cached_plan = functools.lru_cache(maxsize=16)(plan_decode)
-    cached_offer = functools.lru_cache(maxsize=16)(parse_offer)
-    cached_layout = functools.lru_cache(maxsize=16)(lambda text: layout_decode(json.loads(text)))
-    Plan.decode = lambda raw: cached_plan(bytes(raw))  # type: ignore[method-assign]
-    Layout.decode = lambda raw: cached_layout(json.dumps(raw))  # type: ignore[method-assign]
-    formation._parse_offer = lambda raw: cached_offer(bytes(raw))
+    wire.decode_plan = functools.lru_cache(maxsize=16)(wire.decode_plan)
+    wire.decode_offer = functools.lru_cache(maxsize=16)(wire.decode_offer)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,9 +49,12 @@ store with every rank's real steps interleaved):
 10. **Waiting.** A follower's waits are server-side store waits of at most
     ``WAIT_SLICE`` (no polling: n ranks cost the leader's stores O(n) requests per
     formation); the leader checks for all the claims in one request every ``POLL_S`` (so
-    it notices a view change at once) and reads them in one ``multi_get``. A key is read
-    in one request that never waits (``read``; a TCPStore ``get`` waits first: two).
-    Between waits a rank heartbeats and rechecks its view and deadline.
+    it notices a view change at once) and reads them in one ``multi_get``. A follower
+    waits for the offer and the plan with TCPStore's ``get`` (a wait of at most
+    ``WAIT_SLICE``, then the read, in one call: four calls per follower, six requests); a
+    key that must not be waited for is read in one request (``read``). Between waits a
+    rank heartbeats and rechecks its view and deadline. The records are
+    ``torchhook.formation_wire``'s: packed integers, cheap for every rank to decode.
 11. **Connecting** gives up after ``STORE_CONNECT`` (``torchhook.stores.connect_store``:
     a stopped peer's kernel still accepts connections) and retries through the view, which
     by then has dropped the stopped leader.
@@ -63,20 +66,21 @@ satisfies (``Formation``, what the trainers use, is ``FormationOn`` over a ``Tcp
 ``Net`` with a fake clock.
 
 Sources: PyTorch's ``torch/csrc/distributed/c10d/TCPStore.cpp`` (``compare_set`` on a
-missing key, ``wait`` with a timeout and its cancellation, ``get`` as a wait and a read),
-checked against torch 2.13 on this machine.
+missing key, ``wait`` with a timeout and its cancellation, ``get`` as a wait and a read)
+and ``TCPStoreLibUvBackend.cpp`` (the default server: a ``get`` of a key deleted after the
+wait answers an empty value), checked against torch 2.13 on this machine.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
+from torchhook import formation_wire as wire
 from torchhook.client import JobMember, View
 from torchhook.stores import (
     STORE_CONNECT,
@@ -139,10 +143,18 @@ def read(store: Store, key: str) -> bytes | None:
     return None if raw == ABSENT.encode() else raw
 
 
+Ready = bool | bytes
+"""What a ``Wait`` resumes with: False after a slice without its keys, else True (a
+``poll``) or the value of its one key (a follower's wait; see ``Wait``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Wait(Generic[S]):
-    """One step of ``Formation.steps``: resume with True once ``keys`` are all in
-    ``store``, or with False after a slice without them; no keys: a pause of ``POLL_S``."""
+    """One step of ``Formation.steps``. A follower waits for one key and resumes with its
+    value once it is there (one request that waits and reads: TCPStore's ``get``, so a
+    rank resumes once per key it waits for instead of twice; b"" if the key was deleted
+    in between), or with False after a slice without it. ``poll``: resume with True once
+    ``keys`` are all in ``store``. No keys: a pause of ``POLL_S``, resumed with False."""
 
     store: S
     keys: tuple[str, ...]
@@ -227,7 +239,7 @@ class FormationOn(Generic[S]):
         local_rank: int,
         info: RankInfo,
         decide: Callable[[Layout, list[RankInfo]], Plan],
-    ) -> Generator[Wait[S], bool, Agreement[S]]:
+    ) -> Generator[Wait[S], Ready, Agreement[S]]:
         """``agree`` one wait at a time: yields each ``Wait``; a store error during it is
         thrown back in (``generator.throw``)."""
         deadline = self.clock.monotonic() + self.timeout_s
@@ -241,7 +253,7 @@ class FormationOn(Generic[S]):
         info: RankInfo,
         decide: Callable[[Layout, list[RankInfo]], Plan],
         deadline: float,
-    ) -> Generator[Wait[S], bool, Agreement[S]]:
+    ) -> Generator[Wait[S], Ready, Agreement[S]]:
         directory = self.directory
         if directory is None:
             raise Retry("only local rank 0 leads")
@@ -249,13 +261,8 @@ class FormationOn(Generic[S]):
         token = os.urandom(8).hex()  # rule 1
         store = self.net.serve(self.store_host, timedelta(seconds=self.timeout_s))
         store.set(TOKEN_KEY, token)
-        offer = {
-            "fingerprint": view.fingerprint,
-            "port": store.port,
-            "token": token,
-            "layout": layout.encode(),
-        }
-        directory.set(FORMATION_KEY, json.dumps(offer))
+        offer = wire.Offer(view.fingerprint, store.port, token, layout)
+        directory.set(FORMATION_KEY, wire.encode_offer(offer))
         keys = [info_key(r) for r in range(1, layout.world_size)]
 
         def still_leading() -> str | None:  # rule 8
@@ -271,7 +278,7 @@ class FormationOn(Generic[S]):
                     claims = Wait(store, tuple(keys), poll=True)
                     while not (yield claims):
                         self._check(still_leading, deadline, "every claim")
-                infos = [info, *(_claim_info(raw) for raw in store.multi_get(keys))]
+                infos = [info, *wire.decode_claims([_claim(raw) for raw in store.multi_get(keys)])]
             finally:
                 self._withdraw(directory)  # rule 7: before any plan
             plan = decide(layout, infos)
@@ -285,7 +292,7 @@ class FormationOn(Generic[S]):
             with contextlib.suppress(RuntimeError, OSError):
                 store.set(PLAN_KEY, ERROR_PLAN + str(exc))
             raise
-        store.set(PLAN_KEY, plan.encode())
+        store.set(PLAN_KEY, wire.encode_plan(plan))
         return Agreement(store, token, plan, layout, 0)
 
     def _withdraw(self, directory: S) -> None:
@@ -295,7 +302,7 @@ class FormationOn(Generic[S]):
 
     def _follow(
         self, view: View, node: str, local_rank: int, info: RankInfo, deadline: float
-    ) -> Generator[Wait[S], bool, Agreement[S]]:
+    ) -> Generator[Wait[S], Ready, Agreement[S]]:
         """Join the formation that the oldest node of our view leads, on *its* view."""
         leader = view.members[0]
         me = view.member(node)
@@ -319,34 +326,35 @@ class FormationOn(Generic[S]):
             if isinstance(exc, Retry):
                 raise
             raise Retry(f"directory of {leader.name}: {exc}") from None
-        layout = Layout.decode(offer["layout"])
+        layout = offer.layout
         try:
             rank = layout.rank_of(node, local_rank)
         except KeyError:
             raise Retry(f"local rank {local_rank} is not in the offered layout") from None
-        store = self.net.connect(leader.addr, int(offer["port"]), "formation store", self.beat)
+        store = self.net.connect(leader.addr, offer.port, "formation store", self.beat)
         try:
             store.set_timeout(timedelta(seconds=self.timeout_s))
-            if read(store, TOKEN_KEY) != str(offer["token"]).encode():  # rule 4
-                raise Retry(f"stale offer {offer['fingerprint']}: its store runs another formation")
-            claim = f"{self.nonce}\n{info.encode()}"
+            if read(store, TOKEN_KEY) != offer.token.encode():  # rule 4
+                raise Retry(f"stale offer {offer.fingerprint}: its store runs another formation")
+            claim = f"{self.nonce}\n{wire.encode_claim(info)}"
             held = store.compare_set(info_key(rank), "", claim)
             if held != claim.encode():  # rule 5
                 raise ValueError(
                     f"rank {rank} ({node} local rank {local_rank}) of formation "
-                    f"{offer['fingerprint']} is claimed by another process: two trainers "
+                    f"{offer.fingerprint} is claimed by another process: two trainers "
                     "were started with the same LOCAL_RANK"
                 )
             # committed (rule 6): the plan, whatever our own view says meanwhile
-            yield from self._await(store, [PLAN_KEY], lambda: None, deadline, "the plan")
-            raw = read(store, PLAN_KEY)
+            op_timeout = timedelta(seconds=self.timeout_s)
+            raw = yield from self._fetch(store, PLAN_KEY, lambda: None, deadline, "the plan")
+            store.set_timeout(op_timeout)  # the process group's store from here on
         except (RuntimeError, OSError) as exc:
             raise Retry(f"formation store: {exc}") from None
         if raw is None or raw == RETRY_PLAN.encode():
-            raise Retry(f"the leader abandoned formation {offer['fingerprint']}")
+            raise Retry(f"the leader abandoned formation {offer.fingerprint}")
         if raw.startswith(ERROR_PLAN.encode()):
             raise ValueError(raw[len(ERROR_PLAN) :].decode())
-        return Agreement(store, str(offer["token"]), Plan.decode(raw), layout, rank)
+        return Agreement(store, offer.token, wire.decode_plan(raw), layout, rank)
 
     def _offer_for(
         self,
@@ -355,31 +363,35 @@ class FormationOn(Generic[S]):
         abandon: Callable[[], str | None],
         deadline: float,
         leader: JobMember,
-    ) -> Generator[Wait[S], bool, dict[str, Any]]:
+    ) -> Generator[Wait[S], Ready, wire.Offer]:
         """The leader's current offer, once it lists this node's registration (rule 3)."""
         what = f"a formation led by {leader.name}"
         while True:
-            yield from self._await(directory, [FORMATION_KEY], abandon, deadline, what)
-            offer = _parse_offer(read(directory, FORMATION_KEY) or b"")  # None: withdrawn
-            if offer is not None and [me.name, me.registered_ms] in [
-                n[:2] for n in offer["layout"]
-            ]:
+            raw = yield from self._fetch(directory, FORMATION_KEY, abandon, deadline, what)
+            directory.set_timeout(DIRECTORY_OP)
+            offer = _parse_offer(raw)  # None: withdrawn
+            if offer is not None and (me.name, me.registered_ms) in offer.layout.ids:
                 return offer
             # not for us (yet): look again shortly, without writing anything
             if not (yield Wait(directory, ())):
                 self._check(abandon, deadline, what)
 
-    def _await(
+    def _fetch(
         self,
         store: S,
-        keys: Sequence[str],
+        key: str,
         abandon: Callable[[], str | None],
         deadline: float,
         what: str,
-    ) -> Generator[Wait[S], bool, None]:
-        wait = Wait(store, tuple(keys))
-        while not (yield wait):
+    ) -> Generator[Wait[S], Ready, bytes | None]:
+        """``key``'s value once it is there (None: deleted meanwhile). The waits leave the
+        store's operation timeout at ``WAIT_SLICE``: the caller sets its own again."""
+        wait = Wait(store, (key,))
+        while (ready := (yield wait)) is False:
             self._check(abandon, deadline, what)
+        if not isinstance(ready, bytes):
+            raise TypeError(f"a wait for {key} resumed without its value")
+        return ready or None
 
     def _check(self, abandon: Callable[[], str | None], deadline: float, what: str) -> None:
         why = abandon()
@@ -388,7 +400,7 @@ class FormationOn(Generic[S]):
         if self.clock.monotonic() > deadline:
             raise Retry(f"timed out waiting for {what}", unreachable=True)
 
-    def _wait(self, wait: Wait[S]) -> bool:
+    def _wait(self, wait: Wait[S]) -> Ready:
         """One wait on real stores (rule 10); store errors other than a slice that ran out
         propagate (``agree`` throws them into the steps)."""
         self.beat()
@@ -398,12 +410,14 @@ class FormationOn(Generic[S]):
             self.clock.sleep(POLL_S)
             return False
         try:
-            wait.store.wait(list(wait.keys), WAIT_SLICE)
+            # TCPStore's get: a server-side wait of at most the store's timeout, then the
+            # read, in one call
+            wait.store.set_timeout(WAIT_SLICE)
+            return wait.store.get(wait.keys[0])
         except (RuntimeError, OSError) as exc:
             if self.net.timed_out(exc):
                 return False
             raise
-        return True
 
     def _directory_of(self, addr: str, port: int) -> S:
         client = self._dir_clients.get((addr, port))
@@ -443,14 +457,20 @@ class Formation(FormationOn["TCPStore"]):
         )
 
 
-def _parse_offer(raw: bytes) -> dict[str, Any] | None:
-    try:
-        offer = json.loads(raw) if raw else None
-    except ValueError:
+def _parse_offer(raw: bytes | None) -> wire.Offer | None:
+    """The offer in a directory; None when there is none or it does not decode (this rank
+    waits for the next one). An offer of another wire version raises ``WireVersionError``
+    (a ``ValueError``: the job stops saying that its nodes run different torchhooks)."""
+    if not raw:
         return None
-    return offer if isinstance(offer, dict) and "layout" in offer else None
+    try:
+        return wire.decode_offer(raw)
+    except wire.WireVersionError:
+        raise
+    except wire.WireError:
+        return None
 
 
-def _claim_info(raw: bytes) -> RankInfo:
-    """A claim is ``<nonce>\\n<RankInfo>`` (rule 5)."""
-    return RankInfo.decode(raw.split(b"\n", 1)[1])
+def _claim(raw: bytes) -> bytes:
+    """A claim is ``<nonce>\\n<RankInfo record>`` (rule 5): the record."""
+    return raw.partition(b"\n")[2]

@@ -70,17 +70,17 @@ gloo's no-op abort, destroy blocking on a stuck op) and torchft's per-step commi
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 Action = Literal["shrink", "reform"]
 Teardown = Literal["none", "destroy", "abort", "graveyard"]
 Restore = Literal["memory", "fresh", "checkpoint"]
 
 ACTIONS: tuple[Action, ...] = ("shrink", "reform")
+RESTORES: tuple[Restore, ...] = ("memory", "fresh", "checkpoint")
 TEARDOWN: Mapping[tuple[str, bool], Teardown] = {
     # (backend, the old group failed) -> what happens to it before a fresh formation
     ("gloo", False): "destroy",
@@ -106,8 +106,11 @@ class _Member(Protocol):
     def ranks(self) -> int: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Node:
+class Node(NamedTuple):
+    """One node of a layout. A named tuple, not a dataclass: every rank builds a layout's
+    nodes from the leader's offer at each formation, and a tuple is built several times
+    faster (``torchhook.formation_wire``)."""
+
     name: str
     registered_ms: int
     ranks: int
@@ -160,12 +163,9 @@ class Layout:
             first += n.ranks
         raise KeyError(rank)
 
-    def encode(self) -> list[list[Any]]:
-        return [[n.name, n.registered_ms, n.ranks] for n in self.nodes]
-
-    @classmethod
-    def decode(cls, raw: Any) -> Layout:
-        return cls(tuple(Node(str(a), int(b), int(c)) for a, b, c in raw))
+    def describe(self) -> str:
+        """``a×2 b×2``: the nodes and their local ranks, for messages."""
+        return " ".join(f"{n.name}×{n.ranks}" for n in self.nodes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,31 +185,6 @@ class RankInfo:
     """HSDP: token of the group in which this rank fully reduced the gradients of ``step``
     without applying them ("" if it holds none)."""
 
-    def encode(self) -> str:
-        return json.dumps(
-            {
-                "group": self.group,
-                "layout": None if self.layout is None else self.layout.encode(),
-                "step": self.step,
-                "has_state": self.has_state,
-                "applied_in": self.applied_in,
-                "pending_in": self.pending_in,
-            }
-        )
-
-    @classmethod
-    def decode(cls, text: str | bytes) -> RankInfo:
-        d = json.loads(text)
-        layout = None if d["layout"] is None else Layout.decode(d["layout"])
-        return cls(
-            str(d["group"]),
-            layout,
-            int(d["step"]),
-            bool(d["has_state"]),
-            str(d["applied_in"]),
-            str(d["pending_in"]),
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class Plan:
@@ -228,36 +203,6 @@ class Plan:
     behind, fresh, or not known to be identical."""
     roll_forward: tuple[int, ...] = ()
     """HSDP: ranks that first apply their pending step (they are one step behind)."""
-
-    def encode(self) -> str:
-        return json.dumps(
-            {
-                "action": self.action,
-                "exclude": list(self.exclude),
-                "step": self.step,
-                "restore": self.restore,
-                "source": self.source,
-                "providers": list(self.providers),
-                "receivers": list(self.receivers),
-                "roll_forward": list(self.roll_forward),
-            }
-        )
-
-    @classmethod
-    def decode(cls, text: str | bytes) -> Plan:
-        d = json.loads(text)
-        if d["action"] not in ACTIONS:
-            raise ValueError(f"unknown action {d['action']!r}")
-        return cls(
-            d["action"],
-            tuple(int(r) for r in d["exclude"]),
-            int(d["step"]),
-            d["restore"],
-            int(d["source"]),
-            tuple(int(r) for r in d["providers"]),
-            tuple(int(r) for r in d["receivers"]),
-            tuple(int(r) for r in d["roll_forward"]),
-        )
 
 
 def teardown_of(backend: str, failed: bool) -> Teardown:
@@ -298,7 +243,7 @@ def decide(
     if len(infos) != new.world_size:
         raise ValueError(f"{len(infos)} rank infos for a world of {new.world_size}")
     if shards is not None and new.uniform_ranks != shards:
-        raise ValueError(f"HSDP needs {shards} local ranks on every node: {new.encode()}")
+        raise ValueError(f"HSDP needs {shards} local ranks on every node: {new.describe()}")
     action: Action = "reform"
     exclude: tuple[int, ...] = ()
     tokens = {info.group for info in infos}

@@ -11,7 +11,7 @@ the module docstring it checks; the last one runs the same steps on real TCPStor
 
 from __future__ import annotations
 
-import json
+import base64
 import threading
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
@@ -34,7 +34,8 @@ from torchhook.formation import (
     Wait,
     info_key,
 )
-from torchhook.strategy import Layout, Plan, RankInfo, decide
+from torchhook.formation_wire import VERSION, Offer, WireVersionError, decode_plan, encode_offer
+from torchhook.strategy import Layout, Node, Plan, RankInfo, decide
 
 TIMEOUT_S = 5.0
 SLICE_S = WAIT_SLICE.total_seconds()
@@ -225,7 +226,7 @@ class MemNet:
 Result = Any  # an Agreement, or the exception a rank's steps ended with
 
 
-Steps = Generator[Wait[MemStore], bool, Any]
+Steps = Generator[Wait[MemStore], bool | bytes, Any]
 
 
 class Scheduler:
@@ -281,7 +282,9 @@ class Scheduler:
                 self._resume(name, steps, lambda s=steps, e=error: s.throw(e))  # type: ignore[misc]
                 moved = True
             elif not server.stopped and all(k in server.data for k in wait.keys):
-                self._resume(name, steps, lambda s=steps: s.send(True))  # type: ignore[misc]
+                # a follower's wait reads its key (one op: TCPStore's get); a poll does not
+                ready = True if wait.poll else (lambda w=wait: w.store.get(w.keys[0]))
+                self._resume(name, steps, lambda s=steps, r=ready: s.send(r if r is True else r()))  # type: ignore[misc]
                 moved = True
         return moved
 
@@ -537,8 +540,8 @@ def test_an_offer_for_an_older_registration_of_this_node_is_not_joined() -> None
 def _plant_offer(c: Cluster, port: int, token: str) -> None:
     directory = c.ranks["a/0"].formation.directory
     assert directory is not None
-    offer = {"fingerprint": "old", "port": port, "token": token, "layout": [["b", 200, 2]]}
-    directory.set(FORMATION_KEY, json.dumps(offer))
+    offer = Offer("old", port, token, Layout((Node("b", 200, 2),)))
+    directory.set(FORMATION_KEY, encode_offer(offer))
 
 
 def test_an_offer_whose_port_serves_another_formation_is_stale() -> None:
@@ -559,6 +562,25 @@ def test_an_offer_whose_store_is_gone_is_stale() -> None:
     _plant_offer(c, 4242, "ours")
     results = c.form("b/1")
     assert retried(results, ["b/1"], "connection refused") and results["b/1"].unreachable
+
+
+def test_an_offer_of_another_torchhook_version_stops_the_follower() -> None:
+    """An offer of another wire version (the leader runs another torchhook): the follower
+    raises ``WireVersionError`` (a ``ValueError``: the job stops) at once, having written
+    nothing; an offer that does not decode at all is not joined (rule 3)."""
+    c = three_by_two()
+    directory = c.ranks["a/0"].formation.directory
+    assert directory is not None
+    offer = Offer("new", 4242, "t", Layout((Node("b", 200, 2),)))
+    raw = bytearray(base64.b64decode(encode_offer(offer)))
+    raw[1] = VERSION + 1
+    directory.set(FORMATION_KEY, base64.b64encode(raw).decode())
+    results = c.form("b/1")
+    assert isinstance(results["b/1"], WireVersionError) and c.world.now == 0
+    directory.set(FORMATION_KEY, "garbage")
+    results = c.form("b/1")
+    assert retried(results, ["b/1"], "timed out waiting for a formation")
+    assert writers(c, directory.port) == {"a/0"}
 
 
 def test_a_node_leaving_the_leaders_view_makes_it_publish_retry() -> None:
@@ -734,5 +756,5 @@ def test_ranks_agree_on_real_tcp_stores() -> None:
     assert formations["a", 0].directory is not None
     assert not formations["a", 0].directory.check([FORMATION_KEY])  # withdrawn
     store = results["a", 0].store
-    assert store.get(PLAN_KEY) == results["b", 1].plan.encode().encode()
+    assert decode_plan(store.get(PLAN_KEY)) == results["b", 1].plan
     assert store.check([info_key(3)])
