@@ -25,8 +25,10 @@ n5's agent is put under one condition at a time for ``--window-s`` seconds:
 Each condition runs ``bare`` (as above) and ``shipped``: the agent in its own cpu cgroup at
 ``cpu.shares`` 10240 and nice -5, what packaging/swim-agent.service's ``CPUWeight=1000``
 and ``Nice=`` give on cgroup v1 (under ``quota`` the quota stays; under ``memory`` the limit
-stays). The parent cgroup of the job and the agent competes with the rest of the machine as
-one group at shares 1024, so the load takes at most that share from other work.
+stays). ``--settings`` also takes ``nice-N`` (bare placement at nice -N: an agent that does
+not get a cgroup of its own) and ``shipped-nice-N``. The parent cgroup of the job and the
+agent competes with the rest of the machine as one group at shares 1024, so the load
+takes at most that share from other work.
 
 Per case (condition x settings x profile): from the moment the condition is applied until
 ``--window-s`` later, then released, until all five see each other alive again (the tail:
@@ -53,12 +55,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.control import ControlClient, ControlError
 from agent.procs import stop, until
 from bench import results
 from bench.cpu_weight import CLK_TCK, CPU_ROOT, _cpu_ticks, _move, _renice
@@ -120,12 +124,14 @@ class Starver:
             path.mkdir()
 
     def starve(self, pid: int, condition: str, settings: str) -> None:
-        shipped = settings == "shipped"
+        shipped, nice = parse_settings(settings)
         (self.own / "cpu.shares").write_text(str(SHIPPED_SHARES if shipped else 1024))
         (self.own / "cpu.cfs_quota_us").write_text("-1")
         if condition == "quota":
-            (self.own / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            quota = max(1000, int(PERIOD_US * self.args.quota_pct / 100))
+            # below 1 % of a core a longer period: the kernel's smallest quota is 1 ms
+            period = PERIOD_US if self.args.quota_pct >= 1 else 10 * PERIOD_US
+            (self.own / "cpu.cfs_period_us").write_text(str(period))
+            quota = max(1000, int(period * self.args.quota_pct / 100))
             (self.own / "cpu.cfs_quota_us").write_text(str(quota))
         elif condition == "weight":
             self._start_load([sys.executable, "-c", "while True: pass"], self.args.loaders)
@@ -138,7 +144,7 @@ class Starver:
         elif condition == "memory":
             self._limit_memory(pid)
         _move(pid, self.job if condition == "threads" and not shipped else self.own)
-        _renice(pid, SHIPPED_NICE if shipped else 0)
+        _renice(pid, nice)
 
     def _start_load(self, cmd: list[str], count: int) -> None:
         for _ in range(count):
@@ -191,6 +197,18 @@ class Starver:
                 _rmdir(path)
 
 
+def parse_settings(settings: str) -> tuple[bool, int]:
+    """(own cgroup at the unit's weight?, nice): ``bare`` (False, 0), ``shipped`` (True,
+    -5), ``nice-N`` (False, -N: bare placement, nice -N), ``shipped-nice-N`` (True, -N)."""
+    if settings in SETTINGS:
+        return settings == "shipped", SHIPPED_NICE if settings == "shipped" else 0
+    shipped = settings.startswith("shipped-")
+    rest = settings.removeprefix("shipped-")
+    if rest.startswith("nice-") and rest[5:].isdigit() and int(rest[5:]) <= 20:
+        return shipped, -int(rest[5:])
+    raise ValueError(f"settings {settings!r}: bare, shipped, nice-N or shipped-nice-N")
+
+
 def _rmdir(path: Path) -> None:
     def gone() -> bool:  # the kernel frees a cgroup a moment after its last task left
         path.rmdir()
@@ -210,6 +228,43 @@ def _majflt(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[9])
 
 
+class Sampler:
+    """Times ``swimctl info`` on the starved agent every ``SAMPLE_S`` in a thread: the
+    control server runs in the agent's trio loop, so the answer time is how late that loop
+    gets to anything, an ack included (a lower bound on an ack's extra delay)."""
+
+    SAMPLE_S = 0.2
+
+    def __init__(self, bed: Testbed) -> None:
+        self.client = ControlClient(bed.agent(STARVED).control, timeout_s=10)
+        self.ms: list[float] = []
+        self.failed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.SAMPLE_S):
+            t0 = time.monotonic()
+            try:
+                self.client.request("info")
+            except ControlError:
+                self.failed += 1
+                continue
+            self.ms.append((time.monotonic() - t0) * 1000)
+
+    def close(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(timeout=15)
+        ms = sorted(self.ms) or [0.0]
+        return {
+            "answer_p50_ms": ms[len(ms) // 2],
+            "answer_p99_ms": ms[min(len(ms) - 1, int(len(ms) * 0.99))],
+            "answer_max_ms": ms[-1],
+            "answer_over_100ms": sum(m > 100 for m in ms),
+        }
+
+
 def _counters(bed: Testbed, i: int) -> dict[str, int]:
     stats = bed.agent(i).info()["stats"]
     return {k: int(stats[k]) for k in COUNTERS}
@@ -225,6 +280,7 @@ def run_case(bed: Testbed, starver: Starver, case: Case) -> None:
     load0 = os.getloadavg()[0]
     ticks0, flt0, t0, start = _cpu_ticks(pid), _majflt(pid), time.monotonic(), time.time()
     rss_kib = _status_kib(pid, "VmRSS")
+    sampler = Sampler(bed)
     try:
         starver.starve(pid, case.condition, case.settings)
         time.sleep(case.window_s)
@@ -232,6 +288,7 @@ def run_case(bed: Testbed, starver: Starver, case: Case) -> None:
         load1 = os.getloadavg()[0]
     finally:
         starver.release(pid)
+        answers = sampler.close()
     if not agent.running():
         case.figures.update(exited=True, log_tail=agent.log_tail(400))
         return
@@ -258,6 +315,7 @@ def run_case(bed: Testbed, starver: Starver, case: Case) -> None:
             "rss_mib": rss_kib / 1024,
             "load": max(load0, load1),
             "tail_s": tail_s,
+            **answers,
             "charged_mib": "{:.1f}+{:.1f}".format(*starver.charged_mib)
             if case.condition == "memory"
             else "",
@@ -268,7 +326,7 @@ def run_case(bed: Testbed, starver: Starver, case: Case) -> None:
 HEADER = (
     "| profile | condition | settings | window | suspect/dead events OF n5 | suspect/dead "
     "events about others (BY n5) | n5 raised susp./deaths | n5 refutations | n5 stalls "
-    "| n5 failed probes | n5 CPU (cores) | major faults | load |"
+    "| n5 failed probes | n5 answers p50/p99/max ms | n5 CPU (cores) | major faults | load |"
 )
 
 
@@ -280,7 +338,8 @@ def row_text(c: Case) -> str:
         f"| {c.profile} | {c.condition} | {c.settings} | {c.window_s:g} s "
         f"| {f['suspect_of']}/{f['dead_of']} | {f['suspect_by']}/{f['dead_by']} "
         f"| {f['suspicions_raised']}/{f['deaths_declared']} | {f['refutations']} "
-        f"| {f['stalls']} | {f['probes_failed']} | {f['cores']:.3f} | {f['majflt']} "
+        f"| {f['stalls']} | {f['probes_failed']} | {f['answer_p50_ms']:.0f}/"
+        f"{f['answer_p99_ms']:.0f}/{f['answer_max_ms']:.0f} | {f['cores']:.3f} | {f['majflt']} "
         f"| {f['load']:.1f} |" + (f" charged {f['charged_mib']} MiB" if f["charged_mib"] else "")
     )
 
@@ -290,7 +349,7 @@ def run(args: argparse.Namespace) -> list[Case]:
     workdir = Path(tempfile.mkdtemp(prefix="swim-starved-"))
     starver = Starver(args)
     try:
-        print(HEADER + "\n" + "|---" * 13 + "|", flush=True)
+        print(HEADER + "\n" + "|---" * 14 + "|", flush=True)
         for profile in args.profiles.split(","):
             (workdir / profile).mkdir()
             with Testbed(5, workdir / profile) as bed:
@@ -384,9 +443,13 @@ def main() -> None:
     parser.add_argument("--memory-slack-mib", type=int, default=1)
     results.add_arguments(parser)
     args = parser.parse_args()
+    for settings in args.settings.split(","):
+        try:
+            parse_settings(settings)
+        except ValueError as exc:
+            parser.error(str(exc))
     for value, known, what in (
         (args.cases, CONDITIONS, "case"),
-        (args.settings, SETTINGS, "settings"),
         (args.profiles, ("fast", "lan", "local", "wan"), "profile"),
     ):
         unknown = set(value.split(",")) - set(known)
