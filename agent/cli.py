@@ -128,7 +128,6 @@ def _run_agent(control: Path | None, flags: dict[str, Any]) -> None:
     import trio
 
     from agent.runtime import run_agent
-    from agent.sched import DEFAULT_SLICE_US, request_slice
 
     config_file = flags.pop("config_file", None)
     try:
@@ -143,11 +142,6 @@ def _run_agent(control: Path | None, flags: dict[str, Any]) -> None:
         format="%(asctime)s [%(levelname)s] %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    # this thread becomes the trio thread, which reads the socket and answers pings: a
-    # short slice lets it run soon after it wakes on a saturated host (agent/sched.py)
-    why = request_slice(DEFAULT_SLICE_US)
-    if why is not None:
-        logging.getLogger("swim.agent").info("scheduler slice left at the default: %s", why)
     try:
         trio.run(run_agent, config)
     except AgentConfigError as exc:

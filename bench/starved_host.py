@@ -26,9 +26,7 @@ Each condition runs ``bare`` (as above) and ``shipped``: the agent in its own cp
 ``cpu.shares`` 10240 and nice -5, what packaging/swim-agent.service's ``CPUWeight=1000``
 and ``Nice=`` give on cgroup v1 (under ``quota`` the quota stays; under ``memory`` the limit
 stays). ``--settings`` also takes ``nice-N`` (bare placement at nice -N: an agent that does
-not get a cgroup of its own) and ``shipped-nice-N``, each with a ``+slice`` suffix for the
-short scheduler slice the agent asks for (agent/sched.py); without it the kernel's default
-slice is forced on the agent's threads. The parent cgroup of the job and the
+not get a cgroup of its own) and ``shipped-nice-N``. The parent cgroup of the job and the
 agent competes with the rest of the machine as one group at shares 1024, so the load
 takes at most that share from other work.
 
@@ -66,7 +64,6 @@ from typing import Any
 
 from agent.control import ControlClient, ControlError
 from agent.procs import stop, until
-from agent.sched import DEFAULT_SLICE_US, request_slice
 from bench import results
 from bench.cpu_weight import CLK_TCK, CPU_ROOT, _cpu_ticks, _move, _renice
 from tests.netns.harness import Testbed, unavailable_reason
@@ -127,7 +124,7 @@ class Starver:
             path.mkdir()
 
     def starve(self, pid: int, condition: str, settings: str) -> None:
-        shipped, nice, slice_us = parse_settings(settings)
+        shipped, nice = parse_settings(settings)
         (self.own / "cpu.shares").write_text(str(SHIPPED_SHARES if shipped else 1024))
         (self.own / "cpu.cfs_quota_us").write_text("-1")
         if condition == "quota":
@@ -148,7 +145,6 @@ class Starver:
             self._limit_memory(pid)
         _move(pid, self.job if condition == "threads" and not shipped else self.own)
         _renice(pid, nice)
-        _set_slices(pid, slice_us)
 
     def _start_load(self, cmd: list[str], count: int) -> None:
         for _ in range(count):
@@ -201,32 +197,16 @@ class Starver:
                 _rmdir(path)
 
 
-def parse_settings(settings: str) -> tuple[bool, int, int]:
-    """(own cgroup at the unit's weight?, nice, slice µs or 0 for the kernel's default):
-    ``bare`` (False, 0), ``shipped`` (True, -5), ``nice-N`` (False, -N: bare placement at
-    nice -N), ``shipped-nice-N`` (True, -N); a ``+slice`` suffix gives every thread of the
-    agent the slice it asks for itself (agent/sched.py), otherwise the default is forced."""
-    base, plus, extra = settings.partition("+")
-    if plus and extra != "slice":
-        raise ValueError(f"settings {settings!r}: the only suffix is +slice")
-    slice_us = DEFAULT_SLICE_US if plus else 0
-    if base in SETTINGS:
-        return base == "shipped", SHIPPED_NICE if base == "shipped" else 0, slice_us
-    shipped = base.startswith("shipped-")
-    rest = base.removeprefix("shipped-")
+def parse_settings(settings: str) -> tuple[bool, int]:
+    """(own cgroup at the unit's weight?, nice): ``bare`` (False, 0), ``shipped`` (True,
+    -5), ``nice-N`` (False, -N: bare placement at nice -N), ``shipped-nice-N`` (True, -N)."""
+    if settings in SETTINGS:
+        return settings == "shipped", SHIPPED_NICE if settings == "shipped" else 0
+    shipped = settings.startswith("shipped-")
+    rest = settings.removeprefix("shipped-")
     if rest.startswith("nice-") and rest[5:].isdigit() and int(rest[5:]) <= 20:
-        return shipped, -int(rest[5:]), slice_us
-    raise ValueError(f"settings {settings!r}: bare, shipped, nice-N or shipped-nice-N[+slice]")
-
-
-def _set_slices(pid: int, us: int) -> None:
-    """The agent's main thread (its trio thread, which asks for the slice itself) at ``us``,
-    every other thread at the default."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        tid = int(task.name)
-        why = request_slice(us if tid == pid else 0, tid)
-        if why is not None:
-            raise OSError(f"slice {us} µs for thread {tid} of {pid}: {why}")
+        return shipped, -int(rest[5:])
+    raise ValueError(f"settings {settings!r}: bare, shipped, nice-N or shipped-nice-N")
 
 
 def _rmdir(path: Path) -> None:
@@ -414,7 +394,7 @@ def as_result(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
         ("load", "load"),
     ]
     return {
-        "question": "starved-host",
+        "question": f"starved-host-{int(args.window_s)}s",
         "title": "One starved host among five: false suspicions and deaths",
         "method": (
             "5 namespaced hosts (one agent each, on one bridge); host n5's agent under one "
