@@ -395,13 +395,17 @@ def as_result(cases: list[Case], args: argparse.Namespace) -> dict[str, Any]:
     ]
     return {
         "question": f"starved-host-{int(args.window_s)}s",
-        "title": "One starved host among five: false suspicions and deaths",
+        "title": (
+            f"One starved host among five, {args.window_s:g} s per case: "
+            "false suspicions and deaths"
+        ),
         "method": (
             "5 namespaced hosts (one agent each, on one bridge); host n5's agent under one "
             f"condition for {args.window_s:g} s per case: a CPU quota of {args.quota_pct:g} % "
             f"of a core; cpu.shares {LOW_SHARES} beside {args.loaders} busy processes; "
-            f"{args.threads} runnable threads in its own cgroup; a memory limit of its "
-            f"anonymous memory + {args.memory_slack_mib} MiB. `shipped`: its own cgroup at "
+            f"{args.threads} runnable threads in a cgroup, the agent in theirs; a memory "
+            f"limit of its anonymous memory + {args.memory_slack_mib} MiB. `shipped`: its own "
+            "cgroup at "
             f"cpu.shares {SHIPPED_SHARES} and nice {SHIPPED_NICE} (the unit's CPUWeight=1000, "
             "Nice=-5). Events from every agent's log from the start of the window until all "
             "five are alive everywhere again; every member was alive throughout."
