@@ -5,7 +5,8 @@ on one bridge), every one alive throughout, so every suspicion and death is fals
 n5's agent is put under one condition at a time for ``--window-s`` seconds:
 
 - ``quota``: its own cgroup-v1 ``cpu`` cgroup with ``cpu.cfs_quota_us`` = ``--quota-pct``
-  % of one core per 100 ms period (systemd's ``CPUQuota=``), nothing else running;
+  % of one core per 100 ms period (systemd's ``CPUQuota=``; below 1 % per 1 s period, as
+  the kernel's smallest quota is 1 ms), nothing else running;
 - ``weight``: ``--loaders`` busy processes (default 4x the cores) in a "job" cgroup at the
   default ``cpu.shares`` 1024, the agent in a cgroup of its own at shares 100 (a
   CPUWeight of about 10: a low-priority slice);
@@ -34,10 +35,13 @@ Per case (condition x settings x profile): from the moment the condition is appl
 ``--window-s`` later, then released, until all five see each other alive again (the tail:
 a starved agent's late verdicts count): suspect and dead events about n5 at the other four
 (log lines ``member n5 suspect|dead``, one per observer), suspect and dead events about
-the healthy four (those are what n5 raised, spread by gossip), n5's own counters
-(``swimctl info``: suspicions raised, deaths declared, refutations, failed probes,
-``stalls`` = its loop ran > 100 ms late, datagrams read late), its CPU (cores) and major
-page faults over the window, and the load average. Everything it started (namespaces,
+the healthy four (raised by n5, or by each other where the machine's other work starves
+them: they run in the root cgroup beside it; n5's own counters say which), n5's own
+counters (``swimctl info``: suspicions raised, deaths declared, refutations, failed
+probes, ``stalls`` = its loop ran > 100 ms late, datagrams read late), how long n5 takes
+to answer ``swimctl info`` every 200 ms (its control server shares the trio loop that
+answers pings: p50/p99/max), its CPU (cores) and major page faults over the window, and
+the load average (which counts the condition's own threads). Everything it started (namespaces,
 agents, load processes, cgroups) is removed also on error, Ctrl-C or SIGTERM.
 
     sudo python -m bench.starved_host --window-s 60                       # full grid
