@@ -40,7 +40,8 @@ def test_the_benchmark_starves_one_host_and_cleans_up() -> None:
     for case in cases:
         assert not case.figures.get("exited"), case.figures
         assert case.figures["dead_of"] >= 0 and case.figures["answer_p50_ms"] > 0
-    assert "+" in cases[1].figures["charged_mib"]  # the memory cgroup held the agent's pages
+    anon_mib = float(cases[1].figures["charged_mib"].split("+")[0])
+    assert anon_mib > 5, "the memory cgroup did not hold the agent's pages"
     assert set(harness.list_namespaces()) == before
     leftovers = [
         p
