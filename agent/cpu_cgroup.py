@@ -2,13 +2,14 @@
 value, decides whether a ``fast`` agent answers probes in time.
 
 Measured with bench/starved_host.py (5 namespaced hosts, one of them beside 300 runnable
-threads on 2 cores, Linux 6.18, cgroup v1, 60 s windows): an agent in the threads' cgroup
-was declared dead 72-100 times a minute at nice 0 and still 4-8 times at nice -10, -15 and
--20, while in a cgroup of its own (the systemd unit's ``CPUWeight=1000``) it was never
-suspected. The kernel shares CPU between cgroups first and between the threads of a cgroup
-second, so inside the job's cgroup the agent is one thread among hundreds whatever its
-weight. The agent cannot move itself (that needs root), so it says so at start
-(``check_cpu_cgroup``, called by the daemon's entry point before its trio loop).
+threads on 2 cores, Linux 6.18, cgroup v1, 60 s windows): a ``fast`` agent in the threads'
+cgroup left 72-100 dead events a minute (summed over its 4 peers) at nice 0 and still 4-8
+at nice -10, -15 and -20, while in a cgroup of its own (the systemd unit's
+``CPUWeight=1000``) it was never declared dead (0 in 60 s, 0 in 10 minutes). The kernel
+shares CPU between cgroups first and between the threads of a cgroup second, so inside the
+job's cgroup the agent is one thread among hundreds whatever its weight. The agent cannot
+move itself (that needs root), so it says so at start (``check_cpu_cgroup``, called by the
+daemon's entry point before its trio loop).
 
 Rules:
 - The CPU cgroup is read from ``/proc/<pid>/cgroup``: the cgroup-v1 line whose controller
