@@ -127,6 +127,7 @@ def agent(ctx: click.Context, /, **flags: Any) -> None:
 def _run_agent(control: Path | None, flags: dict[str, Any]) -> None:
     import trio
 
+    from agent.cpu_cgroup import check_cpu_cgroup
     from agent.runtime import run_agent
 
     config_file = flags.pop("config_file", None)
@@ -142,6 +143,7 @@ def _run_agent(control: Path | None, flags: dict[str, Any]) -> None:
         format="%(asctime)s [%(levelname)s] %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    check_cpu_cgroup(config.profile)
     try:
         trio.run(run_agent, config)
     except AgentConfigError as exc:

@@ -103,7 +103,7 @@ TOPICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "Operations",
         "Figures an operator plans with: alert latency, and the agent's CPU share on a "
         "saturated host.",
-        ("alert-", "cpu-weight", "slurm-"),
+        ("alert-", "cpu-weight", "starved-host-", "slurm-"),
     ),
 )
 OTHER = ("Other measurements", "Results of questions this page has no topic for yet.")
