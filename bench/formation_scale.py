@@ -24,7 +24,14 @@ of ``--runs`` formations per size (after one untimed). Printed as a table and as
 line. Every rank shares this machine's 2 cores with the store's server: on a cluster each
 rank runs on its own host, so these times are an upper bound for the exchange itself.
 
-    python -m bench.formation_scale [--sizes 8,64,128,256,512] [--runs 7]
+Processes: by default every rank is a thread of this one process, so every rank's Python
+work (decoding the offer and the plan, each O(nodes)) runs under one interpreter lock, one
+rank after another, which no job does: its ranks are processes, each with its own. With
+``--processes P`` the nodes are split over P worker processes (spawned; the leader's node
+in the first), each rank a thread of its node's worker, released through one barrier and
+timed on the system-wide monotonic clock; this process keeps only the store's server.
+
+    python -m bench.formation_scale [--sizes 8,64,128,256,512] [--runs 7] [--processes 8]
 """
 
 from __future__ import annotations
@@ -32,14 +39,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import itertools
 import json
+import multiprocessing
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event
 from typing import Any
 
 from torch._C._distributed_c10d import TCPStore
@@ -114,21 +125,29 @@ class Server:
 
     DIRECTORY = 1
 
-    def __init__(self, clients: int) -> None:
-        self.store = TCPStore(
-            "127.0.0.1",
-            0,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=JOIN_TIMEOUT_S),
+    def __init__(self, clients: int, port: int = 0, formations: int = 0) -> None:
+        """A new server, or with ``port`` the clients of another process's server (a
+        worker of ``--processes``); fresh formation prefixes are numbered from
+        ``formations`` on."""
+        self.store = (
+            None
+            if port
+            else TCPStore(
+                "127.0.0.1",
+                0,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=timedelta(seconds=JOIN_TIMEOUT_S),
+            )
         )
+        self.port = port or self.store.port  # type: ignore[union-attr]
         began = time.perf_counter()
         made: list[TCPStore | None] = [None] * clients
 
         def connect(i: int) -> None:
             made[i] = TCPStore(
                 "127.0.0.1",
-                self.store.port,
+                self.port,
                 is_master=False,
                 timeout=timedelta(seconds=JOIN_TIMEOUT_S),
             )
@@ -141,7 +160,7 @@ class Server:
         self.connect_s = time.perf_counter() - began
         self.clients = [c for c in made if c is not None]
         assert len(self.clients) == clients, "every client connected"
-        self.formations = 0
+        self.formations = formations
 
 
 class RankNet(TcpNet):
@@ -171,18 +190,21 @@ class RankNet(TcpNet):
 
 @dataclass
 class Cluster:
-    """``nodes`` × ``ranks`` participants, one thread each, reused across formations."""
+    """``nodes`` × ``ranks`` participants, one thread each, reused across formations; of
+    those, the ranks of the nodes in ``here`` (all of them by default) run in this
+    process."""
 
     server: Server
     nodes: int
     ranks: int
+    here: range | None = None
     formations: list[FormationOn[Prefixed]] = field(default_factory=list)
     places: list[tuple[str, int]] = field(default_factory=list)
     view: View | None = None
 
     def __post_init__(self) -> None:
         size = self.nodes * self.ranks
-        for n in range(self.nodes):
+        for n in self.here if self.here is not None else range(self.nodes):
             for lr in range(self.ranks):
                 leader = n == 0 and lr == 0
                 self.places.append((f"n{n:02d}", lr))
@@ -224,6 +246,90 @@ class Cluster:
 
 def run_rounds(cluster: Cluster, rounds: int) -> list[tuple[float, str]]:
     """``rounds`` formations; each: (seconds until the last rank agreed, error or "")."""
+    return [
+        (max(ends) - began, check([outcome]))
+        for began, ends, outcome in run_local(cluster, rounds, time.monotonic)
+    ]
+
+
+def run_processes(
+    server: Server, nodes: int, ranks: int, processes: int, rounds: int, decode: bool
+) -> list[tuple[float, str]]:
+    """``rounds`` formations with the nodes split over ``processes`` worker processes
+    (contiguous, the leader's node in the first), each rank a thread of its node's
+    worker; released at once through one barrier, timed on the system-wide monotonic
+    clock."""
+    ctx = multiprocessing.get_context("spawn")  # this process runs the store's threads
+    parked: Queue[int] = ctx.Queue()
+    go = [ctx.Event() for _ in range(rounds)]
+    outcomes: Queue[tuple[float, Outcome]] = ctx.Queue()
+    bounds = [nodes * p // processes for p in range(processes + 1)]
+    offset = server.formations + 1000 * nodes  # fresh prefixes, unused by other sizes
+    workers = [
+        ctx.Process(
+            target=_worker,
+            args=(server.port, nodes, ranks, range(lo, hi), offset, parked, go, outcomes),
+            kwargs={"decode": decode},
+            daemon=True,
+        )
+        for lo, hi in itertools.pairwise(bounds)
+    ]
+    for w in workers:
+        w.start()
+    out: list[tuple[float, str]] = []
+    try:
+        for release in go:
+            for _ in workers:  # every worker's ranks are parked (spawning imports torch)
+                parked.get(timeout=4 * JOIN_TIMEOUT_S)
+            began = time.monotonic()
+            release.set()
+            got = [outcomes.get(timeout=JOIN_TIMEOUT_S) for _ in workers]
+            out.append((max(end for end, _ in got) - began, check([o for _, o in got])))
+    finally:
+        for w in workers:
+            w.join(10)
+            if w.is_alive():
+                w.kill()
+                w.join(5)
+    return out
+
+
+def _worker(
+    port: int,
+    nodes: int,
+    ranks: int,
+    here: range,
+    offset: int,
+    parked: Queue[int],
+    go: list[Event],
+    outcomes: Queue[tuple[float, Outcome]],
+    *,
+    decode: bool,
+) -> None:
+    """One worker process of ``run_processes``: its nodes' ranks, ``rounds`` formations."""
+    if decode:
+        decode_once()
+    server = Server(len(here) * ranks, port=port, formations=offset)
+    cluster = Cluster(server, nodes, ranks, here=here)
+
+    released = iter(go)
+
+    def release() -> float:
+        parked.put(here.start)
+        if not next(released).wait(JOIN_TIMEOUT_S):
+            raise TimeoutError("not released")
+        return 0.0
+
+    for _, ends, outcome in run_local(cluster, len(go), release):
+        outcomes.put((max(ends), outcome))
+
+
+def run_local(
+    cluster: Cluster, rounds: int, release: Callable[[], float]
+) -> Iterator[tuple[float, list[float], Outcome]]:
+    """``rounds`` formations of this process's ranks, each started by ``release`` (which
+    returns the start time) once every rank is parked, yielded as each ends: (start,
+    every rank's end time, what the ranks agreed)."""
     n = cluster.size
     start = threading.Barrier(n + 1)
     done = threading.Barrier(n + 1)
@@ -242,21 +348,20 @@ def run_rounds(cluster: Cluster, rounds: int) -> list[tuple[float, str]]:
                 current.results[i] = formation.agree(cluster._view(), node, lr, info, gloo_decide)
             except Exception as exc:  # reported, not raised: the others must finish
                 current.results[i] = exc
-            current.ends[i] = time.perf_counter()
+            current.ends[i] = time.monotonic()
             done.wait()
 
     threads = [threading.Thread(target=rank, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
-    out: list[tuple[float, str]] = []
     try:
         for _ in range(rounds):
             while start.n_waiting < n:  # every rank is parked: release them at once
                 time.sleep(0.001)
-            began = time.perf_counter()
+            began = release()
             start.wait(JOIN_TIMEOUT_S)
             done.wait(JOIN_TIMEOUT_S)
-            out.append((max(current.ends) - began, check(current.results)))
+            yield began, list(current.ends), summarize(current.results)
             current.results[:] = [None] * n  # drop this formation's stores
     finally:
         stop.set()
@@ -264,16 +369,35 @@ def run_rounds(cluster: Cluster, rounds: int) -> list[tuple[float, str]]:
             start.wait(5)
         for t in threads:
             t.join(5)
-    return out
 
 
-def check(results: list[Any]) -> str:
+@dataclass(frozen=True)
+class Outcome:
+    """What some ranks of one formation agreed (picklable, for a worker process)."""
+
+    errors: tuple[str, ...]
+    plans: frozenset[tuple[str, str]]
+    """(the plan's repr, the token) of each agreement."""
+    ranks: tuple[int, ...]
+
+
+def summarize(results: list[Any]) -> Outcome:
+    agreed = [r for r in results if isinstance(r, Agreement)]
+    return Outcome(
+        tuple(repr(r) for r in results if not isinstance(r, Agreement)),
+        frozenset((repr(r.plan), r.token) for r in agreed),
+        tuple(r.rank for r in agreed),
+    )
+
+
+def check(outcomes: list[Outcome]) -> str:
     """ "" when every rank agreed on one plan with distinct ranks, else what went wrong."""
-    errors = [r for r in results if not isinstance(r, Agreement)]
+    errors = [e for o in outcomes for e in o.errors]
     if errors:
-        return f"{len(errors)} ranks failed, e.g. {errors[0]!r}"
-    plans = {(r.plan, r.token) for r in results}
-    if len(plans) != 1 or sorted(r.rank for r in results) != list(range(len(results))):
+        return f"{len(errors)} ranks failed, e.g. {errors[0]}"
+    plans = frozenset().union(*(o.plans for o in outcomes))
+    ranks = sorted(r for o in outcomes for r in o.ranks)
+    if len(plans) != 1 or ranks != list(range(len(ranks))):
         return "ranks disagree"
     return ""
 
@@ -296,6 +420,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks-per-node", type=int, default=8)
     parser.add_argument("--runs", type=int, default=7, help="timed formations per size")
     parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="worker processes the nodes are split over (1: every rank a thread of this one)",
+    )
+    parser.add_argument(
         "--decode-once",
         action="store_true",
         help="decode each distinct offer and plan once for all ranks (see decode_once)",
@@ -308,20 +438,28 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.runs < 1 or any(s < 1 or s % args.ranks_per_node for s in sizes):
         parser.error("--runs >= 1; every size a positive multiple of --ranks-per-node")
+    if not 1 <= args.processes <= min(sizes) // args.ranks_per_node:
+        parser.error("--processes from 1 to the nodes of the smallest size")
     print(f"{'ranks':>6} {'nodes':>6} {'median s':>9} {'min s':>7} {'max s':>7}")
-    server = Server(max(sizes))
-    print(f"{max(sizes)} connections in {server.connect_s:.1f} s (made once, untimed)")
+    server = Server(max(sizes) if args.processes == 1 else 0)
+    if args.processes == 1:
+        print(f"{max(sizes)} connections in {server.connect_s:.1f} s (made once, untimed)")
     rows: list[dict[str, Any]] = []
     failed = False
     for size in sizes:
-        cluster = Cluster(server, size // args.ranks_per_node, args.ranks_per_node)
-        timed = run_rounds(cluster, args.runs + 1)
+        nodes = size // args.ranks_per_node
+        if args.processes == 1:
+            timed = run_rounds(Cluster(server, nodes, args.ranks_per_node), args.runs + 1)
+        else:
+            timed = run_processes(
+                server, nodes, args.ranks_per_node, args.processes, args.runs + 1, args.decode_once
+            )
         errors = sorted({e for _, e in timed if e})
         failed = failed or bool(errors)
         rest = [t for t, _ in timed[1:]]
         row = {
             "participants": size,
-            "nodes": cluster.nodes,
+            "nodes": nodes,
             "median_s": round(statistics.median(rest), 4),
             "min_s": round(min(rest), 4),
             "max_s": round(max(rest), 4),
@@ -330,11 +468,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         rows.append(row)
         print(
-            f"{size:>6} {cluster.nodes:>6} {row['median_s']:>9.3f} {row['min_s']:>7.3f} "
+            f"{size:>6} {nodes:>6} {row['median_s']:>9.3f} {row['min_s']:>7.3f} "
             f"{row['max_s']:>7.3f}" + (f"  {errors}" if errors else ""),
             flush=True,
         )
-        del cluster
     print(
         json.dumps({"benchmark": "formation_scale", "decode_once": args.decode_once, "rows": rows})
     )
@@ -349,12 +486,20 @@ def _result(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, A
     top = rows[-1]
     how = " (each distinct offer and plan decoded once for all ranks)" if args.decode_once else ""
     return {
-        "question": "formation-scale" + ("-decode-once" if args.decode_once else ""),
+        "question": "formation-scale"
+        + ("-decode-once" if args.decode_once else "")
+        + (f"-{args.processes}-processes" if args.processes > 1 else ""),
         "title": f"Formation at scale: up to {top['participants']} ranks agreeing on a group{how}",
         "method": (
             "The agreement step of torchhook.formation alone (offer, token check, claims, "
             "plan; no process group built) on one real TCPStore on loopback, every rank a "
-            f"thread of one process, {args.ranks_per_node} ranks per node, connections made "
+            + (
+                "thread of one process"
+                if args.processes == 1
+                else f"thread of its node's worker, the nodes split over {args.processes} "
+                "worker processes"
+            )
+            + f", {args.ranks_per_node} ranks per node, connections made "
             "once before timing; timed from releasing every rank to the last one holding "
             f"its agreement, {args.runs} formations per size after one untimed. All ranks "
             "share this host's cores with the store's server, so this is an upper bound "
