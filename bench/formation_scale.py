@@ -489,7 +489,8 @@ def _result(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, A
         "question": "formation-scale"
         + ("-decode-once" if args.decode_once else "")
         + (f"-{args.processes}-processes" if args.processes > 1 else ""),
-        "title": f"Formation at scale: up to {top['participants']} ranks agreeing on a group{how}",
+        "title": f"Formation at scale: up to {top['participants']} ranks agreeing on a group{how}"
+        + (f", the nodes over {args.processes} processes" if args.processes > 1 else ""),
         "method": (
             "The agreement step of torchhook.formation alone (offer, token check, claims, "
             "plan; no process group built) on one real TCPStore on loopback, every rank a "
