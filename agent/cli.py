@@ -33,6 +33,7 @@ import click
 from agent.cli_client import COMMANDS, CONTEXT, CONTROL_PATH, control_option, print_version
 from agent.config import AgentConfigError, load, parse_tag_args
 from agent.control import ControlError
+from agent.cpu_cgroup import check_cpu_cgroup
 from swim import PROFILES
 
 _version_option = click.option(
@@ -127,7 +128,6 @@ def agent(ctx: click.Context, /, **flags: Any) -> None:
 def _run_agent(control: Path | None, flags: dict[str, Any]) -> None:
     import trio
 
-    from agent.cpu_cgroup import check_cpu_cgroup
     from agent.runtime import run_agent
 
     config_file = flags.pop("config_file", None)

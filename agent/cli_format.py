@@ -167,6 +167,7 @@ STAT_SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
             ("suspicion_verifications", "verifications"),
             ("cross_check_probes", "cross-checks"),
             ("cross_check_probes_failed", "cross-checks failed"),
+            ("suspicions_held_starved", "held while starved"),
             ("refutations", "refutations"),
             ("deaths_declared", "deaths declared"),
             ("address_conflicts", "name conflicts"),
