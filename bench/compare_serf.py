@@ -90,6 +90,7 @@ class Result:
     false_suspect: int = 0
     startup_false_dead: int = 0
     startup_false_suspect: int = 0
+    load_1m: tuple[float, float] = (0.0, 0.0)  # the box's 1-minute load: converged, end
 
     def p99(self, attr: str) -> float | None:
         """Nearest-rank 99th percentile (the maximum below 100 kills)."""
@@ -139,6 +140,7 @@ class Result:
             "cpu_ms": self.cpu_ms_per_s,
             "rss_mib_mean": self.rss_mib_mean,
             "rss_mib_max": self.rss_mib_max,
+            "load_1m": list(self.load_1m),
             "pkts": self.pkts_per_s,
             "bytes": self.bytes_per_s,
         }
@@ -233,6 +235,7 @@ def run_one(
             readies = [p.first("ready") for p in procs]
             if all(r is not None for r in readies):
                 converge_ready = max(last - max(r for r in readies if r is not None), 0.0)
+            load_converged = os.getloadavg()[0]
             time.sleep(settle_s)
             steady_from = time.monotonic()
             counters = PortCounters([p.port for p in procs])
@@ -276,6 +279,7 @@ def run_one(
                 false_dead,
                 false_suspect,
                 *startup,
+                (load_converged, os.getloadavg()[0]),
             )
         finally:
             if counters is not None:

@@ -115,6 +115,7 @@ def build(
             "false": f"{r['false_dead']} ({r['false_suspect']})",
             "startup": f"{r['startup_false_dead']} ({r['startup_false_suspect']})",
             "rss": f"{r['rss_mib_mean']:.1f} ({r['rss_mib_max']:.1f})",
+            "load": "–".join(f"{v:.1f}" for v in r["load_1m"]) if r.get("load_1m") else None,
             "p99": (r["last_dead_s"] or {}).get("p99"),
             "first_suspect": {k: v for k, v in (r["first_suspect_s"] or {}).items() if k != "p99"}
             or None,
@@ -141,6 +142,7 @@ def build(
                 column("pkts", "UDP packets/agent-s", 1),
                 column("bytes", "UDP bytes/agent-s", 0),
                 column("converge_ready_s", "joined, s after the last agent was ready"),
+                column("load", "box load (1 min): converged, end"),
             ],
             "rows": clusters,
         },
