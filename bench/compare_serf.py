@@ -140,7 +140,8 @@ class Result:
             "cpu_ms": self.cpu_ms_per_s,
             "rss_mib_mean": self.rss_mib_mean,
             "rss_mib_max": self.rss_mib_max,
-            "load_1m": list(self.load_1m),
+            "load_1m_converged": self.load_1m[0],
+            "load_1m_end": self.load_1m[1],
             "pkts": self.pkts_per_s,
             "bytes": self.bytes_per_s,
         }

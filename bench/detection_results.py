@@ -115,7 +115,11 @@ def build(
             "false": f"{r['false_dead']} ({r['false_suspect']})",
             "startup": f"{r['startup_false_dead']} ({r['startup_false_suspect']})",
             "rss": f"{r['rss_mib_mean']:.1f} ({r['rss_mib_max']:.1f})",
-            "load": "–".join(f"{v:.1f}" for v in r["load_1m"]) if r.get("load_1m") else None,
+            "load": (
+                f"{r['load_1m_converged']:.1f}, {r['load_1m_end']:.1f}"
+                if "load_1m_end" in r
+                else None
+            ),
             "p99": (r["last_dead_s"] or {}).get("p99"),
             "first_suspect": {k: v for k, v in (r["first_suspect_s"] or {}).items() if k != "p99"}
             or None,
