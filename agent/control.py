@@ -75,7 +75,9 @@ its handler in agent/control_server.py ``HANDLERS``, and its line here:
   change. The client may send ``{"heartbeat": {"step": int}}``, ``{"group": str}``,
   ``{"role": training|spare}`` (local rank 0's group and role are the node's, gossiped in
   its job tag, so every agent's view shows them; ``check_role``; a role given at
-  ``register`` holds from the node's first view) and ``{"lost": [str]}`` (peers its
+  ``register`` holds from the node's first view), ``{"target": int}`` (the job's target
+  number of training nodes, as its trainers know it: kept by this agent only, shown by
+  ``jobs``; ``check_target``) and ``{"lost": [str]}`` (peers its
   collectives lost: the agent probes them at once) frames on the same connection; with
   ``register`` the connection is this local rank's registration (the node joins the view
   once all ``local_world_size`` ranks have registered) and closing it unregisters. A
@@ -89,7 +91,9 @@ its handler in agent/control_server.py ``HANDLERS``, and its line here:
   frames this agent refused from the job's ranks registered here now), ``"slow": {node:
   ratio}`` and ``"slow_flags": int`` (the job's nodes flagged slow now, as this agent's
   trainers last reported with a ``{"slow": {"nodes": {node: ratio}}}`` watch frame, and how
-  many were newly flagged: agent/slow_jobs.py).
+  many were newly flagged: agent/slow_jobs.py), and ``"target": int|null`` (the job's
+  target number of training nodes, as this agent's local rank 0 last reported it; null
+  where no trainer here said).
 """
 
 from __future__ import annotations
@@ -207,6 +211,21 @@ ROLE_SPARE = "spare"
 ROLES = (ROLE_TRAINING, ROLE_SPARE)
 """A job member's roles: ``training`` (in the training group) or ``spare`` (registered and
 ready, waiting to replace a failed node). The trainers decide; the agent carries it."""
+
+
+MAX_TARGET_NODES = 65_536
+"""A job's target number of training nodes: far above any cluster one gossip group holds
+(memberlist clusters run to thousands), low enough to print and graph plainly."""
+
+
+def check_target(target: object) -> int:
+    """A valid target number of training nodes (``1..MAX_TARGET_NODES``), else
+    ``ControlError`` naming the setting."""
+    if isinstance(target, bool) or not isinstance(target, int):
+        raise ControlError(f"target must be an int in 1..{MAX_TARGET_NODES}, got {target!r}"[:200])
+    if not 1 <= target <= MAX_TARGET_NODES:
+        raise ControlError(f"target must be an int in 1..{MAX_TARGET_NODES}, got {target!r}")
+    return target
 
 
 def check_role(role: object) -> str:

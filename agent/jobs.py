@@ -274,6 +274,9 @@ class Registration:
     group: str = ""
     role: str = ROLE_TRAINING
     """The node's role in the job as this rank last set it (local rank 0's is gossiped)."""
+    target_nodes: int | None = None
+    """The job's target number of training nodes, as this rank last reported it (local
+    rank 0's is shown by ``jobs``; not gossiped)."""
     last_step: int = -1
     heartbeats: int = 0
     paused: Pause | None = None
@@ -416,6 +419,11 @@ class NodeJob:
 
     def refused_frames(self) -> int:
         return sum(reg.refused_frames for reg in self.ranks.values())
+
+    def target_nodes(self) -> int | None:
+        """The job's target number of training nodes, as local rank 0 reported it."""
+        first = self.ranks.get(0)
+        return None if first is None else first.target_nodes
 
 
 @dataclass

@@ -33,7 +33,9 @@ agent's monotonic clock. Schemas:
   "steps": {"<local rank>": int}, "hung_ranks": [int], "paused": [{"local_rank": int,
   "reason": str, "left_ms": int}]}`` (a step of -1: no heartbeat yet; ``paused``: ranks in
   a declared pause, spared from hang scoring until ``left_ms`` runs out), ``"slow": {node:
-  ratio}`` (the job's nodes flagged slow, as this node's trainers reported: agent/slow_jobs.py).
+  ratio}`` (the job's nodes flagged slow, as this node's trainers reported: agent/slow_jobs.py),
+  ``"target": int|null`` (the job's target number of training nodes, as this node's local
+  rank 0 reported it).
 - ``GET /v1/info`` → the control API's ``info`` result plus ``"process": {"pid": int,
   "cpu_s": float, "wall_s": float, "rss_bytes": int|null, "max_rss_bytes": int}``
   (``cpu_s``/``wall_s``: process CPU and a monotonic clock, so two polls give the CPU
@@ -388,4 +390,5 @@ class StatusEndpoints:
             "hung_ranks": node_job.hung_ranks(now_ms),
             "paused": node_job.paused_ranks(now_ms),
             "slow": self.agent.jobs.slow.summary(job)["slow"],
+            "target": node_job.target_nodes(),
         }

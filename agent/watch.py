@@ -15,6 +15,8 @@ job rules in ``agent.jobs``).
   0's is gossiped in the job tag, like the group): every agent's view shows it; the
   fingerprint and ``registered_ms`` stay (a role is not a membership change). A role
   whose tag would not fit the node's metadata is refused, the old role kept.
+- ``{"target": int}``: the job's target number of training nodes as the trainers know it
+  (``check_target``): kept here for ``jobs``, the status page and metrics, not gossiped.
 - ``{"lost": [node, ...]}``: the trainer's collectives lost these peers (a connection
   error). Evidence, not a verdict: the agent probes them at once (``Agent.probe_now``)
   instead of at their round-robin turn, and only the probe cycle can suspect them.
@@ -24,8 +26,8 @@ job rules in ``agent.jobs``).
   purpose and steps again (``Registration.pause``); a pause is answered on the same
   connection (``{"pause": {"ok": ...}}``), so the trainer knows it holds before it stops.
   Replies and views share the stream under one lock (a trio stream takes one sender).
-A refused frame (a bad pause, group, role or lost report) changes nothing, is logged and counted
-(``Registration.refused_frames``); the connection stays.
+A refused frame (a bad pause, group, role, target or lost report) changes nothing, is
+logged and counted (``Registration.refused_frames``); the connection stays.
 Bounded: ``MAX_REGISTRATIONS`` registrations and ``MAX_WATCHERS`` connections per agent,
 ``MAX_LOST_NAMES`` names per report, frame sizes by the control framing. A bad frame
 closes that connection only. The job tag is recomputed and set by the agent's
@@ -46,7 +48,7 @@ import trio
 
 from agent import serf
 from agent.api import AgentAPI
-from agent.control import ControlError, FrameDecoder, encode_frame, error, ok
+from agent.control import ControlError, FrameDecoder, check_target, encode_frame, error, ok
 from agent.jobs import (
     HEALTH_OK,
     MAX_REGISTRATIONS,
@@ -207,6 +209,8 @@ async def _read_client(
                     await agent.jobs.sync_tag(reg.job)
             if "role" in frame:
                 await _set_role(agent, reg, frame["role"])
+            if "target" in frame:
+                _set_target(reg, frame["target"])
             if "lost" in frame:
                 await _report_lost(agent, reg, frame["lost"])
             if "slow" in frame:
@@ -260,6 +264,14 @@ async def _set_role(agent: AgentAPI, reg: Registration, role: object) -> None:
         log.warning("job %s: refused role %s: %s", reg.job, checked, exc)
         return
     log.info("job %s: this node's role is now %s", reg.job, checked)
+
+
+def _set_target(reg: Registration, target: object) -> None:
+    try:
+        reg.target_nodes = check_target(target)
+    except ControlError as exc:
+        reg.refused_frames += 1
+        log.warning("watch: ignoring a bad target: %s", exc)
 
 
 async def _report_lost(agent: AgentAPI, reg: Registration, names: object) -> None:
