@@ -63,11 +63,11 @@ its handler in agent/control_server.py ``HANDLERS``, and its line here:
 - ``jobs`` → ``{"jobs": [{"job": str, "generation": int, "fingerprint": str, "nodes": int,
   "ranks": int, "training": int, "spares": int, "hung": int, "local_ranks": int}],
   "omitted": int}``: every job a member's tag names (in any state) or a local rank
-  registered here, by name; ``nodes``, ``ranks``, ``generation`` and ``fingerprint`` are
-  those of the job's ``view``; ``training`` and ``spares``: the view's nodes by ``role``
-  (their sum is ``nodes``); ``hung``: alive or suspect nodes flagged hung (out of the
-  view); ``local_ranks``: ranks registered on this agent; ``omitted``: jobs beyond
-  ``agent.jobs.MAX_LISTED_JOBS`` (256), not listed.
+  registered here, by name; ``nodes``, ``generation`` and ``fingerprint`` are those of the
+  job's ``view``; ``training`` and ``spares``: the view's nodes by ``role`` (their sum is
+  ``nodes``); ``ranks``: the training nodes' ranks (the world the job trains at); ``hung``:
+  alive or suspect nodes flagged hung (out of the view); ``local_ranks``: ranks registered
+  on this agent; ``omitted``: jobs beyond ``agent.jobs.MAX_LISTED_JOBS`` (256), not listed.
 - ``watch`` args ``{job: str, register?: {store_port?: int, heartbeat_pause_ms?: int,
   heartbeat_threshold?: float, first_heartbeat_estimate_ms?: int, local_rank?: int,
   local_world_size?: int, role?: training|spare}}`` → an ``ok`` frame ``{"node": <this

@@ -239,7 +239,7 @@ def summaries(
                 "generation": generations.number(job, fp),
                 "fingerprint": fp,
                 "nodes": len(listed),
-                "ranks": sum(m.ranks for m in listed),
+                "ranks": sum(m.ranks for m in listed if m.role == ROLE_TRAINING),
                 "training": sum(m.role == ROLE_TRAINING for m in listed),
                 "spares": sum(m.role == ROLE_SPARE for m in listed),
                 "hung": hung.get(job, 0),

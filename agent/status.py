@@ -25,8 +25,8 @@ agent's monotonic clock. Schemas:
   "spares": int, "nodes": [node], "hung_nodes": [str], "local": local|null}``. ``nodes``:
   every member carrying the job's tag, the view's members first (``{"name", "status",
   "in_view": bool, "health": ok|hung, "ranks": int, "registered_ms": int, "group": str,
-  "role": training|spare}``); ``ranks`` sums the view's ranks; ``training`` and ``spares``
-  count the view's nodes by role (``agent.control.ROLES``);
+  "role": training|spare}``); ``ranks`` sums the view's training nodes' ranks;
+  ``training`` and ``spares`` count the view's nodes by role (``agent.control.ROLES``);
   ``formations`` counts the view's fingerprint changes this agent saw (its first sight
   counts one) and ``formed_ms`` is the last one's time. ``local`` (this node's own
   registration): ``{"local_world_size": int, "registered": [int], "complete": bool,
@@ -241,7 +241,7 @@ def _jobs(
                 "fingerprint": fp,
                 "formations": count,
                 "formed_ms": formed_ms,
-                "ranks": sum(j.ranks for j in view),
+                "ranks": sum(j.ranks for j in view if j.role == ROLE_TRAINING),
                 "training": sum(j.role == ROLE_TRAINING for j in view),
                 "spares": sum(j.role == ROLE_SPARE for j in view),
                 "nodes": nodes,

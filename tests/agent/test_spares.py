@@ -211,6 +211,7 @@ async def test_a_spare_shows_in_every_agents_view_swimctl_and_metrics(tmp_path: 
             assert "1 training node(s), 1 rank(s), 1 spare(s)" in out.stdout.splitlines()[0]
             listed = await trio.to_thread.run_sync(_jobs, n0)
             assert (listed["training"], listed["spares"], listed["nodes"]) == (1, 1, 2)
+            assert listed["ranks"] == 1  # the world the job trains at
             assert listed["target"] is None  # n0's trainer reported none
             assert (await trio.to_thread.run_sync(_jobs, n1))["target"] == 1
 
@@ -227,7 +228,7 @@ async def test_a_spare_shows_in_every_agents_view_swimctl_and_metrics(tmp_path: 
                 lambda: json.loads(urlopen(f"{url}/v1/jobs", timeout=5).read())
             )
             (job,) = status["jobs"]
-            assert (job["training"], job["spares"]) == (1, 1)
+            assert (job["training"], job["spares"], job["ranks"]) == (1, 1, 1)
             assert {n["name"]: n["role"] for n in job["nodes"]} == {
                 "n0": "training",
                 "n1": "spare",
