@@ -41,11 +41,11 @@ not offered.
   view with the new role.
 
 The *view* of a job is every member that is alive or suspect (SWIM §4.2: a suspect has not
-been declared failed yet) and carries a healthy registration, ordered by join age; global
-ranks follow that order and, within a node, the local rank (spares included: the trainers
-number the training nodes among themselves). Its ``fingerprint`` hashes the
-ordered (name, registered_ms, ranks) triples, not the roles: equal on every node that sees
-the same member set. ``generation`` is this agent's count of fingerprint changes: it
+been declared failed yet) and carries a healthy registration, hot spares included, ordered
+by join age; global ranks follow that order and, within a node, the local rank (a job with
+hot spares numbers only its training nodes, as its trainers decide). Its ``fingerprint``
+hashes the ordered (name, registered_ms, ranks) triples, not the roles: equal on every
+node that sees the same member set. ``generation`` is this agent's count of fingerprint changes: it
 numbers the views one client sees, it is not comparable across nodes.
 
 Everything here is pure (no trio, no sockets): the control server owns the I/O.
@@ -284,8 +284,8 @@ class Registration:
     overruns: int = 0
     """Pauses that ran past their ``max_s`` (scored again from their deadline)."""
     refused_frames: int = 0
-    """Frames refused from this rank (a bad pause, group, role or lost report): nothing
-    changed."""
+    """Frames refused from this rank (a bad pause, group, role, target, lost or slow
+    report): nothing changed."""
 
     @classmethod
     def create(
