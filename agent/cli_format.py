@@ -303,8 +303,9 @@ class MemberFilter:
 
 def view_text(view: Mapping[str, Any], now_ms: int) -> str:
     """One job's view: a summary line, then its nodes in the view's order (join age), each
-    with its role; a spare's ``Global ranks`` is ``-`` (the trainers number the training
-    nodes among themselves)."""
+    with its role. ``Global ranks`` numbers the training nodes in join order (a spare has
+    none, ``-``); a spare that replaced a failed node holds that node's ranks instead,
+    which only its trainers know."""
     members: list[Mapping[str, Any]] = list(view["members"])
     training = [m for m in members if m.get("role", ROLE_TRAINING) == ROLE_TRAINING]
     spares = len(members) - len(training)
