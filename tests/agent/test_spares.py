@@ -224,6 +224,11 @@ async def test_a_spare_shows_in_every_agents_view_swimctl_and_metrics(tmp_path: 
             page = await trio.to_thread.run_sync(scrape)
             assert 'swim_job_spare_nodes{job="train"} 1.0' in page
             assert 'swim_job_training_nodes{job="train"} 1.0' in page
+            assert "swim_job_target_nodes{" not in page  # n0's trainer reported none
+            url1 = f"http://127.0.0.1:{agents[1].agent.metrics_port}/metrics"
+            page1 = await trio.to_thread.run_sync(lambda: urlopen(url1, timeout=5).read())
+            assert b'swim_job_target_nodes{job="train"} 1.0' in page1
+            assert b'swim_job_spare_nodes{job="train"} 1.0' in page1
             status = await trio.to_thread.run_sync(
                 lambda: json.loads(urlopen(f"{url}/v1/jobs", timeout=5).read())
             )
@@ -281,4 +286,33 @@ async def test_a_node_registered_as_a_spare_is_never_seen_training(tmp_path: Pat
             raw.close()
             observer.close()
         # unregistered before the agent stops (its last tag update would wait otherwise)
+        await until_async(lambda: "swim.job/train" not in agents[0].agent.tags, 5)
+
+
+@pytest.mark.trio
+async def test_a_role_whose_tag_would_not_fit_is_refused_and_the_old_one_kept(
+    tmp_path: Path,
+) -> None:
+    """The node's other tags leave room for a training tag but not for ``,spare``: the
+    role frame is refused and counted, the published tag and the connection stay."""
+    training = f"{1_700_000_000_000},0,ok,,1"
+    pad = max(
+        n
+        for n in range(300, 500)
+        if len(serf.encode_tags({"pad": "x" * n, "swim.job/train": training})) <= 512
+    )
+    assert len(serf.encode_tags({"pad": "x" * pad, "swim.job/train": training + ",spare"})) > 512
+    path = tmp_path / "n0.sock"
+    async with cluster(tmp_path, 1, tags={"pad": "x" * pad}) as agents:
+        rank = await trio.to_thread.run_sync(lambda: Membership("train", control=path))
+        try:
+            rank._send({"role": "spare"})
+            with trio.fail_after(10):
+                while (await trio.to_thread.run_sync(_jobs, path))["refused_frames"] != 1:
+                    await trio.sleep(0.05)
+            assert agents[0].agent.tags["swim.job/train"].count(",") == 4  # still training
+            listed = await trio.to_thread.run_sync(_jobs, path)
+            assert (listed["training"], listed["spares"]) == (1, 0) and rank.closed is None
+        finally:
+            rank.close()
         await until_async(lambda: "swim.job/train" not in agents[0].agent.tags, 5)
