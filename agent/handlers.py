@@ -200,6 +200,8 @@ def job_view_event(view: Mapping[str, object], roles: Mapping[str, str]) -> Hand
             "registered_ms": m["registered_ms"],
         }
         tags = {k: str(v) for k, v in fields.items()}
+        if m.get("role", "training") != "training":
+            tags["job_role"] = str(m["role"])  # a hot spare; the Serf ``role`` is the node's
         if roles.get(m["name"]):
             tags[ROLE_TAG] = roles[m["name"]]
         lines.append(MemberLine(m["name"], m["addr"], tags))

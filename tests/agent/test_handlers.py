@@ -218,6 +218,8 @@ def test_job_views_become_member_lines() -> None:
         b"gpu1\t10.0.0.1\ttrainer\t"
         b"group=g1,ranks=8,registered_ms=17,role=trainer,status=alive,store_port=29500\n"
     )
+    view["members"][0]["role"] = "spare"  # type: ignore[index]
+    assert b",job_role=spare," in handler_stdin(job_view_event(view, {}))
 
 
 def test_a_user_event_is_handed_over_once() -> None:

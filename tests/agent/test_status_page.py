@@ -1,8 +1,8 @@
 """The status page in a real headless Chromium (Debian's ``chromium``), against real agent
 processes on loopback: the page renders the cluster (members, health, a job's local ranks
-and steps, the events), renders a hostile member name and tag as text, filters and sorts,
-and a SIGKILLed member turns dead on the page without a reload; when its own agent dies
-the page says so. The browser is driven over the DevTools protocol on a pipe
+and steps, a hot spare, the events), renders a hostile member name and tag as text,
+filters and sorts, and a SIGKILLed member turns dead on the page without a reload; when
+its own agent dies the page says so. The browser is driven over the DevTools protocol on a pipe
 (tests/agent/chromium.py); one browser serves the module. A screenshot is kept under the
 test's temporary directory (its path is printed). Every process is stopped by pid."""
 
@@ -105,15 +105,25 @@ def test_the_page_shows_the_cluster_and_a_killed_member_turns_dead(
         until(
             lambda: (
                 browser.evaluate(f"document.querySelector({json.dumps(job)}) !== null")
-                and _cells(browser, job)[6:8] == ["2/2", "0:7 1:7"]
+                and _cells(browser, job)[7:9] == ["2/2", "0:7 1:7"]
             ),
             10,
             "the job, its local ranks and their steps on the page",
         )
-        assert _cells(browser, job)[:3] == ["train", "1", "2"]  # one node, two ranks
+        assert _cells(browser, job)[:4] == ["train", "1", "0", "2"]  # one node, two ranks
+        # agent-1 joins the job as a hot spare: counted apart, marked under Members
+        spare = Membership("train", control=agents[1].control)
+        watches.append(spare)
+        spare._send({"role": "spare"})
+        until(
+            lambda: _cells(browser, job)[:4] == ["train", "1", "1", "2"],
+            20,
+            "the spare on the page",
+        )
+        assert "agent-1 [spare]" in _cells(browser, job)[10]
         with watches[1].paused("checkpoint", 60):  # a declared pause shows with its reason
             until(
-                lambda: _cells(browser, job)[8] == "1 paused (checkpoint)",
+                lambda: _cells(browser, job)[9] == "1 paused (checkpoint)",
                 10,
                 "the paused rank on the page",
             )
