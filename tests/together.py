@@ -24,8 +24,10 @@ fault window then overlaps other scenarios' windows and their bring-ups.
 Bounds: at most ``MAX_SCENARIOS`` threads per module; each scenario ends by its own
 deadlines (every wait in it has a timeout), and the fixture waits at most ``JOIN_BOUND_S``
 for all of them (below pytest-timeout's 300 s), then fails the scenarios still running.
-The threads are daemons: one stuck past the bound cannot hold the interpreter at exit,
-and what it started is still removed (a netns ``Testbed`` closes itself at exit).
+The threads are not daemons: a scenario still running past the bound goes on to its own
+end, which removes what it started (its ``with`` blocks close its testbeds and
+processes), and the interpreter waits for it at exit. A daemon thread would be frozen at
+exit, after the atexit cleanup, and could leave a namespace it was creating behind.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def run_together(
     for name in order:
         workdir = tmp_dir / re.sub(r"[^A-Za-z0-9_.-]", "_", name)
         workdir.mkdir(parents=True, exist_ok=True)
-        t = threading.Thread(target=run, args=(name, workdir), name=name, daemon=True)
+        t = threading.Thread(target=run, args=(name, workdir), name=name)
         t.start()
         threads.append(t)
         time.sleep(START_SPACING_S)
