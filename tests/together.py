@@ -10,7 +10,7 @@ How: the module defines ``SCENARIOS`` (test name, as pytest names the item, e.g.
 module-scoped fixture returning ``run_together(request, SCENARIOS, tmp_dir)``. That looks
 up which of the module's tests that use the fixture were selected (``-k`` and node ids are
 honoured: a scenario runs only if its test does), starts each selected scenario in a thread
-of its own with its own work directory, in ``SCENARIOS`` order (longest first), and waits
+of its own with its own work directory (``s<i>``), in ``SCENARIOS`` order (longest first), and waits
 for all of them. Each test then calls ``together.check(request)``, which re-raises its own
 scenario's failure with the scenario's traceback: every test still passes, fails or skips
 on its own assertions.
@@ -32,7 +32,6 @@ exit, after the atexit cleanup, and could leave a namespace it was creating behi
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -102,8 +101,8 @@ def run_together(
             seconds[name] = time.monotonic() - start
 
     threads: list[threading.Thread] = []
-    for name in order:
-        workdir = tmp_dir / re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    for i, name in enumerate(order):
+        workdir = tmp_dir / f"s{i}"  # short: a control socket's path has a 108-byte limit
         workdir.mkdir(parents=True, exist_ok=True)
         t = threading.Thread(target=run, args=(name, workdir), name=name)
         t.start()

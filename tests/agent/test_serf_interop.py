@@ -1,11 +1,7 @@
 """A mixed cluster of real serf agents (Debian's serf 0.9.4) and our agents on loopback.
 
 Both sides must agree on membership, failures, graceful leaves and tags, in plaintext and
-encrypted; a swim agent with the wrong key cannot join. Every process is stopped by pid.
-
-The plaintext and the encrypted cluster run at the same time (tests/together.py): each on
-its own ports, brought up one after the other, their waits for gossip and failure
-detection overlapping. Each keeps its steps and assertions and fails on its own."""
+encrypted; a swim agent with the wrong key cannot join. Every process is stopped by pid."""
 
 from __future__ import annotations
 
@@ -14,9 +10,8 @@ import functools
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -25,7 +20,6 @@ import pytest
 
 from agent.procs import stop, until
 from bench.procs import SERF, LocalAgent, LocalSerf, SerfError
-from tests.together import Scenario, Together, run_together
 
 pytestmark = pytest.mark.skipif(
     SERF is None, reason="serf not installed (scripts/setup.sh installs it with apt-get)"
@@ -99,22 +93,19 @@ def _see_alive(observers: Sequence[LocalSerf | LocalAgent], names: set[str]) -> 
     )
 
 
-def mixed_scenario(workdir: Path, gate: threading.Lock, encrypt: str | None) -> None:
-    """``test_mixed_cluster_forms_fails_leaves_and_shares_tags`` with or without a key;
-    started and converged inside ``gate`` (tests/together.py)."""
-    names = {"s0", "s1", "s2", "w0", "w1", "w2"}
-    with gate:
-        mixed = _start(workdir, encrypt)
+@pytest.fixture(params=[None, KEY], ids=["plain", "encrypted"])
+def mixed(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Mixed]:
+    cluster = _start(tmp_path, request.param)
     try:
-        with gate:
-            settle(lambda: _see_alive(mixed.serfs, names), 30, "serf sees everyone alive")
-            settle(lambda: _see_alive(mixed.swims, names), 30, "swim sees everyone alive")
-        _mixed(mixed)
+        yield cluster
     finally:
-        _stop_all(mixed.serfs, mixed.swims)
+        _stop_all(cluster.serfs, cluster.swims)
 
 
-def _mixed(mixed: Mixed) -> None:
+def test_mixed_cluster_forms_fails_leaves_and_shares_tags(mixed: Mixed) -> None:
+    names = {"s0", "s1", "s2", "w0", "w1", "w2"}
+    settle(lambda: _see_alive(mixed.serfs, names), 30, "serf sees everyone alive")
+    settle(lambda: _see_alive(mixed.swims, names), 30, "swim sees everyone alive")
     # tags cross both ways
     assert mixed.serfs[0].members()["w1"]["tags"] == {"role": "swim"}
     assert mixed.swims[0].members()["s1"]["tags"] == {"role": "serf"}
@@ -196,31 +187,6 @@ def _settle_status(
         settle(done, SPREAD_S, what)
     except TimeoutError as exc:
         raise TimeoutError(f"{exc}; last seen: {last}") from None
-
-
-SCENARIOS: dict[str, Scenario] = {  # the longer first
-    "test_mixed_cluster_forms_fails_leaves_and_shares_tags[encrypted]": functools.partial(
-        mixed_scenario, encrypt=KEY
-    ),
-    "test_mixed_cluster_forms_fails_leaves_and_shares_tags[plain]": functools.partial(
-        mixed_scenario, encrypt=None
-    ),
-}
-
-
-@pytest.fixture(scope="module")
-def together(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Together:
-    return run_together(request, SCENARIOS, tmp_path_factory.mktemp("interop"))
-
-
-@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
-def test_mixed_cluster_forms_fails_leaves_and_shares_tags(
-    together: Together, request: pytest.FixtureRequest, encrypted: bool
-) -> None:
-    """3 serf and 3 swim agents: all alive everywhere with each other's tags, a tag change
-    seen across both ways, graceful leaves seen as left both ways, a SIGKILLed swim agent
-    failed at serf and dead at swim, a SIGKILLed serf agent dead at swim."""
-    together.check(request)
 
 
 def test_wrong_key_cannot_join(tmp_path: Path) -> None:
