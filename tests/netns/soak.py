@@ -277,8 +277,15 @@ def _print_sample(
     )
 
 
-def run_soak(bed: Testbed, plan: SoakPlan, out: Callable[[str], None] = print) -> SoakResult:
-    """Run the plan on a testbed that is up (``plan.agents`` hosts, no agents yet)."""
+def run_soak(
+    bed: Testbed,
+    plan: SoakPlan,
+    out: Callable[[str], None] = print,
+    gate: contextlib.AbstractContextManager[Any] | None = None,
+) -> SoakResult:
+    """Run the plan on a testbed that is up (``plan.agents`` hosts, no agents yet); the
+    agents start and converge inside ``gate`` if given (tests/together.py: one bring-up
+    at a time)."""
     rng = random.Random(plan.seed)
     roles = plan.roles()
     res = SoakResult(plan, roles)
@@ -289,8 +296,11 @@ def run_soak(bed: Testbed, plan: SoakPlan, out: Callable[[str], None] = print) -
         f"soak: {plan}; roles " + ", ".join(f"{k}={[node[i] for i in v]}" for k, v in roles.items())
     )
 
-    bed.start_agents(plan.profile)
-    took = until(lambda: views_agree(bed), 60 + plan.agents, "the agents to converge", poll_s=0.5)
+    with gate if gate is not None else contextlib.nullcontext():
+        bed.start_agents(plan.profile)
+        took = until(
+            lambda: views_agree(bed), 60 + plan.agents, "the agents to converge", poll_s=0.5
+        )
     out(f"soak: {plan.agents} agents converged after {took:.1f}s")
     inc_before = int(bed.agent(1).members()[node[paused]]["incarnation"])
     bed.host_loss(plan.loss)

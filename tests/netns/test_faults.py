@@ -8,22 +8,34 @@ it declares live members dead at 20% loss); the rest on ``local``: 1 s probes, 2
 timeout, 1 indirect helper, suspicion α=3 (β=6), 15 s push-pull. ``SWIM_NETNS_WINDOW_S``
 lengthens the observation windows (default 30 s for loss, 25 s for reachability faults).
 
+The scenarios of the selected tests run at the same time, each on its own testbed
+(tests/together.py): the agents of each testbed are brought up one testbed at a time, then
+the fault windows overlap, so the module takes about as long as its longest scenario (the
+partition) plus the bring-ups, instead of the sum of all windows. Each scenario keeps its
+hosts, profile, windows, faults and assertions; what runs beside it is other testbeds'
+mostly idle agents. Each test passes or fails on its own scenario.
+
 Skipped, with the reason, where namespaces cannot be created (not root, no ``ip netns``).
-Every namespace, rule and agent is removed by the fixture, also when a test fails.
+Every namespace, rule and agent is removed when its scenario ends, also when it fails.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import signal
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from agent.procs import until
+from tests.netns import harness
 from tests.netns.harness import Testbed, Testbeds
+from tests.together import Scenario, Together, run_together
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +56,16 @@ def report(scenario: str, **figures: object) -> None:
         f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()
     )
     print(f"\nNETNS-RESULT {scenario} {text}", flush=True)
+
+
+def _bring_up(make: Testbeds, gate: threading.Lock, k: int, profile: str) -> Testbed:
+    """k hosts running agents on ``profile``, converged; inside ``gate``, so no other
+    scenario of the module brings its agents up at the same time (tests/together.py)."""
+    with gate:
+        bed = make(k)
+        bed.start_agents(profile)
+        bed.wait_converged(30)
+    return bed
 
 
 def _sleep_watching(bed: Testbed, seconds: float) -> None:
@@ -81,30 +103,14 @@ def _drop_tolerance(p: float, arrived: int) -> float:
     return 5 * math.sqrt(p * (1 - p) / max(arrived, 1))
 
 
-@pytest.mark.parametrize("loss", [0.10, 0.20])
-def test_loss_no_false_dead_and_crash_detected(testbed: Testbeds, loss: float) -> None:
-    """5 hosts on ``lan``, loss p into every host: loss injected at the configured rate, no
-    live member declared dead in the 30 s window nor in the 10 s after a SIGKILL of n5
-    (loss still on), and the crash dead at every survivor.
+def loss_scenario(workdir: Path, gate: threading.Lock, loss: float) -> None:
+    """``test_loss_no_false_dead_and_crash_detected`` at one loss rate."""
+    with harness.testbeds(workdir) as make:
+        _loss(_bring_up(make, gate, 5, LOSS_PROFILE), loss)
 
-    Where "no false death" comes from (docs/tuning.md §6, results/loss-windows-5-hosts/):
-    windows exactly like this test's, on real hosts at load average 5 (up to 57): 0 of 60
-    at 20 % and 0 of 25 at 10 %, none after the kill either (95 % upper bound 6 % and
-    14 % per window); the simulator, same code and windows, 0 of 1,000 at each (≤ 0.4 %);
-    serf ``lan`` beside ours 0 of 65 at 20 %. Reproduce with::
 
-        python -m bench.loss_windows --plan swim-lan:0.2:60,swim-lan:0.1:25 --lanes 2
-        python -m bench.loss_windows --plan serf-lan:0.2:60 --sim-seeds 1000
-
-    Before ours re-announced its alive on a stale accusation (swim/membership.py
-    ``REANNOUNCE``), a refutation whose 4 transmissions were all lost was never repeated;
-    this test then caught the accuser's false death in 2 of 13 CI runs at 20 %, and the
-    simulator in 5 and 3 (after the kill) of 1,000 windows. At 30 % a false death is still
-    possible (1 of 30 windows; serf 5 of 35), so 30 % is not asserted."""
-    k = 5
-    bed = testbed(k)
-    bed.start_agents(LOSS_PROFILE)
-    bed.wait_converged(30)
+def _loss(bed: Testbed, loss: float) -> None:
+    k = len(bed.hosts)
     bed.host_loss(loss)
     start = time.time()
     suspicions_before = _stat_sum(bed, "suspicions_raised")
@@ -150,12 +156,15 @@ def test_loss_no_false_dead_and_crash_detected(testbed: Testbeds, loss: float) -
     assert none_dead_at_end, f"dead or missing at the end of the window: {bed.statuses()}"
 
 
-def test_partition_then_heal_merges(testbed: Testbeds) -> None:
-    k = 6
+def partition_scenario(workdir: Path, gate: threading.Lock) -> None:
+    """``test_partition_then_heal_merges``."""
+    with harness.testbeds(workdir) as make:
+        _partition(_bring_up(make, gate, 6, "local"))
+
+
+def _partition(bed: Testbed) -> None:
+    k = len(bed.hosts)
     left, right = [1, 2, 3], [4, 5, 6]
-    bed = testbed(k)
-    bed.start_agents("local")
-    bed.wait_converged(30)
     cut_at = time.time()
     bed.partition(left, right)
 
@@ -202,15 +211,14 @@ def test_partition_then_heal_merges(testbed: Testbeds) -> None:
     assert not late_dead, f"dead after the merge: {late_dead}"
 
 
-@pytest.mark.parametrize("one_way", [False, True], ids=["both-ways", "one-way"])
-def test_partial_reachability_indirect_probes_keep_alive(testbed: Testbeds, one_way: bool) -> None:
-    """Serf #185: A cannot reach C directly (any protocol), B can; B's indirect probes keep
-    C alive at A (and A alive at C). ``one_way``: only A -> C is dropped (an asymmetric
-    partition: A's pings to C and A's acks to C's pings are lost; C's packets reach A)."""
-    bed = testbed(3)
+def reachability_scenario(workdir: Path, gate: threading.Lock, one_way: bool) -> None:
+    """``test_partial_reachability_indirect_probes_keep_alive``, one way or both."""
+    with harness.testbeds(workdir) as make:
+        _reachability(_bring_up(make, gate, 3, "local"), one_way)
+
+
+def _reachability(bed: Testbed, one_way: bool) -> None:
     a, c = 1, 3  # n2 is the helper that reaches both
-    bed.start_agents("local")
-    bed.wait_converged(30)
     failed_before = {i: bed.agent(i).info()["stats"]["probes_failed"] for i in (a, c)}
     start = time.time()
     if one_way:
@@ -236,11 +244,14 @@ def test_partial_reachability_indirect_probes_keep_alive(testbed: Testbeds, one_
     assert _none_dead(bed), f"dead or missing: {bed.statuses()}"
 
 
-def test_udp_blocked_node_kept_alive_by_tcp_fallback(testbed: Testbeds) -> None:
-    k, blocked = 4, 4
-    bed = testbed(k)
-    bed.start_agents("local")
-    bed.wait_converged(30)
+def udp_blocked_scenario(workdir: Path, gate: threading.Lock) -> None:
+    """``test_udp_blocked_node_kept_alive_by_tcp_fallback``."""
+    with harness.testbeds(workdir) as make:
+        _udp_blocked(_bring_up(make, gate, 4, "local"))
+
+
+def _udp_blocked(bed: Testbed) -> None:
+    k, blocked = len(bed.hosts), 4
     start = time.time()
     bed.block_udp(blocked)
     _sleep_watching(bed, REACH_WINDOW_S)
@@ -267,12 +278,15 @@ def test_udp_blocked_node_kept_alive_by_tcp_fallback(testbed: Testbeds) -> None:
     assert all(warnings[n] > 0 for n in others), f"no TCP-fallback warning logged: {warnings}"
 
 
-def test_restart_after_dead_rejoins_with_higher_incarnation(testbed: Testbeds) -> None:
-    k, victim = 4, 4
+def restart_scenario(workdir: Path, gate: threading.Lock) -> None:
+    """``test_restart_after_dead_rejoins_with_higher_incarnation``."""
+    with harness.testbeds(workdir) as make:
+        _restart(_bring_up(make, gate, 4, "local"))
+
+
+def _restart(bed: Testbed) -> None:
+    k, victim = len(bed.hosts), 4
     survivors = [1, 2, 3]
-    bed = testbed(k)
-    bed.start_agents("local")
-    bed.wait_converged(30)
     before = bed.agent(1).members()[f"n{victim}"]["incarnation"]
     killed_at = bed.kill(victim, signal.SIGKILL)
     dead_s = until(lambda: _sees_dead(bed, survivors, victim), 60, "the victim dead everywhere")
@@ -306,3 +320,84 @@ def test_restart_after_dead_rejoins_with_higher_incarnation(testbed: Testbeds) -
     assert killed_at < restarted_at
     assert all(i > dead_inc[o] for o, i in incarnations.items()), (dead_inc, incarnations)
     assert not flaps, f"dead again after the rejoin: {flaps}"
+
+
+# --- the tests: each re-raises its own scenario's failure (tests/together.py) -------------
+
+SCENARIOS: dict[str, Scenario] = {  # longest first: it sets the module's wall time
+    "test_partition_then_heal_merges": partition_scenario,
+    "test_loss_no_false_dead_and_crash_detected[0.1]": functools.partial(loss_scenario, loss=0.1),
+    "test_loss_no_false_dead_and_crash_detected[0.2]": functools.partial(loss_scenario, loss=0.2),
+    "test_partial_reachability_indirect_probes_keep_alive[both-ways]": functools.partial(
+        reachability_scenario, one_way=False
+    ),
+    "test_partial_reachability_indirect_probes_keep_alive[one-way]": functools.partial(
+        reachability_scenario, one_way=True
+    ),
+    "test_udp_blocked_node_kept_alive_by_tcp_fallback": udp_blocked_scenario,
+    "test_restart_after_dead_rejoins_with_higher_incarnation": restart_scenario,
+}
+
+
+@pytest.fixture(scope="module")
+def together(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Together:
+    return run_together(request, SCENARIOS, tmp_path_factory.mktemp("faults"))
+
+
+@pytest.mark.parametrize("loss", [0.1, 0.2])
+def test_loss_no_false_dead_and_crash_detected(
+    together: Together, request: pytest.FixtureRequest, loss: float
+) -> None:
+    """5 hosts on ``lan``, loss p into every host: loss injected at the configured rate, no
+    live member declared dead in the 30 s window nor in the 10 s after a SIGKILL of n5
+    (loss still on), and the crash dead at every survivor.
+
+    Where "no false death" comes from (docs/tuning.md §6, results/loss-windows-5-hosts/):
+    windows exactly like this test's, on real hosts at load average 5 (up to 57): 0 of 60
+    at 20 % and 0 of 25 at 10 %, none after the kill either (95 % upper bound 6 % and
+    14 % per window); the simulator, same code and windows, 0 of 1,000 at each (≤ 0.4 %);
+    serf ``lan`` beside ours 0 of 65 at 20 %. Reproduce with::
+
+        python -m bench.loss_windows --plan swim-lan:0.2:60,swim-lan:0.1:25 --lanes 2
+        python -m bench.loss_windows --plan serf-lan:0.2:60 --sim-seeds 1000
+
+    Before ours re-announced its alive on a stale accusation (swim/membership.py
+    ``REANNOUNCE``), a refutation whose 4 transmissions were all lost was never repeated;
+    this test then caught the accuser's false death in 2 of 13 CI runs at 20 %, and the
+    simulator in 5 and 3 (after the kill) of 1,000 windows. At 30 % a false death is still
+    possible (1 of 30 windows; serf 5 of 35), so 30 % is not asserted."""
+    together.check(request)
+
+
+def test_partition_then_heal_merges(together: Together, request: pytest.FixtureRequest) -> None:
+    """6 hosts on ``local`` split 3/3: each half sees the other dead and nobody in its own
+    half; held past gossip-to-the-dead, then healed: one membership within two push-pull
+    intervals, still one 3 s later, nobody dead after the merge."""
+    together.check(request)
+
+
+@pytest.mark.parametrize("one_way", [False, True], ids=["both-ways", "one-way"])
+def test_partial_reachability_indirect_probes_keep_alive(
+    together: Together, request: pytest.FixtureRequest, one_way: bool
+) -> None:
+    """Serf #185: A cannot reach C directly (any protocol), B can; B's indirect probes keep
+    C alive at A (and A alive at C) through the 25 s window. ``one_way``: only A -> C is
+    dropped (an asymmetric partition: A's pings to C and A's acks to C's pings are lost;
+    C's packets reach A)."""
+    together.check(request)
+
+
+def test_udp_blocked_node_kept_alive_by_tcp_fallback(
+    together: Together, request: pytest.FixtureRequest
+) -> None:
+    """UDP in and out of n4 dropped for the 25 s window: nobody declared dead (the TCP
+    fallback ping answers), and every other agent logged memberlist's TCP-fallback warning."""
+    together.check(request)
+
+
+def test_restart_after_dead_rejoins_with_higher_incarnation(
+    together: Together, request: pytest.FixtureRequest
+) -> None:
+    """n4 SIGKILLed, dead everywhere, restarted under the same name: alive everywhere with a
+    higher incarnation than the dead one's, and never dead again after the rejoin."""
+    together.check(request)

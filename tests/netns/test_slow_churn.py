@@ -18,6 +18,13 @@
 - ``test_soak_short``: ``tests.netns.soak`` with 8 agents for ``SWIM_NETNS_SOAK_S``
   (default 60 s) under 10% loss (the full one: ``python -m tests.netns.soak``).
 
+The four scenarios of the selected tests run at the same time, each on its own testbed
+(tests/together.py): agents are brought up one testbed at a time, then the windows overlap,
+so the module takes about as long as its longest scenario plus the bring-ups. Each keeps
+its hosts, windows, schedule and assertions; what runs beside it is the other testbeds'
+agents (the churned restarts and the soak's loss included, so a slow member's window now
+also sees the CPU bursts of other agents starting). Each test passes or fails on its own.
+
 Profile ``lan`` throughout (``local`` declares live members dead under stress; see
 RELIABILITY.md). ``SWIM_NETNS_SEED`` (default 1) seeds every random schedule. Each test
 prints a ``NETNS-RESULT`` line (``-s``). Namespaces, agents and cgroups are removed also
@@ -31,6 +38,7 @@ import os
 import random
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,8 +47,9 @@ import pytest
 
 from agent.procs import until
 from tests.netns import harness, soak
-from tests.netns.harness import Testbed, Testbeds
+from tests.netns.harness import Testbed
 from tests.netns.test_faults import report
+from tests.together import Scenario, Together, run_together
 
 pytestmark = pytest.mark.slow
 
@@ -172,22 +181,37 @@ def _slow_verdict(
         assert all(i > inc_before for i in incs.values()), f"not refuted: {inc_before} {incs}"
 
 
-def test_slow_member_stop_cont(testbed: Testbeds) -> None:
-    k, slow = 5, 5
-    bed = testbed(k)
-    bed.start_agents(PROFILE)
-    bed.wait_converged(30)
+def _bring_up(make: harness.Testbeds, gate: threading.Lock, k: int) -> Testbed:
+    """k hosts running ``lan`` agents, converged; inside ``gate`` (tests/together.py)."""
+    with gate:
+        bed = make(k)
+        bed.start_agents(PROFILE)
+        bed.wait_converged(30)
+    return bed
+
+
+def stop_cont_scenario(workdir: Path, gate: threading.Lock) -> None:
+    """``test_slow_member_stop_cont``."""
+    with harness.testbeds(workdir) as make:
+        _stop_cont_window(_bring_up(make, gate, 5))
+
+
+def _stop_cont_window(bed: Testbed) -> None:
+    slow = 5
     inc_before = bed.agent(1).members()[f"n{slow}"]["incarnation"]
     start = time.time()
     stops = _stop_cont(bed.agent(slow).pid, SLOW_S, (1, 3), (1, 3), random.Random(SEED))
     _slow_verdict(bed, slow, start, inc_before, "slow-stop-cont", window_s=SLOW_S, stops=stops)
 
 
-def test_slow_member_cpu_starved(testbed: Testbeds) -> None:
-    k, slow = 5, 5
-    bed = testbed(k)
-    bed.start_agents(PROFILE)
-    bed.wait_converged(30)
+def cpu_starved_scenario(workdir: Path, gate: threading.Lock) -> None:
+    """``test_slow_member_cpu_starved``."""
+    with harness.testbeds(workdir) as make:
+        _cpu_starved_window(_bring_up(make, gate, 5))
+
+
+def _cpu_starved_window(bed: Testbed) -> None:
+    slow = 5
     inc_before = bed.agent(1).members()[f"n{slow}"]["incarnation"]
     pid = bed.agent(slow).pid
     start = time.time()
@@ -210,11 +234,14 @@ def test_slow_member_cpu_starved(testbed: Testbeds) -> None:
 # --- churn --------------------------------------------------------------------------------
 
 
-def test_churn(testbed: Testbeds) -> None:
-    k, churned = 6, [4, 5, 6]
-    bed = testbed(k)
-    bed.start_agents(PROFILE)
-    bed.wait_converged(30)
+def churn_scenario(workdir: Path, gate: threading.Lock) -> None:
+    """``test_churn``."""
+    with harness.testbeds(workdir) as make:
+        _churn(_bring_up(make, gate, 6))
+
+
+def _churn(bed: Testbed) -> None:
+    k, churned = len(bed.hosts), [4, 5, 6]
     rng = random.Random(SEED)
     start = time.time()
     end = start + CHURN_S
@@ -282,7 +309,8 @@ def test_churn(testbed: Testbeds) -> None:
 # --- soak (short) -------------------------------------------------------------------------
 
 
-def test_soak_short(testbed: Testbeds) -> None:
+def soak_scenario(workdir: Path, gate: threading.Lock) -> None:
+    """``test_soak_short``."""
     plan = soak.SoakPlan(
         agents=8,
         seconds=SOAK_S,
@@ -293,8 +321,48 @@ def test_soak_short(testbed: Testbeds) -> None:
         crashes=1,
         sample_s=5.0,
     )
-    bed = testbed(plan.agents)
-    res = soak.run_soak(bed, plan, out=lambda line: print(line, flush=True))
+    with harness.testbeds(workdir) as make:
+        bed = make(plan.agents)
+        res = soak.run_soak(bed, plan, out=lambda line: print(line, flush=True), gate=gate)
     report("soak-short", **res.figures())
     problems = soak.check(res)
     assert not problems, "; ".join(problems)
+
+
+# --- the tests: each re-raises its own scenario's failure (tests/together.py) -------------
+
+SCENARIOS: dict[str, Scenario] = {  # longest first: they set the module's wall time
+    "test_churn": churn_scenario,
+    "test_soak_short": soak_scenario,
+    "test_slow_member_stop_cont": stop_cont_scenario,
+    "test_slow_member_cpu_starved": cpu_starved_scenario,
+}
+
+
+@pytest.fixture(scope="module")
+def together(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Together:
+    return run_together(request, SCENARIOS, tmp_path_factory.mktemp("slow_churn"))
+
+
+def test_slow_member_stop_cont(together: Together, request: pytest.FixtureRequest) -> None:
+    """n5 of 5 SIGSTOPped 1-3 s, resumed 1-3 s, for ``SLOW_S``: nobody healthy declared
+    dead, then n5 alive everywhere (refuted if suspected) and still so 2 s later."""
+    together.check(request)
+
+
+def test_slow_member_cpu_starved(together: Together, request: pytest.FixtureRequest) -> None:
+    """n5 of 5 in a CPU cgroup of 2 ms per second for ``STARVED_S`` (a SIGSTOP duty cycle
+    without cgroups): the same verdict as the stop/cont test."""
+    together.check(request)
+
+
+def test_churn(together: Together, request: pytest.FixtureRequest) -> None:
+    """n4-n6 SIGKILLed and restarted for ``CHURN_S``: n1-n3 never dead, one complete view
+    within two push-pull intervals after the last restart, still so 2 s later."""
+    together.check(request)
+
+
+def test_soak_short(together: Together, request: pytest.FixtureRequest) -> None:
+    """8 agents, 10 % loss, a paused, two churned and one crashed member for ``SOAK_S``:
+    no healthy member dead, the crash detected everywhere, one view after, RSS bounded."""
+    together.check(request)
