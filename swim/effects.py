@@ -159,6 +159,10 @@ class Output:
     events: list[MemberEvent]
     user_messages: list[UserMessage]
     probe_results: list[ProbeResult]
+    probe_failures: list[str]
+    """Members our own probe (round-robin, urgent or cross-check) failed to reach: no direct
+    ack, no helper's, no TCP ack; each is suspect now, by our accusation or confirmation.
+    For the agent's crash evidence (agent/crash_evidence.py); the protocol needs nothing."""
     heard_from: list[str]
     """Members that showed a direct sign of life (a valid packet from their address)."""
     notices: list[Notice]
@@ -188,6 +192,7 @@ class Output:
         self.events = []
         self.user_messages = []
         self.probe_results = []
+        self.probe_failures = []
         self.heard_from = []
         self.notices = []
         self.join_results = []
@@ -203,6 +208,7 @@ class Output:
         self.events.extend(other.events)
         self.user_messages.extend(other.user_messages)
         self.probe_results.extend(other.probe_results)
+        self.probe_failures.extend(other.probe_failures)
         self.heard_from.extend(other.heard_from)
         self.notices.extend(other.notices)
         self.join_results.extend(other.join_results)

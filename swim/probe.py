@@ -15,7 +15,7 @@ Rules (SWIM §4; hashicorp/memberlist @ 1b4c746 state.go ``probe``/``probeNode``
   probe ends at the health-scaled probe interval.
 - Buddy system: a target that is not alive gets the suspicion together with the ping.
 - Outcome → local health: an answer (direct, indirect or TCP) −1; a failure +missing nacks
-  (or +1 without nack-capable helpers) and the target becomes suspect.
+  (or +1 without nack-capable helpers) and the target becomes suspect (``probe_failures``).
 - A helper relays the ack under the requester's sequence number, and sends a nack if no ack
   came within its own probe timeout. Relays in flight are bounded.
 
@@ -184,12 +184,9 @@ class Prober:
         else:
             self._transport.send(target.address, ping, target)
         ctx.stats.probes_sent += 1
+        timeout_ms = ctx.rtt.probe_timeout_ms(target.name, ctx.awareness.score)
         timers = [
-            ctx.set_timer(
-                ProbeTimeout,
-                ctx.rtt.probe_timeout_ms(target.name, ctx.awareness.score),
-                seq_no,
-            ),
+            ctx.set_timer(ProbeTimeout, timeout_ms, seq_no),
             ctx.set_timer(ProbeDeadline, interval_ms, seq_no),
         ]
         return _Probe(
@@ -386,6 +383,7 @@ class Prober:
             self._members.apply_suspect(
                 Suspect(target.incarnation, target.name, self._members.local_name)
             )
+            ctx.out.probe_failures.append(target.name)
         self._end(probe, delta)
 
     def _end(self, probe: _Probe, health_delta: int) -> None:
