@@ -18,7 +18,7 @@ import trio
 from agent.crash_evidence import CrashEvidence
 from agent.jobs import Generations, LocalJobs, Registration, summaries, tag_key, view
 from agent.slow_jobs import SlowChange, SlowJobs
-from swim import Member
+from swim import Member, NodeStateType
 
 log = logging.getLogger("swim.agent")
 UpdateTags = Callable[[Mapping[str, str], Iterable[str]], Awaitable[dict[str, str]]]
@@ -115,8 +115,10 @@ class JobRegistry:
                 job,
                 name,
             )
+        states = {m.name: m.state for m in members}
         for name in back:
-            log.info("job %s: %s back in the view (it refuted, or is gone)", job, name)
+            if states.get(name) == NodeStateType.ALIVE:
+                log.info("job %s: %s back in the view: it refuted", job, name)
         return dropped
 
 

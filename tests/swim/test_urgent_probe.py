@@ -96,6 +96,7 @@ def test_an_ack_ends_the_urgent_probe_with_an_rtt_sample_and_better_health() -> 
     out, ping = _urgent(a, "b", 100)
     done = a.receive(addr(2), Ack(ping.seq_no, b"p"), now_ms=103)
     assert done.probe_results == [ProbeResult("b", 3, b"p", "direct")]
+    assert done.probe_failures == []
     assert a.node.health_score == 0
     assert a.member("b").state == ALIVE
     # its timers are dead: handing them back does nothing
@@ -122,6 +123,7 @@ def test_a_failed_urgent_probe_asks_helpers_tries_tcp_and_suspects() -> None:
     done = _fire(a, out, ProbeDeadline)
     assert [(e.kind, e.member.name) for e in done.events] == [(EventKind.SUSPECT, "b")]
     assert [n.kind for n in done.notices] == ["urgent_probe_failed"]
+    assert done.probe_failures == ["b"]  # for the agent's crash evidence
     assert a.node.health_score == formulas.probe_failure_awareness_delta(3, 1) == 2
     stats = a.node.stats
     assert (stats.urgent_probes_failed, stats.probes_failed, stats.nacks_received) == (1, 1, 1)
@@ -436,3 +438,4 @@ def test_a_round_robin_probe_still_waits_for_its_deadline() -> None:
     assert a.member(ping.node).state == ALIVE
     done = _fire(a, tick, ProbeDeadline)
     assert [(e.kind, e.member.name) for e in done.events] == [(EventKind.SUSPECT, ping.node)]
+    assert done.probe_failures == [ping.node]
