@@ -6,12 +6,14 @@ The rule (``CrashEvidence.excluded``): a member X leaves a job's view *on this a
 the membership still lists it, when all of these hold:
 
 1. X is suspect in this agent's table;
-2. this agent's own probe of X failed during X's current suspicion, or opened it
-   (``probe_failed``: no direct ack, no helper's ack, no TCP ack; urgent, cross-check or
-   round robin alike; swim/probe.py lists it in ``Output.probe_failures``);
+2. this agent's own probe of X failed on every path *and its TCP ping was refused or reset*
+   before the probe's deadline, during X's current suspicion or opening it
+   (``probe_refused``; urgent, cross-check or round robin alike; swim/probe.py lists such
+   probes in ``Output.probes_refused``): no process listens on X's agent port any more,
+   or X's link rejects;
 3. one of this agent's own trainers *of that job* reported that its collectives lost X
    (``report_lost``: a connection reset or closed by the peer; the ``lost`` frame of
-   agent/watch.py) no more than ``EVIDENCE_WINDOW_MS`` before or after that failed probe.
+   agent/watch.py) no more than ``EVIDENCE_WINDOW_MS`` before or after that probe.
 
 What the trainers can know: gloo's error names the peer's address, so a report names the
 node (or, when nodes share an address, every other node of the group); it cannot say which
@@ -22,20 +24,22 @@ node from the live ones that a report also named.
 
 Why both halves: a reset alone comes from one crashed trainer on a live host (its agent
 answers, and takes the node out of the view itself when the registration breaks) or a
-report naming nodes that share an address; a failed probe alone comes from a paused
-process (SIGSTOP, a swap storm), lost packets or a partition, all of which leave the TCP
-connections open and send no reset. Together, on a node whose processes live, they need
-something that both rejects its TCP connections and drops or rejects its agent's packets:
-a firewall rule with ``REJECT --reject-with tcp-reset`` or a device that resets every
-connection. Such a node cannot train with the group anyway: its connections are gone, so
-the group re-forms either way; the early drop then costs one more re-formation when it
-comes back (the regrow).
+report naming nodes that share an address. A failed probe alone comes from a paused
+process (SIGSTOP, a swap storm, a starved agent), lost packets, a partition or a power
+loss, and none of these refuses a TCP connection: a paused process's kernel still accepts
+it, an unreachable host answers nothing. The refused TCP ping is what only a dead agent
+process or a rejecting link gives. Together, on a node whose processes live, the halves
+need something that resets its TCP connections and makes its agent miss a ping: a firewall
+rule with ``REJECT --reject-with tcp-reset``, a device that resets every connection. Such
+a node cannot train with the group anyway: its connections are gone, so the group
+re-forms either way; the early drop then costs one more re-formation when it comes back
+(the regrow; ``python -m bench.false_drop`` measures it).
 
 What it changes: only this agent's job views (``view``, ``watch``, ``jobs``), so the
-trainers' verdict comes at the failed probe instead of at the death. The membership is
+trainers' verdict comes at the refused probe instead of at the death. The membership is
 untouched: X stays suspect, its suspicion runs its whole window, and X can refute. A
 refutation makes X alive at a new incarnation (its ``state_change_ms`` moves past the
-failed probe), so condition 2 no longer holds and X is back in the view at once; the job
+refused probe), so condition 2 no longer holds and X is back in the view at once; the job
 regrows with it at a step boundary. Nothing is gossiped: each agent judges from its own
 trainers and its own probe (a survivor whose trainers saw no reset keeps X until the
 death, and a group formed without X does not switch back toward a suspect:
@@ -43,7 +47,7 @@ torchhook/verdicts.py ``differs``).
 
 Switch: ``job_early_drop`` in the agent's configuration (agent/config.py; on with the
 ``fast`` profile). Pure (no trio, no sockets); times are the agent's clock in ms, the clock
-of ``Member.state_change_ms``. Bounded: ``MAX_EVIDENCE_NAMES`` names per job and failed
+of ``Member.state_change_ms``. Bounded: ``MAX_EVIDENCE_NAMES`` names per job and refused
 probes kept, each for ``EVIDENCE_RETAIN_MS``; jobs as ``agent.jobs.MAX_WATCHED_JOBS``.
 """
 
@@ -63,27 +67,27 @@ __all__ = [
 ]
 
 EVIDENCE_WINDOW_MS = 1000
-"""Longest gap between a trainer's lost report and the failed probe that count together.
+"""Longest gap between a trainer's lost report and the refused probe that count together.
 An urgent probe concludes 40–100 ms after the report on a quiet host (direct timeout, the
 helpers' nacks, a refused TCP ping); a loaded host may take several times that. A second
 covers it, and stays short of a later, unrelated suspicion borrowing an old report."""
 EVIDENCE_RETAIN_MS = 60_000
-"""How long a report or a failed probe is kept: far longer than any suspicion window, so
+"""How long a report or a refused probe is kept: far longer than any suspicion window, so
 pruning never removes evidence that still counts; bounds the records of a quiet agent."""
 MAX_EVIDENCE_NAMES = 1024
-"""Names with a record per job, and failed probes kept: a report names at most 64 nodes
+"""Names with a record per job, and refused probes kept: a report names at most 64 nodes
 (agent/watch.py ``MAX_LOST_NAMES``) and a crash loses a few; the oldest go first."""
 
 
 @dataclass
 class CrashEvidence:
-    """Lost reports by job and this agent's failed probes, and the rule above."""
+    """Lost reports by job and this agent's refused probes, and the rule above."""
 
     enabled: bool = False
     _reports: dict[str, dict[str, int]] = field(default_factory=dict)
     """job → member name → when one of the job's local trainers last reported it lost."""
-    _failed: dict[str, int] = field(default_factory=dict)
-    """member name → when this agent's probe of it last failed (oldest first)."""
+    _refused: dict[str, int] = field(default_factory=dict)
+    """member name → when this agent's probe of it last failed, refused (oldest first)."""
     _dropped: dict[str, frozenset[str]] = field(default_factory=dict)
     """job → the members ``excluded`` left out last time (for ``changes``)."""
 
@@ -99,10 +103,10 @@ class CrashEvidence:
         for name in names:
             _record(reports, name, now_ms)
 
-    def probe_failed(self, name: str, now_ms: int) -> None:
-        """This agent's probe of ``name`` got no answer on any path."""
+    def probe_refused(self, name: str, now_ms: int) -> None:
+        """This agent's probe of ``name`` failed on every path, its TCP ping refused."""
         if self.enabled:
-            _record(self._failed, name, now_ms)
+            _record(self._refused, name, now_ms)
 
     def forget(self, job: str) -> None:
         """The job has no local rank left here."""
@@ -118,7 +122,7 @@ class CrashEvidence:
         for m in members:
             if m.state != NodeStateType.SUSPECT:
                 continue
-            reported_ms, failed_ms = reports.get(m.name), self._failed.get(m.name)
+            reported_ms, failed_ms = reports.get(m.name), self._refused.get(m.name)
             if reported_ms is None or failed_ms is None or failed_ms < m.state_change_ms:
                 continue
             if abs(failed_ms - reported_ms) <= EVIDENCE_WINDOW_MS:

@@ -57,10 +57,10 @@ class JobRegistry:
             self.evidence.report_lost(job, names, _now_ms())
             self.notify_changed()
 
-    def probe_failed(self, name: str) -> None:
-        """This agent's probe of ``name`` failed (the driver's ``on_probe_failed``)."""
+    def probe_refused(self, name: str) -> None:
+        """This agent's probe of ``name`` failed, its TCP ping refused (``on_probe_refused``)."""
         if self.evidence.enabled:
-            self.evidence.probe_failed(name, _now_ms())
+            self.evidence.probe_refused(name, _now_ms())
             self.notify_changed()
 
     def report_slow(self, job: str, nodes: Mapping[str, float]) -> SlowChange | None:
@@ -111,7 +111,7 @@ class JobRegistry:
         for name in newly:
             log.warning(
                 "job %s: %s left out of the view on crash evidence (a trainer here lost it "
-                "and our probe failed; still a suspect member)",
+                "and our probe was refused; still a suspect member)",
                 job,
                 name,
             )

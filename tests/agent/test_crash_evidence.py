@@ -32,14 +32,14 @@ def tags_of(m: Member) -> Any:
     return serf.decode_tags(m.meta)
 
 
-# (state, suspect since, report at, failed probe at, excluded?); None: no such record
+# (state, suspect since, report at, refused probe at, excluded?); None: no such record
 RULE = [
     (SUSPECT, 1000, 990, 1040, True),  # the crash: report, then our urgent probe fails
-    (SUSPECT, 1000, 1200, 1040, True),  # the report after our failed probe
+    (SUSPECT, 1000, 1200, 1040, True),  # the report after our refused probe
     (SUSPECT, 1000, 1040 - W, 1040, True),  # the report a whole window earlier
     (SUSPECT, 1000, 1039 - W, 1040, False),  # just too old
     (SUSPECT, 1000, 1041 + W, 1040, False),  # just too late
-    (SUSPECT, 1000, 1000, 1000, True),  # our failed probe opened the suspicion
+    (SUSPECT, 1000, 1000, 1000, True),  # our refused probe opened the suspicion
     (SUSPECT, 1000, 990, 999, False),  # our probe failed in an earlier suspicion (refuted)
     (SUSPECT, 1000, None, 1040, False),  # no trainer lost it: a pause, lost packets
     (SUSPECT, 1000, 990, None, False),  # another member's accusation only
@@ -56,7 +56,7 @@ def test_the_rule(
     if reported is not None:
         ev.report_lost("j", ["n1", "n2"], reported)  # the report names a live node too
     if failed is not None:
-        ev.probe_failed("n2", failed)
+        ev.probe_refused("n2", failed)
     members = [member("n1", ALIVE), member("n2", state, since)]
     assert ev.excluded("j", members) == ({"n2"} if excluded else set())
     assert ev.excluded("other", members) == frozenset(), "another job's trainers saw nothing"
@@ -65,7 +65,7 @@ def test_the_rule(
 def test_off_records_nothing() -> None:
     ev = CrashEvidence(enabled=False)
     ev.report_lost("j", ["n2"], 990)
-    ev.probe_failed("n2", 1040)
+    ev.probe_refused("n2", 1040)
     assert ev.excluded("j", [member("n2")]) == frozenset()
     ev.enabled = True
     assert ev.excluded("j", [member("n2")]) == frozenset()
@@ -74,7 +74,7 @@ def test_off_records_nothing() -> None:
 def test_forget_drops_a_jobs_reports() -> None:
     ev = CrashEvidence(enabled=True)
     ev.report_lost("j", ["n2"], 990)
-    ev.probe_failed("n2", 1040)
+    ev.probe_refused("n2", 1040)
     assert ev.excluded("j", [member("n2")]) == {"n2"}
     ev.forget("j")
     assert ev.excluded("j", [member("n2")]) == frozenset()
@@ -84,12 +84,12 @@ def test_records_are_bounded_in_number_and_age() -> None:
     ev = CrashEvidence(enabled=True)
     names = [f"m{i}" for i in range(MAX_EVIDENCE_NAMES + 5)]
     for i, name in enumerate(names):
-        ev.probe_failed(name, 1000 + i)
+        ev.probe_refused(name, 1000 + i)
         ev.report_lost("j", [name], 1000 + i)
-    assert len(ev._failed) == len(ev._reports["j"]) == MAX_EVIDENCE_NAMES
-    assert "m0" not in ev._failed and names[-1] in ev._failed  # the oldest went first
-    ev.probe_failed("late", 1000 + len(names) + EVIDENCE_RETAIN_MS)
-    assert list(ev._failed) == ["late"], "expired records go as new ones come"
+    assert len(ev._refused) == len(ev._reports["j"]) == MAX_EVIDENCE_NAMES
+    assert "m0" not in ev._refused and names[-1] in ev._refused  # the oldest went first
+    ev.probe_refused("late", 1000 + len(names) + EVIDENCE_RETAIN_MS)
+    assert list(ev._refused) == ["late"], "expired records go as new ones come"
 
 
 def test_changes_say_what_was_dropped_and_what_came_back() -> None:

@@ -1,9 +1,10 @@
 """Strong crash evidence with whole agents (agent/crash_evidence.py): on the in-memory
 transport and trio's MockClock (tests/agent/test_agent_memory.py's cluster), three agents
 with one registered trainer each. A crashed node that a trainer reported lost leaves that
-agent's job view while the membership still holds it suspect; a reported node that was only
-cut off leaves too, and comes back into the view once it refutes. With the switch off the
-view waits for the death, as before."""
+agent's job view while the membership still holds it suspect; a live node behind a link
+that rejects (connections refused) leaves too, and comes back once it refutes; one that is
+only silent (a pause, a power loss) stays, suspect, until it is dead. With the switch off
+the view waits for the death, as before."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ async def test_a_node_that_refutes_comes_back_into_the_view(
 ) -> None:
     async with trainers(True) as (c, ranks):
         n0, n1, n2 = c.members
-        c.network.partition({n2.address}, {n0.address, n1.address})
+        c.network.partition({n2.address}, {n0.address, n1.address}, reject=True)
         await ranks[0].send({"lost": ["n2"]})
         await ranks[0].until_view(["n0", "n1"], timeout_s=60)
         assert n0.state_of("n2") == SUSPECT
@@ -73,3 +74,16 @@ async def test_a_node_that_refutes_comes_back_into_the_view(
         await ranks[0].until_view(ALL, timeout_s=60)
         assert n0.state_of("n2") == NodeStateType.ALIVE
         assert n0.agent.jobs.evidence.excluded("j", n0.node.members()) == frozenset()
+
+
+async def test_a_silent_node_stays_in_the_view_until_its_death(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Cut off without a refusal (a pause, a power loss: its TCP ping goes unanswered): the
+    report alone is no strong evidence, so the view waits for the membership's verdict."""
+    async with trainers(True) as (c, ranks):
+        n0, n1, n2 = c.members
+        c.network.partition({n2.address}, {n0.address, n1.address})
+        await ranks[0].send({"lost": ["n2"]})
+        await ranks[0].until_view(["n0", "n1"], timeout_s=60)
+        assert n0.state_of("n2") == DEAD
