@@ -14,7 +14,7 @@ job rules in ``agent.jobs``).
 - ``{"lost": [node, ...]}``: the trainer's collectives lost these peers (a connection
   error). Evidence, not a verdict: the agent probes them at once (``Agent.probe_now``)
   instead of at their round-robin turn, and only the probe cycle can suspect them; with
-  ``job_early_drop`` a suspect that our probe failed to reach and a local trainer lost
+  ``job_early_drop`` a suspect that a local trainer lost and whose probe was refused
   leaves this agent's job view early (agent/crash_evidence.py).
 - ``{"slow": {"nodes": {name: ratio}}}``: the job's nodes flagged slow now, on a change
   (the trainers' verdict, agent/slow_jobs.py): the ``job-slow`` event, metrics, ``jobs``.
