@@ -36,13 +36,14 @@ def tags_of(m: Member) -> Any:
 RULE = [
     (SUSPECT, 1000, 990, 1040, True),  # the crash: report, then our urgent probe fails
     (SUSPECT, 1000, 1200, 1040, True),  # the report after our refused probe
-    (SUSPECT, 1000, 1040 - W, 1040, True),  # the report a whole window earlier
-    (SUSPECT, 1000, 1039 - W, 1040, False),  # just too old
-    (SUSPECT, 1000, 1041 + W, 1040, False),  # just too late
+    (SUSPECT, 1000, 1000 - W, 1000, True),  # the report a whole window earlier
+    (SUSPECT, 1000, 999 - W, 1000, False),  # just too old (and our probe opened it)
+    (SUSPECT, 1000, 1001 + W, 1000, False),  # just too late
     (SUSPECT, 1000, 1000, 1000, True),  # our refused probe opened the suspicion
     (SUSPECT, 1000, 990, 999, False),  # our probe failed in an earlier suspicion (refuted)
-    (SUSPECT, 1000, None, 1040, False),  # no trainer lost it: a pause, lost packets
-    (SUSPECT, 1000, 990, None, False),  # another member's accusation only
+    (SUSPECT, 1000, None, 1040, True),  # no report, but another accusation came first (3b)
+    (SUSPECT, 1000, None, 1000, False),  # no report, and our refused probe alone accused it
+    (SUSPECT, 1000, 990, None, False),  # another member's accusation, our probe not refused
     (ALIVE, 1000, 990, 1040, False),  # it refuted: back in the view
     (DEAD, 1000, 990, 1040, False),  # dead: out of the view anyway, not by this rule
 ]
@@ -59,7 +60,8 @@ def test_the_rule(
         ev.probe_refused("n2", failed)
     members = [member("n1", ALIVE), member("n2", state, since)]
     assert ev.excluded("j", members) == ({"n2"} if excluded else set())
-    assert ev.excluded("other", members) == frozenset(), "another job's trainers saw nothing"
+    three_b = failed is not None and failed > since and state == SUSPECT
+    assert ev.excluded("other", members) == ({"n2"} if three_b else set()), "no report there"
 
 
 def test_off_records_nothing() -> None:
@@ -73,8 +75,8 @@ def test_off_records_nothing() -> None:
 
 def test_forget_drops_a_jobs_reports() -> None:
     ev = CrashEvidence(enabled=True)
-    ev.report_lost("j", ["n2"], 990)
-    ev.probe_refused("n2", 1040)
+    ev.report_lost("j", ["n2"], 1000)
+    ev.probe_refused("n2", 1000)  # it opened the suspicion: only the report backs it
     assert ev.excluded("j", [member("n2")]) == {"n2"}
     ev.forget("j")
     assert ev.excluded("j", [member("n2")]) == frozenset()
