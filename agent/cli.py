@@ -101,6 +101,11 @@ def _agent_options(f: Any) -> Any:
         ),
         click.option("--event-handler-timeout-ms", type=int, help="Kill a handler after this."),
         click.option(
+            "--job-early-drop/--no-job-early-drop",
+            default=None,
+            help="Drop a crashed node from job views on strong evidence (default: on with fast).",
+        ),
+        click.option(
             "--config",
             "config_file",
             type=click.Path(path_type=Path),

@@ -26,6 +26,8 @@ File format (see packaging/agent.toml for a commented example)::
     control_group = "swim"          # may use the socket; default swim (else the agent's group)
     admin_group = "swimadm"         # may also leave/force_leave/join/keys/tags; default none
     metrics_addr = "127.0.0.1:9946" # off unless set
+    job_early_drop = true           # jobs stop waiting for a crashed node early (default:
+                                    # on with profile fast; agent/crash_evidence.py)
     log_level = "info"
     leave_timeout_ms = 5000
     leave_propagate_delay_ms = 300  # leave intent first, so Serf peers say "left"
@@ -62,6 +64,10 @@ DEFAULT_PORT = 7946
 DEFAULT_HANDLER_TIMEOUT_MS = 30_000
 """An event handler's run time before it is killed (agent/handler_runner.py)."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
+EARLY_DROP_PROFILES = ("fast",)
+"""Profiles whose agents drop a crashed node from job views on strong evidence by default
+(``job_early_drop``): measured there (docs/tuning.md); the others keep the membership's
+verdict, as before."""
 
 
 class AgentConfigError(ValueError):
@@ -141,6 +147,15 @@ class AgentConfig:
     event_handlers: tuple[HandlerSpec, ...] = ()
     """``[filter=]COMMAND`` as Serf's ``-event-handler`` (agent/handlers.py), in order."""
     event_handler_timeout_ms: int = DEFAULT_HANDLER_TIMEOUT_MS
+    job_early_drop: bool | None = None
+    """A job stops waiting for a suspect node on strong crash evidence (a local trainer
+    lost it and our own probe failed: agent/crash_evidence.py); None: on with ``fast``."""
+
+    def early_drop(self) -> bool:
+        """``job_early_drop``, or the profile's choice when unset (``EARLY_DROP_PROFILES``)."""
+        if self.job_early_drop is None:
+            return self.profile in EARLY_DROP_PROFILES
+        return self.job_early_drop
 
     def swim_config(self) -> Config:
         """The protocol configuration: the profile's preset with ``[protocol]`` overrides."""
@@ -286,7 +301,7 @@ def build(values: Mapping[str, Any], config_file: Path | None = None) -> AgentCo
         kwargs["tags"] = _tags(v["tags"])
     if "encrypt" in v:
         kwargs["encrypt"] = _key(v["encrypt"])
-    for key in ("encrypt_verify_incoming", "encrypt_verify_outgoing"):
+    for key in ("encrypt_verify_incoming", "encrypt_verify_outgoing", "job_early_drop"):
         if key in v:
             if not isinstance(v[key], bool):
                 raise AgentConfigError(f"{key} must be true or false, got {v[key]!r}")

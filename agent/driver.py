@@ -27,7 +27,8 @@ Rules:
   ``QUEUE_FULL`` (memberlist's HandoffQueueDepth); streams are bounded by agent.transport.
 - Executing an Output (``apply``), in order: packets to the transport; timers onto the
   heap; stream requests into tasks; every direct sign of life (``heard_from``, probe
-  results) into the Phi registry; member events to the log, the events fan-out, the
+  results) into the Phi registry; refused probes to ``on_probe_refused``; member events to
+  the log, the events fan-out, the
   Serf delegate and ``on_member_event`` (the event handlers, which only queue them); Serf
   user messages and push-pull states to the Serf delegate; notices to
   the log and the fan-out; join results to whoever waits in ``join_one``.
@@ -161,6 +162,10 @@ class Driver:
         member table: a member's entry goes when it is reaped or leaves."""
         self.on_member_event: Callable[[MemberEvent], None] | None = None
         """Called with every member event (the event handlers; must not block)."""
+        self.on_probe_refused: Callable[[str], None] | None = None
+        """Called with every member our probe failed to reach with its TCP ping refused
+        (``Output.probes_refused``), before the member events of that input
+        (agent/crash_evidence.py; must not block)."""
         self.stalls = 0
         """Times the node loop found its timers overdue by more than ``STALL_MS``."""
         self.stall_datagrams = 0
@@ -421,6 +426,9 @@ class Driver:
                 self.probe_rtt_ms[result.node] = result.rtt_ms
                 if self.on_probe_rtt_ms is not None:
                     self.on_probe_rtt_ms(result.rtt_ms)
+        if self.on_probe_refused is not None:
+            for name in out.probes_refused:
+                self.on_probe_refused(name)
         for event in out.events:
             self.emit(event)
         delegate = self.delegate

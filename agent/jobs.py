@@ -41,8 +41,9 @@ not offered.
   view with the new role.
 
 The *view* of a job is every member that is alive or suspect (SWIM §4.2: a suspect has not
-been declared failed yet) and carries a healthy registration, hot spares included, ordered
-by join age; global ranks follow that order and, within a node, the local rank (a job with
+been declared failed yet) and carries a healthy registration, hot spares included, less
+the suspects this agent leaves out on strong crash evidence (agent/crash_evidence.py),
+ordered by join age; global ranks follow that order and, within a node, the local rank (a job with
 hot spares numbers only its training nodes, as its trainers decide). Its ``fingerprint``
 hashes the ordered (name, registered_ms, ranks) triples, not the roles: equal on every
 node that sees the same member set. ``generation`` is this agent's count of fingerprint changes: it
@@ -54,7 +55,7 @@ Everything here is pure (no trio, no sockets): the control server owns the I/O.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,12 +123,17 @@ DEFAULT_HEARTBEAT_THRESHOLD = 8.0
 VIEW_STATES = (NodeStateType.ALIVE, NodeStateType.SUSPECT)
 
 
-def job_members(job: str, members: Iterable[Member], tags_of: Any) -> list[JobMember]:
+def job_members(
+    job: str, members: Iterable[Member], tags_of: Any, excluded: Set[str] = frozenset()
+) -> list[JobMember]:
     """The members of ``job``'s view, oldest registration first. ``tags_of(member)`` decodes
-    a member's tags (the caller owns the tag codec)."""
+    a member's tags (the caller owns the tag codec); ``excluded``: names left out on strong
+    crash evidence (agent/crash_evidence.py)."""
     key = tag_key(job)
     found: list[JobMember] = []
     for m in members:
+        if m.name in excluded:
+            continue
         value = tags_of(m).get(key)
         tag = JobTag.decode(value) if isinstance(value, str) else None
         if tag is not None and _in_view(m, tag):
@@ -186,9 +192,13 @@ class Generations:
 
 
 def view(
-    job: str, members: Iterable[Member], tags_of: Any, generations: Generations
+    job: str,
+    members: Iterable[Member],
+    tags_of: Any,
+    generations: Generations,
+    excluded: Set[str] = frozenset(),
 ) -> dict[str, Any]:
-    listed = job_members(job, members, tags_of)
+    listed = job_members(job, members, tags_of, excluded)
     fp = fingerprint(listed)
     return {
         "job": job,
@@ -205,14 +215,17 @@ def summaries(
     local_ranks: Mapping[str, int],
     paused: Mapping[str, list[dict[str, Any]]] | None = None,
     refused: Mapping[str, int] | None = None,
+    excluded: Mapping[str, Set[str]] | None = None,
 ) -> dict[str, Any]:
     """The ``jobs`` result (schema in agent/control.py): every job named by a member's job
     tag (any state: a job whose nodes all died is listed with none) or registered here,
     by name, at most ``MAX_LISTED_JOBS``, the rest counted in ``omitted``. One pass over
     the members, not one per job; the same filter, order, fingerprint and generation as
     ``view``, so ``jobs`` and ``view JOB`` agree. ``local_ranks``: ranks registered here;
-    ``paused`` and ``refused``: their pauses and refused frames (``NodeJob``)."""
+    ``paused`` and ``refused``: their pauses and refused frames (``NodeJob``); ``excluded``:
+    by job, names left out of its view (``view``)."""
     names = set(local_ranks)
+    left_out = excluded or {}
     in_view: dict[str, list[JobMember]] = {}
     hung: dict[str, int] = {}
     for m in members:
@@ -222,7 +235,7 @@ def summaries(
                 continue
             names.add(job)
             tag = JobTag.decode(value) if isinstance(value, str) else None
-            if tag is None or m.state not in VIEW_STATES:
+            if tag is None or m.state not in VIEW_STATES or m.name in left_out.get(job, ()):
                 continue
             if tag.health == HEALTH_OK:
                 in_view.setdefault(job, []).append(_job_member(m, tag))

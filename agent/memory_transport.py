@@ -9,7 +9,8 @@ one agent its transport. What the network does, and the faults a test can inject
   or the destination's queue is full (``DATAGRAM_QUEUE`` datagrams, like a socket buffer).
 - A stream is a ``trio.testing.memory_stream_pair``: connecting to an address nobody is
   attached to is refused (``ConnectionRefusedError``, like a closed port); connecting
-  across a partition hangs until the caller's deadline (like a lost SYN).
+  across a partition hangs until the caller's deadline (like a lost SYN), or is refused
+  across a rejecting one (``partition(..., reject=True)``: a firewall's REJECT).
 - ``crash(address)`` detaches an agent at once, as a killed process's port goes away; the
   test cancels the agent's own tasks separately (its cancel scope), as the kernel would.
 Addresses are whatever the test chooses; ``address_of(i)`` gives ``10.0.0.<i>:7946``.
@@ -43,6 +44,7 @@ class MemoryNetwork:
         self._rng = rng if rng is not None else random.Random(0)
         self._attached: dict[Address, MemoryTransport] = {}
         self._cut: set[frozenset[Address]] = set()
+        self._rejecting: set[frozenset[Address]] = set()
         self._loss: dict[Address, float] = {}
         self.delivered = 0
         self.dropped = 0
@@ -64,14 +66,18 @@ class MemoryNetwork:
         if transport is not None:
             transport.closed = True
 
-    def partition(self, side: set[Address], other: set[Address]) -> None:
-        """Cut every pair across the two sides, both ways."""
+    def partition(self, side: set[Address], other: set[Address], *, reject: bool = False) -> None:
+        """Cut every pair across the two sides, both ways; ``reject``: connections across
+        are refused at once instead of hanging."""
         for a in side:
             for b in other:
                 self._cut.add(frozenset((a, b)))
+                if reject:
+                    self._rejecting.add(frozenset((a, b)))
 
     def heal(self) -> None:
         self._cut.clear()
+        self._rejecting.clear()
 
     def loss(self, sender: Address, rate: float) -> None:
         """Drop this share of ``sender``'s datagrams (0 to 1)."""
@@ -97,6 +103,8 @@ class MemoryNetwork:
             self.dropped += 1
 
     async def _connect(self, source: Address, dest: Address) -> trio.abc.Stream:
+        if frozenset((source, dest)) in self._rejecting:
+            raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
         if not self.reachable(source, dest):
             await trio.sleep_forever()
         target = self._attached.get(dest)

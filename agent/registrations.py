@@ -8,16 +8,19 @@ tags only through the agent's ``update_tags`` (which runs in the node task).
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import trio
 
+from agent.crash_evidence import CrashEvidence
 from agent.jobs import Generations, LocalJobs, Registration, summaries, tag_key, view
 from agent.slow_jobs import SlowChange, SlowJobs
-from swim import Member
+from swim import Member, NodeStateType
 
+log = logging.getLogger("swim.agent")
 UpdateTags = Callable[[Mapping[str, str], Iterable[str]], Awaitable[dict[str, str]]]
 
 
@@ -32,6 +35,10 @@ class JobRegistry:
         self.slow = SlowJobs()
         self.on_slow: Callable[[SlowChange], object] | None = None
         """Told of every change of a job's flagged set (the event handlers' runner)."""
+        self.evidence = CrashEvidence()
+        """Strong crash evidence (``enabled`` from the agent's ``job_early_drop``)."""
+        self.notify_changed: Callable[[], None] = lambda: None
+        """Wakes the view watchers: evidence can change a view without a member event."""
         self._lock = trio.Lock()
 
     def add(self, reg: Registration, wall_ms: int) -> None:
@@ -42,6 +49,19 @@ class JobRegistry:
         self.local.remove(reg)
         if reg.job not in self.local:
             self.slow.forget(reg.job)
+            self.evidence.forget(reg.job)
+
+    def report_lost(self, job: str, names: Sequence[str]) -> None:
+        """A local trainer of ``job`` lost these peers (agent/crash_evidence.py)."""
+        if self.evidence.enabled:
+            self.evidence.report_lost(job, names, _now_ms())
+            self.notify_changed()
+
+    def probe_refused(self, name: str) -> None:
+        """This agent's probe of ``name`` failed, its TCP ping refused (``on_probe_refused``)."""
+        if self.evidence.enabled:
+            self.evidence.probe_refused(name, _now_ms())
+            self.notify_changed()
 
     def report_slow(self, job: str, nodes: Mapping[str, float]) -> SlowChange | None:
         """A trainer's fail-slow verdict (agent/slow_jobs.py), already checked."""
@@ -70,8 +90,10 @@ class JobRegistry:
         return {job: node_job.target_nodes() for job, node_job in self.local.jobs.items()}
 
     def view(self, job: str, members: Iterable[Member], tags_of: Any) -> dict[str, Any]:
-        """The job's view over these members, numbered by this agent's generations."""
-        return view(job, members, tags_of, self.generations)
+        """The job's view over these members, numbered by this agent's generations, less the
+        suspects left out on strong crash evidence."""
+        members = list(members)
+        return view(job, members, tags_of, self.generations, self._excluded(job, members))
 
     def summaries(self, members: Iterable[Member], tags_of: Any) -> dict[str, Any]:
         """Every job these members name or this node registers (the ``jobs`` op), numbered
@@ -81,9 +103,31 @@ class JobRegistry:
         local = {job: len(node_job.ranks) for job, node_job in jobs.items()}
         paused = {job: node_job.paused_ranks(now_ms) for job, node_job in jobs.items()}
         refused = {job: node_job.refused_frames() for job, node_job in jobs.items()}
-        result = summaries(members, tags_of, self.generations, local, paused, refused)
+        members = list(members)
+        excluded = {job: self._excluded(job, members) for job in jobs}
+        result = summaries(members, tags_of, self.generations, local, paused, refused, excluded)
         for entry in result["jobs"]:
             node_job = jobs.get(entry["job"])
             entry["target"] = None if node_job is None else node_job.target_nodes()
             entry.update(self.slow.summary(entry["job"]))
         return result
+
+    def _excluded(self, job: str, members: list[Member]) -> frozenset[str]:
+        dropped = self.evidence.excluded(job, members)
+        newly, back = self.evidence.changes(job, dropped)
+        for name in newly:
+            log.warning(
+                "job %s: %s left out of the view on crash evidence (a trainer here lost it "
+                "and our probe was refused; still a suspect member)",
+                job,
+                name,
+            )
+        states = {m.name: m.state for m in members}
+        for name in back:
+            if states.get(name) == NodeStateType.ALIVE:
+                log.info("job %s: %s back in the view: it refuted", job, name)
+        return dropped
+
+
+def _now_ms() -> int:
+    return int(trio.current_time() * 1000)

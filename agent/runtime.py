@@ -190,6 +190,9 @@ class Agent:
             keyring_file=self._keys_saved_to,
         )
         driver.delegate = serf_runtime
+        self.jobs.evidence.enabled = cfg.early_drop()
+        self.jobs.notify_changed = self.events.notify_changed
+        driver.on_probe_refused = self.jobs.probe_refused
         self.driver, self.serf = driver, serf_runtime
         self.started_ms = now_ms()
         log.info(

@@ -72,6 +72,7 @@ class TrainingNode:
         *,
         place: Placement = LOOPBACK,
         join_host: str = "127.0.0.1",
+        agent_args: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.workdir = workdir
@@ -83,7 +84,7 @@ class TrainingNode:
         self.agent_log = workdir / f"{name}.agent.log"
         args = agent_command(
             name, self.port, self.control, profile, join_port, host=place.host, join_host=join_host
-        )
+        ) + list(agent_args)
         with self.agent_log.open("wb") as out:
             self.agent = subprocess.Popen(
                 [*place.wrap, *args],
@@ -231,19 +232,32 @@ def start_nodes(
     profile: str = "local",
     ranks: int = 1,
     places: list[Placement] | None = None,
+    agent_args: tuple[str, ...] = (),
 ) -> list[TrainingNode]:
-    """Agents of ``names`` (each at its ``places`` entry, loopback by default), the later
-    ones joining the first; all ready, or all stopped."""
+    """Agents of ``names`` (each at its ``places`` entry, loopback by default, with
+    ``agent_args`` added to its command line), the later ones joining the first; all
+    ready, or all stopped."""
     where = places or [LOOPBACK] * len(names)
     if len(where) != len(names):
         raise ValueError(f"{len(names)} names but {len(where)} places")
     nodes: list[TrainingNode] = []
     try:
-        first = TrainingNode(names[0], workdir, None, profile, ranks, place=where[0])
+        first = TrainingNode(
+            names[0], workdir, None, profile, ranks, place=where[0], agent_args=agent_args
+        )
         nodes.append(first)
         first.wait_ready()
         nodes += [
-            TrainingNode(n, workdir, first.port, profile, ranks, place=p, join_host=first.host)
+            TrainingNode(
+                n,
+                workdir,
+                first.port,
+                profile,
+                ranks,
+                place=p,
+                join_host=first.host,
+                agent_args=agent_args,
+            )
             for n, p in zip(names[1:], where[1:], strict=True)
         ]
         for node in nodes:

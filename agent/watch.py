@@ -19,7 +19,9 @@ job rules in ``agent.jobs``).
   (``check_target``): kept here for ``jobs``, the status page and metrics, not gossiped.
 - ``{"lost": [node, ...]}``: the trainer's collectives lost these peers (a connection
   error). Evidence, not a verdict: the agent probes them at once (``Agent.probe_now``)
-  instead of at their round-robin turn, and only the probe cycle can suspect them.
+  instead of at their round-robin turn, and only the probe cycle can suspect them; with
+  ``job_early_drop`` a suspect that a local trainer lost and whose probe was refused
+  leaves this agent's job view early (agent/crash_evidence.py).
 - ``{"slow": {"nodes": {name: ratio}}}``: the job's nodes flagged slow now, on a change
   (the trainers' verdict, agent/slow_jobs.py): the ``job-slow`` event, metrics, ``jobs``.
 - ``{"pause": {"reason", "max_s"}}`` and ``{"resume": true}``: the rank stops stepping on
@@ -285,6 +287,7 @@ async def _report_lost(agent: AgentAPI, reg: Registration, names: object) -> Non
         )
         reg.refused_frames += 1
         return
+    agent.jobs.report_lost(reg.job, names)  # before the probe, which may fail at once
     result = await agent.probe_now(names)
     log.info("job %s: local rank %d lost %s: probing %s", reg.job, reg.local_rank, names, result)
 

@@ -32,7 +32,8 @@ observable there; stock c10d is watched for 40 s (90 s after a SIGKILL: keep-ali
 last call), as in that module.
 
     python -m bench.torch_recovery [--nodes 3 --ranks-per-node 2 --profile fast --repeats 5]
-        [--netns] [--faults DDP:kill,HSDP:power:ns] [--torchrun-repeats 3] [--no-torchrun]
+        [--netns] [--faults DDP:kill,HSDP:power:ns] [--early-drop on,off]
+        [--torchrun-repeats 3] [--no-torchrun]
         [--minutes 10 --every-s 60 --baseline-s 120]
         [--no-efficiency] [--efficiency-setups in-process,torchrun-c10d,torchrun-swim]
         [--workdir DIR] [--out REPORT.md] [--results DIR | --no-results]
@@ -106,17 +107,23 @@ def measure_inprocess(
     window_s: float = 60.0,
     workdir: Path | None = None,
     net: str = LOOPBACK,
+    early_drop: str = "",
 ) -> dict[str, Any]:
     """``nodes`` × ``ranks`` train at full world; the last node fails with ``fault``; time
     the survivors' verdict and their first step at the reduced world (None if none within
     ``window_s``). ``workdir``: keep the logs there (a temporary directory otherwise).
-    ``net``: ``loopback`` or ``ns`` (a network namespace per node, with packet counts)."""
+    ``net``: ``loopback`` or ``ns`` (a network namespace per node, with packet counts).
+    ``early_drop``: ``on`` or ``off`` sets the agents' ``job_early_drop``; empty: the
+    profile's default."""
     full, reduced = nodes * ranks, (nodes - 1) * ranks
     with tempfile.TemporaryDirectory(prefix="swim-torchbench-") as tmp:
         work = workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         fault_file = work / "fault"
-        with _cluster(net, nodes, work, profile, ranks) as (cluster, ns):
+        agent_args = (
+            (f"--{'' if early_drop == 'on' else 'no-'}job-early-drop",) if early_drop else ()
+        )
+        with _cluster(net, nodes, work, profile, ranks, agent_args) as (cluster, ns):
             survivors, victim = cluster[:-1], cluster[-1]
             started = time.monotonic()
             for n in cluster:
@@ -137,7 +144,9 @@ def measure_inprocess(
             fault_rec = next(r for r in victim.records() if "fault" in r)
             fault_t = float(fault_rec["t"])
             row: dict[str, Any] = {
-                "mode": f"in-process {kind}" + (", namespaces" if ns is not None else ""),
+                "mode": f"in-process {kind}"
+                + (", namespaces" if ns is not None else "")
+                + (f", early drop {early_drop}" if early_drop else ""),
                 "fault": fault,
                 "net": net,
                 "cut_s": fault_rec.get("cut_s"),
@@ -208,17 +217,18 @@ def measure_inprocess(
 
 @contextlib.contextmanager
 def _cluster(
-    net: str, nodes: int, work: Path, profile: str, ranks: int
+    net: str, nodes: int, work: Path, profile: str, ranks: int, agent_args: tuple[str, ...] = ()
 ) -> Iterator[tuple[list[TrainingNode], NsTraining | None]]:
     """The nodes on loopback, or each in a network namespace of its own; every process
     stopped by pid (and every namespace removed) on the way out, errors included."""
     if net == NETNS:
-        with NsTraining(nodes, work, profile, ranks) as ns:
+        with NsTraining(nodes, work, profile, ranks, agent_args) as ns:
             yield ns.nodes, ns
         return
     if net != LOOPBACK:
         raise ValueError(f"net must be {LOOPBACK!r} or {NETNS!r}, got {net!r}")
-    cluster = start_nodes([f"n{i}" for i in range(nodes)], work, profile, ranks)
+    names = [f"n{i}" for i in range(nodes)]
+    cluster = start_nodes(names, work, profile, ranks, agent_args=agent_args)
     try:
         yield cluster, None
     finally:
@@ -276,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         help="power loss beside SIGKILL and SIGSTOP, namespaces and loopback (no torchrun, "
         "no step efficiency)",
     )
+    parser.add_argument(
+        "--early-drop",
+        default="",
+        help="on,off: each in-process row with the agents' job_early_drop on and off, "
+        "interleaved (default: the profile's setting)",
+    )
     parser.add_argument("--no-torchrun", action="store_true")
     parser.add_argument("--no-efficiency", action="store_true")
     parser.add_argument(
@@ -317,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             return
 
-    def inprocess(kind: str, fault: str, net: str, work: Path | None) -> dict[str, Any]:
+    def inprocess(kind: str, fault: str, net: str, drop: str, work: Path | None) -> dict[str, Any]:
         return measure_inprocess(
             kind,
             fault,
@@ -326,12 +342,18 @@ def main(argv: list[str] | None = None) -> int:
             profile=args.profile,
             workdir=work,
             net=net,
+            early_drop=drop,
         )
 
+    drops = [d for d in args.early_drop.split(",") if d] or [""]
+    if not set(drops) <= {"on", "off"}:
+        raise SystemExit(f"--early-drop: {args.early_drop!r} is not a list of on and off")
     for i in range(args.repeats):  # interleaved: load swings spread over every row alike
         for kind, fault, net in plan:
-            say(f"-- in-process {kind} {fault} {net} #{i + 1} (load {step_efficiency.load()})")
-            attempt(f"{kind.lower()}-{fault}-{net}", i, inprocess, kind, fault, net)
+            for drop in drops:
+                label = f"{kind.lower()}-{fault}-{net}" + (f"-drop-{drop}" if drop else "")
+                say(f"-- in-process {label} #{i + 1} (load {step_efficiency.load()})")
+                attempt(label, i, inprocess, kind, fault, net, drop)
     if not args.no_torchrun:
         for backend, scenario in TORCHRUN:
             for i in range(args.torchrun_repeats):

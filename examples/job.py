@@ -44,6 +44,7 @@ FAULTS = (
     "kill",
     "stop",
     "power",
+    "reject",
     "bug",
 )
 POWER_IFACE = "eth0"
@@ -56,6 +57,22 @@ def power_cut_rules(iface: str) -> str:
     TCP reset and no ICMP, and answers nothing. The rules come first in their chains, so
     the dropped packets are counted by them alone."""
     return f"*filter\n-I INPUT 1 -i {iface} -j DROP\n-I OUTPUT 1 -o {iface} -j DROP\nCOMMIT\n"
+
+
+def reject_rules(iface: str, action: str = "-I") -> str:
+    """``iptables-restore --noflush`` input that rejects every packet in and out of
+    ``iface`` (``-I``; ``-D`` deletes the same rules): TCP with a reset, the rest with ICMP
+    port unreachable. The node stays alive, but every connection through the link is reset
+    and its agent answers no probe: to its peers it looks crashed (a ``reject`` fault: the
+    one real way to give a live node's peers the evidence of a crash)."""
+    at = " 1" if action == "-I" else ""
+    return (
+        f"*filter\n{action} INPUT{at} -i {iface} -p tcp -j REJECT --reject-with tcp-reset\n"
+        f"{action} OUTPUT{at} -o {iface} -p tcp -j REJECT --reject-with tcp-reset\n"
+        f"{action} INPUT{at} -i {iface} -j REJECT --reject-with icmp-port-unreachable\n"
+        f"{action} OUTPUT{at} -o {iface} -j REJECT --reject-with icmp-port-unreachable\n"
+        "COMMIT\n"
+    )
 
 
 def own_network_namespace() -> bool:
@@ -151,6 +168,9 @@ def parser(description: str | None, *, job: str, pg_timeout_s: float) -> argpars
         "--power-iface",
         default=POWER_IFACE,
         help="the interface a power fault cuts (in the node's own network namespace)",
+    )
+    ap.add_argument(
+        "--reject-ms", type=int, default=300, help="how long a reject fault resets the link"
     )
     ap.add_argument("--min-nodes", type=int, default=1)
     ap.add_argument("--pg-timeout", type=float, default=pg_timeout_s)
@@ -283,10 +303,11 @@ class Faults:
     """A planned failure of this node: SIGKILL or SIGSTOP of its whole process group (agent
     and every local rank, when the caller started them in one), or a power loss (every
     packet of ``--power-iface`` dropped, ``power_cut_rules``, then the SIGKILL: the node
-    must run in a network namespace of its own, and as root), at ``--fault-step`` or at
-    the first step after ``--fault-file`` appears (and that ``skip`` does not reject), at
-    the step boundary or inside backward; or (``bug``) an exception from the step
-    function. Only local rank 0 fires it."""
+    must run in a network namespace of its own, and as root), or (``reject``, there too)
+    every connection of that link reset for ``--reject-ms``, the node left alive; at
+    ``--fault-step`` or at the first step after ``--fault-file`` appears (and that ``skip``
+    does not reject), at the step boundary or inside backward; or (``bug``) an exception
+    from the step function. Only local rank 0 fires it."""
 
     def __init__(
         self,
@@ -304,7 +325,9 @@ class Faults:
         self.skip = skip
         self._armed = False
         self.iface: str = args.power_iface
-        if self.fires and self.kind.startswith("power") and not own_network_namespace():
+        self.reject_s: float = getattr(args, "reject_ms", 300) / 1000
+        cuts = self.kind.startswith("power") or self.kind == "reject"
+        if self.fires and cuts and not own_network_namespace():
             raise SystemExit(
                 f"--fault {self.kind} drops every packet of {self.iface}: run the node in "
                 "a network namespace of its own (tests/netns/training.py)"
@@ -316,7 +339,7 @@ class Faults:
             self.step = step + 1  # the next step, so the fault lands mid-training
             while self.skip(self.step):
                 self.step += 1
-        if self.fires and step == self.step and self.kind in ("kill", "stop", "power"):
+        if self.fires and step == self.step and self.kind in ("kill", "stop", "power", "reject"):
             self._fire()
 
     def in_step(self, step: int) -> None:
@@ -331,6 +354,11 @@ class Faults:
             loss.register_hook(lambda grad: self._fire())  # type: ignore[no-untyped-call]
 
     def _fire(self) -> None:
+        if self.kind == "reject":  # alive: reset for a while, then the link is back
+            self._cut(reject_rules(self.iface))
+            time.sleep(self.reject_s)
+            self._restore(reject_rules(self.iface, "-D"))
+            return
         if self.kind.startswith("power"):
             self._cut()  # logs the fault
         else:
@@ -338,13 +366,20 @@ class Faults:
         sig = signal.SIGSTOP if self.kind.startswith("stop") else signal.SIGKILL
         os.killpg(os.getpgid(0), sig)
 
-    def _cut(self) -> None:
-        """Drop every packet of the node's link, then log: ``t`` is when the rules were in
-        (``cut_s``: how long committing them took, the fault's own uncertainty)."""
+    def _cut(self, rules: str | None = None) -> None:
+        """Drop every packet of the node's link (or apply ``rules``), then log: ``t`` is
+        when the rules were in (``cut_s``: how long committing them took, the fault's own
+        uncertainty)."""
         began = time.time()
+        self._restore(power_cut_rules(self.iface) if rules is None else rules)
+        now = time.time()
+        self.log.emit({"fault": self.kind, "t": now, "cut_s": now - began, "pid": os.getpid()})
+
+    @staticmethod
+    def _restore(rules: str) -> None:
         done = subprocess.run(
             ["iptables-restore", "-w", "5", "--noflush"],
-            input=power_cut_rules(self.iface),
+            input=rules,
             capture_output=True,
             text=True,
             timeout=10,
@@ -352,8 +387,6 @@ class Faults:
         )
         if done.returncode != 0:  # no cut: no fault either, and the run says why
             raise RuntimeError(f"iptables-restore: exit {done.returncode}: {done.stderr}")
-        now = time.time()
-        self.log.emit({"fault": self.kind, "t": now, "cut_s": now - began, "pid": os.getpid()})
 
 
 class StepCounter:

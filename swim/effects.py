@@ -159,6 +159,13 @@ class Output:
     events: list[MemberEvent]
     user_messages: list[UserMessage]
     probe_results: list[ProbeResult]
+    probes_refused: list[str]
+    """Members our own probe (round-robin, urgent or cross-check) failed to reach on every
+    path, its TCP ping refused or reset before the deadline: nothing listens on the
+    member's port, or its link rejects. A crashed process shows this; a paused one does
+    not (its kernel still accepts the connection), nor does an unreachable host (nothing
+    answers). Each is suspect now, by our accusation or confirmation. For the agent's crash
+    evidence (agent/crash_evidence.py); the protocol needs nothing."""
     heard_from: list[str]
     """Members that showed a direct sign of life (a valid packet from their address)."""
     notices: list[Notice]
@@ -188,6 +195,7 @@ class Output:
         self.events = []
         self.user_messages = []
         self.probe_results = []
+        self.probes_refused = []
         self.heard_from = []
         self.notices = []
         self.join_results = []
@@ -203,6 +211,7 @@ class Output:
         self.events.extend(other.events)
         self.user_messages.extend(other.user_messages)
         self.probe_results.extend(other.probe_results)
+        self.probes_refused.extend(other.probes_refused)
         self.heard_from.extend(other.heard_from)
         self.notices.extend(other.notices)
         self.join_results.extend(other.join_results)

@@ -15,7 +15,7 @@ Rules (SWIM §4; hashicorp/memberlist @ 1b4c746 state.go ``probe``/``probeNode``
   probe ends at the health-scaled probe interval.
 - Buddy system: a target that is not alive gets the suspicion together with the ping.
 - Outcome → local health: an answer (direct, indirect or TCP) −1; a failure +missing nacks
-  (or +1 without nack-capable helpers) and the target becomes suspect.
+  (or +1 without nack-capable helpers), and suspect (``probes_refused``: TCP refused early).
 - A helper relays the ack under the requester's sequence number, and sends a nack if no ack
   came within its own probe timeout. Relays in flight are bounded.
 
@@ -46,8 +46,7 @@ earlier. It is evidence, not a verdict:
   already makes a failure likely, and a member suspected a little early keeps the whole
   suspicion window to refute. A helper that cannot nack (protocol < 4), or a TCP ping
   still open, keeps the probe waiting for its deadline as memberlist's does.
-- O(1) work per request: a table lookup, a scan of at most ``MAX_URGENT_PROBES`` probes, and
-  a time-ordered history of urgent starts that is trimmed from its old end.
+- O(1) work per request: a lookup, a scan of ``MAX_URGENT_PROBES`` probes, a trimmed history.
 
 Faster detection (``Config`` switches, on in ``fast``): ``coordinated_probes``
 takes the round-robin target from ``swim.schedule`` for round (now + wall-clock offset)
@@ -104,6 +103,7 @@ class _Probe:
     nacks: int = 0
     tcp_stream: int | None = None
     tcp_ok: bool = False
+    tcp_refused: bool = False  # failed before the deadline: refused or reset, not unanswered
     deadline_passed: bool = False
     urgent: bool = False
     cross_check: bool = False
@@ -184,12 +184,9 @@ class Prober:
         else:
             self._transport.send(target.address, ping, target)
         ctx.stats.probes_sent += 1
+        timeout_ms = ctx.rtt.probe_timeout_ms(target.name, ctx.awareness.score)
         timers = [
-            ctx.set_timer(
-                ProbeTimeout,
-                ctx.rtt.probe_timeout_ms(target.name, ctx.awareness.score),
-                seq_no,
-            ),
+            ctx.set_timer(ProbeTimeout, timeout_ms, seq_no),
             ctx.set_timer(ProbeDeadline, interval_ms, seq_no),
         ]
         return _Probe(
@@ -332,6 +329,7 @@ class Prober:
             return
         probe.tcp_stream = None
         probe.tcp_ok = ack is not None and ack.seq_no == probe.seq_no
+        probe.tcp_refused = ack is None and self._ctx.now_ms < probe.deadline_ms
         if probe.deadline_passed:
             self._conclude(probe)
         else:
@@ -386,6 +384,8 @@ class Prober:
             self._members.apply_suspect(
                 Suspect(target.incarnation, target.name, self._members.local_name)
             )
+            if probe.tcp_refused:  # for the agent's crash evidence
+                ctx.out.probes_refused.append(target.name)
         self._end(probe, delta)
 
     def _end(self, probe: _Probe, health_delta: int) -> None:

@@ -325,7 +325,9 @@ class FormationOn(Generic[S]):
             self._dir_clients.pop((leader.addr, leader.store_port), None)
             if isinstance(exc, Retry):
                 raise
-            raise Retry(f"directory of {leader.name}: {exc}") from None
+            # the leader's directory reset or closed the connection: the leader is gone, and
+            # trying again before the view changes would spend a connect timeout on it
+            raise Retry(f"directory of {leader.name}: {exc}", unreachable=True) from None
         layout = offer.layout
         try:
             rank = layout.rank_of(node, local_rank)

@@ -105,10 +105,15 @@ class GroupWatch:
             return self._verdict_time
 
     def differs(self, view: View) -> bool:
-        """Does ``view`` differ from the group (a node more, or a seen node gone)?"""
+        """Does ``view`` differ from the group (a node more, or a seen node gone)? A suspect
+        outside the group is no node more: growing toward a member that may be dead costs
+        a formation it cannot join; once it refutes (alive) it is one. So a group formed
+        without a node that another agent left out early (agent/crash_evidence.py) does
+        not switch back while our view still lists the node as suspect."""
         ids = {(m.name, m.registered_ms) for m in view.members}
+        alive = {(m.name, m.registered_ms) for m in view.members if m.status != "suspect"}
         with self._lock:
-            return bool(ids - self._group_ids or self._lost(ids))
+            return bool(alive - self._group_ids or self._lost(ids))
 
     def lost(self, ids: set[NodeId]) -> set[NodeId]:
         """Group nodes that this rank's view showed and no longer shows. The group formed

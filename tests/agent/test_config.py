@@ -48,6 +48,23 @@ def test_fast_profile_with_protocol_overrides(tmp_path: Path) -> None:
         load(f).swim_config()
 
 
+@pytest.mark.parametrize(
+    ("profile", "setting", "early"),
+    [("fast", None, True), ("lan", None, False), ("fast", False, False), ("lan", True, True)],
+)
+def test_job_early_drop_follows_the_profile_unless_set(
+    profile: str, setting: bool | None, early: bool
+) -> None:
+    assert load(None, {"profile": profile, "job_early_drop": setting}).early_drop() is early
+
+
+def test_job_early_drop_must_be_a_bool(tmp_path: Path) -> None:
+    f = tmp_path / "agent.toml"
+    f.write_text('job_early_drop = "yes"\n')
+    with pytest.raises(AgentConfigError, match="job_early_drop must be true or false"):
+        load(f)
+
+
 def test_packaged_example_config_is_valid() -> None:
     example = Path(__file__).resolve().parents[2] / "packaging" / "agent.toml"
     c = load(example)

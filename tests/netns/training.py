@@ -65,7 +65,14 @@ class NsTraining:
 
     __test__ = False
 
-    def __init__(self, k: int, workdir: Path, profile: str = "local", ranks: int = 1) -> None:
+    def __init__(
+        self,
+        k: int,
+        workdir: Path,
+        profile: str = "local",
+        ranks: int = 1,
+        agent_args: tuple[str, ...] = (),
+    ) -> None:
         self.bed = Testbed(k, workdir)
         self.nodes: list[TrainingNode] = []
         try:
@@ -75,7 +82,7 @@ class NsTraining:
                 for h in self.bed.hosts
             ]
             names = [h.node for h in self.bed.hosts]
-            self.nodes = start_nodes(names, workdir, profile, ranks, places)
+            self.nodes = start_nodes(names, workdir, profile, ranks, places, agent_args)
         except BaseException:
             self.bed.close()
             raise

@@ -96,6 +96,7 @@ def test_an_ack_ends_the_urgent_probe_with_an_rtt_sample_and_better_health() -> 
     out, ping = _urgent(a, "b", 100)
     done = a.receive(addr(2), Ack(ping.seq_no, b"p"), now_ms=103)
     assert done.probe_results == [ProbeResult("b", 3, b"p", "direct")]
+    assert done.probes_refused == []
     assert a.node.health_score == 0
     assert a.member("b").state == ALIVE
     # its timers are dead: handing them back does nothing
@@ -122,9 +123,28 @@ def test_a_failed_urgent_probe_asks_helpers_tries_tcp_and_suspects() -> None:
     done = _fire(a, out, ProbeDeadline)
     assert [(e.kind, e.member.name) for e in done.events] == [(EventKind.SUSPECT, "b")]
     assert [n.kind for n in done.notices] == ["urgent_probe_failed"]
+    assert done.probes_refused == ["b"]  # for the agent's crash evidence
     assert a.node.health_score == formulas.probe_failure_awareness_delta(3, 1) == 2
     stats = a.node.stats
     assert (stats.urgent_probes_failed, stats.probes_failed, stats.nacks_received) == (1, 1, 1)
+
+
+def test_a_probe_whose_tcp_ping_went_unanswered_is_not_listed_as_refused() -> None:
+    """A paused process's kernel accepts the TCP ping and nothing answers it: suspect at
+    the deadline, but not the refusal a crashed process gives (``Output.probes_refused``)."""
+    a = _group()
+    out, ping = _urgent(a, "b", 100)
+    indirect = _fire(a, out, ProbeTimeout)
+    for helper in (p.dest for p in indirect.packets):
+        a.receive(helper, Nack(ping.seq_no), now_ms=150)
+    [tcp] = indirect.streams
+    grace = _fire(a, out, ProbeDeadline)  # the TCP ping still open: a grace period
+    assert a.member("b").state == ALIVE
+    deadline = 100 + a.node.config.probe_interval_ms
+    timed_out = a.take(a.node.handle_stream_response(tcp.stream_id, None, deadline, "timed out"))
+    [(kind, name)] = [(e.kind, e.member.name) for e in grace.events + timed_out.events]
+    assert (kind, name) == (EventKind.SUSPECT, "b")
+    assert grace.probes_refused == timed_out.probes_refused == []
 
 
 def test_the_tcp_fallback_rescues_an_urgent_probe() -> None:
@@ -436,3 +456,4 @@ def test_a_round_robin_probe_still_waits_for_its_deadline() -> None:
     assert a.member(ping.node).state == ALIVE
     done = _fire(a, tick, ProbeDeadline)
     assert [(e.kind, e.member.name) for e in done.events] == [(EventKind.SUSPECT, ping.node)]
+    assert done.probes_refused == [ping.node]

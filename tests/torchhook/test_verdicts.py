@@ -23,8 +23,8 @@ from torchhook.verdicts import GroupWatch  # noqa: E402
 TOKEN = "g1"
 
 
-def member(name: str, registered_ms: int = 1, group: str = "") -> JobMember:
-    return JobMember(name, "127.0.0.1", 7946, 0, registered_ms, group, "alive")
+def member(name: str, registered_ms: int = 1, group: str = "", status: str = "alive") -> JobMember:
+    return JobMember(name, "127.0.0.1", 7946, 0, registered_ms, group, status)
 
 
 def view(generation: int, *members: JobMember) -> View:
@@ -81,6 +81,20 @@ def test_differs_sees_newcomers_and_losses() -> None:
     assert not watch.differs(view(1, member("a"), member("b"), member("c")))
     assert watch.differs(view(2, member("a"), member("b"), member("c"), member("d")))
     assert watch.differs(view(3, member("a"), member("b")))
+
+
+def test_a_suspect_outside_the_group_is_no_reason_to_switch() -> None:
+    """Another agent left c out early on crash evidence and the group formed without it;
+    our view still lists c as suspect: no switch until it refutes (alive) or dies."""
+    watch = armed(view(1, member("a"), member("b")), group=("a", "b"))
+    assert not watch.differs(view(2, member("a"), member("b"), member("c", status="suspect")))
+    assert watch.differs(view(3, member("a"), member("b"), member("c")))  # it refuted
+    assert not watch.differs(view(4, member("a"), member("b", status="suspect")))
+    assert watch.differs(view(4, member("a"))), "a loss is a loss"
+    watch.on_view(
+        view(5, member("a"), member("b", status="suspect"), member("c", status="suspect"))
+    )
+    assert not watch.broken, "a suspect of the group stays in it until it is gone"
 
 
 def test_a_disarmed_watch_ignores_views_and_rearming_clears_a_verdict() -> None:
