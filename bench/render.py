@@ -76,6 +76,7 @@ TOPICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         (
             "training-recovery-",
             "training-power-",
+            "training-spares-",
             "torchrun-recovery-",
             "formation-",
             "state-transfer-",

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import sys
 import tempfile
 import time
@@ -88,6 +89,8 @@ TORCHRUN: tuple[tuple[torchrun_recovery.Backend, torchrun_recovery.Scenario], ..
     ("c10d", "kill"),
     ("c10d", "stop"),
 )
+SPARE_MODE = ", spare"
+"""A mode's suffix when a spare waits (``--spares``)."""
 STEP_SLEEP_S = 0.02  # recovery rows: a short step, so the fault lands soon after the file
 
 
@@ -106,28 +109,37 @@ def measure_inprocess(
     window_s: float = 60.0,
     workdir: Path | None = None,
     net: str = LOOPBACK,
+    spares: int = 0,
 ) -> dict[str, Any]:
     """``nodes`` × ``ranks`` train at full world; the last node fails with ``fault``; time
     the survivors' verdict and their first step at the reduced world (None if none within
     ``window_s``). ``workdir``: keep the logs there (a temporary directory otherwise).
-    ``net``: ``loopback`` or ``ns`` (a network namespace per node, with packet counts)."""
+    ``net``: ``loopback`` or ``ns`` (a network namespace per node, with packet counts).
+    ``spares``: that many more nodes wait as spares (``--target-nodes nodes``): the first
+    step is then the first at the full world with a spare in the victim's place."""
     full, reduced = nodes * ranks, (nodes - 1) * ranks
+    after_world = full if spares else reduced
     with tempfile.TemporaryDirectory(prefix="swim-torchbench-") as tmp:
         work = workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         fault_file = work / "fault"
-        with _cluster(net, nodes, work, profile, ranks) as (cluster, ns):
-            survivors, victim = cluster[:-1], cluster[-1]
+        with _cluster(net, nodes + spares, work, profile, ranks) as (cluster, ns):
+            training, victim = cluster[:nodes], cluster[nodes - 1]
+            # after the fault: the surviving nodes, and the oldest spare in the victim's place
+            survivors = training[:-1] + cluster[nodes : nodes + 1]
             started = time.monotonic()
             for n in cluster:
                 extra = ["--fault", fault, "--fault-file", str(fault_file)] if n is victim else []
+                if spares:
+                    extra += ["--target-nodes", str(nodes)]
+                    extra += ["--spare"] if n not in training else []
                 n.start_trainers(
                     SCRIPTS[kind],
                     *("--job", "bench", "--steps", "1000000", "--step-sleep", str(STEP_SLEEP_S)),
                     *("--pg-timeout", "60", "--min-nodes", str(nodes - 1), *extra),
                     timeout_s=start_timeout_s + window_s + 60,
                 )
-            until(lambda: all(n.training_at(full) for n in cluster), start_timeout_s, "full")
+            until(lambda: all(n.training_at(full) for n in training), start_timeout_s, "full")
             startup_s = time.monotonic() - started
             time.sleep(1)
             if ns is not None:
@@ -137,7 +149,10 @@ def measure_inprocess(
             fault_rec = next(r for r in victim.records() if "fault" in r)
             fault_t = float(fault_rec["t"])
             row: dict[str, Any] = {
-                "mode": f"in-process {kind}" + (", namespaces" if ns is not None else ""),
+                "mode": f"in-process {kind}"
+                + (", namespaces" if ns is not None else "")
+                + (SPARE_MODE if spares else ""),
+                "spares": spares,
                 "fault": fault,
                 "net": net,
                 "cut_s": fault_rec.get("cut_s"),
@@ -156,7 +171,7 @@ def measure_inprocess(
                 return [
                     r
                     for r in node.all_records()
-                    if "loss" in r and r["world"] == reduced and r["t"] > fault_t
+                    if "loss" in r and r["world"] == after_world and r["t"] > fault_t
                 ]
 
             def every_rank_moved_on() -> bool:
@@ -165,7 +180,7 @@ def measure_inprocess(
                 )
 
             try:
-                until(every_rank_moved_on, window_s, f"survivors at world {reduced}")
+                until(every_rank_moved_on, window_s, f"survivors at world {after_world}")
             except TimeoutError:
                 return row
             finally:
@@ -190,10 +205,14 @@ def measure_inprocess(
             if per_rank:
                 row["verdict_s"] = min(per_rank.values()) - fault_t
                 row["resume_s"] = float(first["t"]) - min(per_rank.values())
-                if len(per_rank) == reduced:
+                if len(per_rank) == reduced:  # a drafted spare watched no group: no verdict
                     row["last_verdict_s"] = max(per_rank.values()) - fault_t
             last_full = [
-                r for n in survivors for r in n.all_records() if "loss" in r and r["world"] == full
+                r
+                for n in survivors
+                if n in training
+                for r in n.all_records()
+                if "loss" in r and r["world"] == full and r["t"] <= fault_t
             ]
             if last_full:
                 row["rolled_back"] = max(int(r["step"]) for r in last_full) + 1 - first["step"]
@@ -276,6 +295,13 @@ def main(argv: list[str] | None = None) -> int:
         help="power loss beside SIGKILL and SIGSTOP, namespaces and loopback (no torchrun, "
         "no step efficiency)",
     )
+    parser.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="with N spare nodes too (--target-nodes): every case with and without them, "
+        "interleaved (its own result file; no torchrun, no step efficiency)",
+    )
     parser.add_argument("--no-torchrun", action="store_true")
     parser.add_argument("--no-efficiency", action="store_true")
     parser.add_argument(
@@ -294,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = list(POWER if args.netns else IN_PROCESS)
     if args.faults:
         plan = [_planned(f) for f in args.faults.split(",") if f]
-    if args.netns:
+    if args.netns or args.spares:
         args.no_torchrun = args.no_efficiency = True
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
@@ -317,7 +343,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             return
 
-    def inprocess(kind: str, fault: str, net: str, work: Path | None) -> dict[str, Any]:
+    def inprocess(
+        kind: str, fault: str, net: str, spares: int, work: Path | None
+    ) -> dict[str, Any]:
         return measure_inprocess(
             kind,
             fault,
@@ -326,12 +354,14 @@ def main(argv: list[str] | None = None) -> int:
             profile=args.profile,
             workdir=work,
             net=net,
+            spares=spares,
         )
 
     for i in range(args.repeats):  # interleaved: load swings spread over every row alike
-        for kind, fault, net in plan:
-            say(f"-- in-process {kind} {fault} {net} #{i + 1} (load {step_efficiency.load()})")
-            attempt(f"{kind.lower()}-{fault}-{net}", i, inprocess, kind, fault, net)
+        for (kind, fault, net), spares in itertools.product(plan, sorted({0, args.spares})):
+            label = f"{kind.lower()}-{fault}-{net}" + (f"-{spares}spare" if spares else "")
+            say(f"-- in-process {label} #{i + 1} (load {step_efficiency.load()})")
+            attempt(label, i, inprocess, kind, fault, net, spares)
     if not args.no_torchrun:
         for backend, scenario in TORCHRUN:
             for i in range(args.torchrun_repeats):
@@ -369,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     if rows:
         build = training_results.power if args.netns else training_results.recovery
         built = build(rows, step_sleep_s=STEP_SLEEP_S, **shape)
+        if args.spares:
+            built = training_results.spares(built, rows, spares=args.spares, **shape)
         notes = [f"Never trained at full size (retried once): {f}" for f in failures]
         results.record(args, "bench.torch_recovery", argv, started, built, notes)
     if efficiency:

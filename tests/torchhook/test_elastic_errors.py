@@ -127,7 +127,7 @@ def test_a_bad_setting_is_refused_by_name(field: str, value: Any) -> None:
 
 
 def test_replacing_a_slow_node_is_refused_without_spares() -> None:
-    with pytest.raises(SettingsError, match="slow_policy=.replace. needs target_nodes"):
+    with pytest.raises(SettingsError, match=r"slow_policy=.replace. needs target_nodes"):
         Settings(job="j", slow_policy="replace")
     assert Settings(job="j", slow_policy="exclude").slow_policy == "exclude"
 

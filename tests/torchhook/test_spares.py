@@ -121,7 +121,7 @@ def test_hsdp_spare_takes_the_lost_replica_row_then_no_spare_shrinks(tmp_path: P
             if n.name in faults:
                 extra += ["--fault", "kill-in-backward", "--fault-file", str(faults[n.name])]
             n.start_trainers(HSDP, *_args(tmp_path, "h"), "--seed", str(seed), *extra)
-        n0, n1, n2, spare = nodes
+        n0, _, n2, spare = nodes
         until(lambda: all(n.training_at(6) for n in nodes[:3]), 150, "a 3 x 2 mesh trains")
         assert spare.all_records() == []
         faults["n1"].touch()
