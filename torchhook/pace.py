@@ -22,9 +22,10 @@ so every node looks as slow as the slowest and none is flagged (a miss, never a 
 flag); on CUDA the host clock sees the GPU only where the host synchronizes with it.
 
 Once every ``slow_window_steps`` steps, at a step boundary before the step function runs
-(a failure there re-runs nothing), one all-gather of three numbers per rank: its window
+(a failure there re-runs nothing), one all-gather of four numbers per rank: its window
 figure (``slowness.window_figure``, the lower quartile of its step times; NaN without
-one), and its node's state (flagged, run) as this rank holds it. Every rank then judges
+one), its node's state (flagged, run) as this rank holds it, and (``replace``) the
+number of spares its view shows. Every rank then judges
 with the same inputs. A new group starts a new window (its first step is left out: DDP
 builds its buckets there; no window ends at it); node states carry over for the group's
 nodes. Local rank 0 of each node tells its agent when the flagged set changes

@@ -114,8 +114,8 @@ class Spares:
                 if told:
                     log.info("node %s drafted", self.node)
                 return
-            if not told and any(m.group for m in view.members):
-                # a group trains without this node: it is a spare
+            if not told and len(view.members) > self.target and any(m.group for m in view.members):
+                # the job is at its target and trains without this node: it is a spare
                 told = True
                 self.waits += 1
                 self.tell("spare")
