@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agent.control import ROLE_TRAINING
+
 STATUSES = ("alive", "suspect", "dead", "left")
 
 
@@ -300,34 +302,52 @@ class MemberFilter:
 
 
 def view_text(view: Mapping[str, Any], now_ms: int) -> str:
-    """One job's view: a summary line, then its nodes in global-rank order."""
+    """One job's view: a summary line, then its nodes in the view's order (join age), each
+    with its role; a spare's ``Global ranks`` is ``-`` (the trainers number the training
+    nodes among themselves)."""
     members: list[Mapping[str, Any]] = list(view["members"])
-    world = sum(int(m.get("ranks", 1)) for m in members)
+    training = [m for m in members if m.get("role", ROLE_TRAINING) == ROLE_TRAINING]
+    spares = len(members) - len(training)
+    world = sum(int(m.get("ranks", 1)) for m in training)
     head = (
         f"Job {view['job']}: generation {view['generation']}, fingerprint "
-        f"{view['fingerprint']}, {len(members)} node(s), {world} rank(s)"
+        f"{view['fingerprint']}, {len(training)} training node(s), {world} rank(s), "
+        f"{spares} spare(s)"
     )
     rows = [
-        ("Node", "Address", "Status", "Ranks", "Global ranks", "Store port", "Registered", "Group")
+        (
+            "Node",
+            "Address",
+            "Status",
+            "Role",
+            "Ranks",
+            "Global ranks",
+            "Store port",
+            "Registered",
+            "Group",
+        )
     ]
     first = 0
     for m in members:
         n = int(m.get("ranks", 1))
+        role = str(m.get("role", ROLE_TRAINING))
         age = duration_ms(max(now_ms - int(m["registered_ms"]), 0))
         rows.append(
             (
                 m["name"],
                 f"{m['addr']}:{m['port']}",
                 m["status"],
+                role,
                 str(n),
-                ranges([(first, first + n - 1)]),
+                ranges([(first, first + n - 1)]) if role == ROLE_TRAINING else "-",
                 str(m["store_port"]) if m["store_port"] else "-",
                 f"{age} ago",
                 m["group"] or "-",
             )
         )
-        first += n
-    return head + "\n" + table(rows, right=(3, 5))
+        if role == ROLE_TRAINING:
+            first += n
+    return head + "\n" + table(rows, right=(4, 6))
 
 
 def slow_text(slow: Mapping[str, float]) -> str:
@@ -336,9 +356,15 @@ def slow_text(slow: Mapping[str, float]) -> str:
     return ", ".join(f"{n} ({slow[n]:.2f}x)" for n in order) or "-"
 
 
+def _training(job: Mapping[str, Any]) -> str:
+    """Training nodes, and the target where this agent's trainers reported one: ``2/3``."""
+    training = str(job.get("training", job["nodes"]))
+    return training if job.get("target") is None else f"{training}/{job['target']}"
+
+
 def jobs_text(result: Mapping[str, Any]) -> str:
-    head = ("Job", "Generation", "Nodes", "Ranks", "Hung", "Local ranks", "Paused", "Slow")
-    rows = [(*head, "Fingerprint")]
+    head = ("Job", "Generation", "Training", "Spares", "Ranks", "Hung", "Local ranks", "Paused")
+    rows = [(*head, "Slow", "Fingerprint")]
     for j in result["jobs"]:
         paused = ", ".join(
             f"{p['local_rank']} ({p['reason']}, {max(p['left_ms'], 0) // 1000} s left)"
@@ -348,7 +374,8 @@ def jobs_text(result: Mapping[str, Any]) -> str:
             (
                 j["job"],
                 str(j["generation"]),
-                str(j["nodes"]),
+                _training(j),
+                str(j.get("spares", 0)),
                 str(j["ranks"]),
                 str(j["hung"]),
                 str(j["local_ranks"]),
@@ -357,7 +384,7 @@ def jobs_text(result: Mapping[str, Any]) -> str:
                 j["fingerprint"],
             )
         )
-    text = table(rows, right=(1, 2, 3, 4, 5))
+    text = table(rows, right=(1, 2, 3, 4, 5, 6))
     if result.get("omitted"):
         text += f"\n({result['omitted']} more job(s) not listed)"
     return text

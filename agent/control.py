@@ -54,19 +54,30 @@ its handler in agent/control_server.py ``HANDLERS``, and its line here:
 - ``view`` args ``{job: str}`` → a job view (rules in ``agent.jobs``): ``{"job": str,
   "generation": int, "fingerprint": str, "members": [{"name", "addr", "port",
   "store_port": int, "registered_ms": int, "group": str, "status": alive|suspect,
-  "ranks": int}]}``, members (nodes) oldest registration first; ``ranks`` is the node's
-  number of local ranks.
+  "ranks": int, "role": training|spare}]}``, members (nodes) oldest registration first;
+  ``ranks`` is the node's number of local ranks; ``role`` is what the job's trainers made
+  the node (``ROLES``): ``training`` (in the training group) or ``spare`` (registered,
+  ready, waiting to take a failed node's place). A member without ``role`` (an agent from
+  before spares) is ``training``. A role change is not a membership change: the
+  fingerprint, the generation and ``registered_ms`` stay; watchers get the new view.
 - ``jobs`` → ``{"jobs": [{"job": str, "generation": int, "fingerprint": str, "nodes": int,
-  "ranks": int, "hung": int, "local_ranks": int}], "omitted": int}``: every job a member's
-  tag names (in any state) or a local rank registered here, by name; ``nodes``, ``ranks``,
-  ``generation`` and ``fingerprint`` are those of the job's ``view``; ``hung``: alive or
-  suspect nodes flagged hung (out of the view); ``local_ranks``: ranks registered on this
-  agent; ``omitted``: jobs beyond ``agent.jobs.MAX_LISTED_JOBS`` (256), not listed.
+  "ranks": int, "training": int, "spares": int, "hung": int, "local_ranks": int}],
+  "omitted": int}``: every job a member's tag names (in any state) or a local rank
+  registered here, by name; ``nodes``, ``ranks``, ``generation`` and ``fingerprint`` are
+  those of the job's ``view``; ``training`` and ``spares``: the view's nodes by ``role``
+  (their sum is ``nodes``); ``hung``: alive or suspect nodes flagged hung (out of the
+  view); ``local_ranks``: ranks registered on this agent; ``omitted``: jobs beyond
+  ``agent.jobs.MAX_LISTED_JOBS`` (256), not listed.
 - ``watch`` args ``{job: str, register?: {store_port?: int, heartbeat_pause_ms?: int,
   heartbeat_threshold?: float, first_heartbeat_estimate_ms?: int, local_rank?: int,
-  local_world_size?: int}}`` → an ``ok`` frame ``{"node": <this agent's name>, "job":
-  str}``, then a ``{"view": <view>}`` frame now and at every change. The client may send
-  ``{"heartbeat": {"step": int}}``, ``{"group": str}`` and ``{"lost": [str]}`` (peers its
+  local_world_size?: int, role?: training|spare}}`` → an ``ok`` frame ``{"node": <this
+  agent's name>, "job": str}``, then a ``{"view": <view>}`` frame now and at every
+  change. The client may send ``{"heartbeat": {"step": int}}``, ``{"group": str}``,
+  ``{"role": training|spare}`` (local rank 0's group and role are the node's, gossiped in
+  its job tag, so every agent's view shows them; ``check_role``; a role given at
+  ``register`` holds from the node's first view), ``{"target": int}`` (the job's target
+  number of training nodes, as its trainers know it: kept by this agent only, shown by
+  ``jobs``; ``check_target``) and ``{"lost": [str]}`` (peers its
   collectives lost: the agent probes them at once) frames on the same connection; with
   ``register`` the connection is this local rank's registration (the node joins the view
   once all ``local_world_size`` ranks have registered) and closing it unregisters. A
@@ -80,7 +91,9 @@ its handler in agent/control_server.py ``HANDLERS``, and its line here:
   frames this agent refused from the job's ranks registered here now), ``"slow": {node:
   ratio}`` and ``"slow_flags": int`` (the job's nodes flagged slow now, as this agent's
   trainers last reported with a ``{"slow": {"nodes": {node: ratio}}}`` watch frame, and how
-  many were newly flagged: agent/slow_jobs.py).
+  many were newly flagged: agent/slow_jobs.py), and ``"target": int|null`` (the job's
+  target number of training nodes, as this agent's local rank 0 last reported it; null
+  where no trainer here said).
 """
 
 from __future__ import annotations
@@ -158,6 +171,8 @@ class JobMember:
     ranks: int = 1
     """The node's local world size: its trainer processes in this job (global ranks follow
     join age, then local rank)."""
+    role: str = "training"
+    """``training`` or ``spare`` (``ROLES``): what the job's trainers made this node."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -169,6 +184,7 @@ class JobMember:
             "group": self.group,
             "status": self.status,
             "ranks": self.ranks,
+            "role": self.role,
         }
 
     @classmethod
@@ -182,11 +198,42 @@ class JobMember:
             str(d["group"]),
             str(d["status"]),
             int(d.get("ranks", 1)),
+            str(d.get("role", ROLE_TRAINING)),
         )
 
 
 class ControlError(Exception):
     """The agent refused a request, or could not be reached; the message says why."""
+
+
+ROLE_TRAINING = "training"
+ROLE_SPARE = "spare"
+ROLES = (ROLE_TRAINING, ROLE_SPARE)
+"""A job member's roles: ``training`` (in the training group) or ``spare`` (registered and
+ready, waiting to replace a failed node). The trainers decide; the agent carries it."""
+
+
+MAX_TARGET_NODES = 65_536
+"""A job's target number of training nodes: far above any cluster one gossip group holds
+(memberlist clusters run to thousands), low enough to print and graph plainly."""
+
+
+def check_target(target: object) -> int:
+    """A valid target number of training nodes (``1..MAX_TARGET_NODES``), else
+    ``ControlError`` naming the setting."""
+    if isinstance(target, bool) or not isinstance(target, int):
+        raise ControlError(f"target must be an int in 1..{MAX_TARGET_NODES}, got {target!r}"[:200])
+    if not 1 <= target <= MAX_TARGET_NODES:
+        raise ControlError(f"target must be an int in 1..{MAX_TARGET_NODES}, got {target!r}")
+    return target
+
+
+def check_role(role: object) -> str:
+    """A valid role (the client checks before sending, the agent again on receipt), else
+    ``ControlError`` naming the setting."""
+    if not isinstance(role, str) or role not in ROLES:
+        raise ControlError(f"role must be one of {', '.join(ROLES)}, got {role!r}"[:200])
+    return role
 
 
 MAX_PAUSE_S = 3600.0

@@ -2,11 +2,8 @@
 
 A training process on a node *registers* for a job through the control API (``watch``
 with ``register``). The registration travels to every peer as one tag in the node's
-metadata, so views need no extra protocol (our additions ride memberlist's extension
-points, node metadata here, and stay readable by plain Serf and memberlist peers):
-
-    key   ``swim.job/<job>``
-    value ``<registered_ms>,<store_port>,<health>,<group>,<ranks>``
+metadata, ``swim.job/<job>`` (format, compatibility and size in agent/job_tag.py), so views
+need no extra protocol.
 
 A node runs ``ranks`` training processes (*local ranks*, one per GPU; torchrun's
 ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``), each on its own ``watch`` connection. The node is one
@@ -36,14 +33,19 @@ not offered.
   caught after the usual tolerance. Pauses are local: peers see only the health.
 - ``group``: an opaque token local rank 0 sets for the process group it is in (at most
   ``MAX_GROUP_CHARS``), so peers can tell that a member has moved to a newer group.
-- ``ranks``: the node's local world size (``1..MAX_LOCAL_RANKS``). A four-field value
-  (agents before multi-rank jobs) means one rank.
+- ``ranks``: the node's local world size (``1..MAX_LOCAL_RANKS``).
+- ``role``: ``training`` or ``spare`` (``agent.control.ROLES``), set by local rank 0 (at
+  registration or with a ``role`` frame): the job's trainers decide which nodes train and
+  which wait as hot spares; the agent only carries it. A role change is not a membership
+  change: ``registered_ms``, the fingerprint and the generation stay, and watchers get the
+  view with the new role.
 
 The *view* of a job is every member that is alive or suspect (SWIM §4.2: a suspect has not
 been declared failed yet) and carries a healthy registration, ordered by join age; global
-ranks follow that order and, within a node, the local rank. Its ``fingerprint`` hashes the
-ordered (name, registered_ms, ranks) triples: equal on every node that sees the same
-member set. ``generation`` is this agent's count of fingerprint changes: it
+ranks follow that order and, within a node, the local rank (spares included: the trainers
+number the training nodes among themselves). Its ``fingerprint`` hashes the
+ordered (name, registered_ms, ranks) triples, not the roles: equal on every node that sees
+the same member set. ``generation`` is this agent's count of fingerprint changes: it
 numbers the views one client sees, it is not comparable across nodes.
 
 Everything here is pure (no trio, no sockets): the control server owns the I/O.
@@ -52,29 +54,63 @@ Everything here is pure (no trio, no sockets): the control server owns the I/O.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.control import ControlError, JobMember, check_pause
+from agent.control import ROLE_SPARE, ROLE_TRAINING, ControlError, JobMember, check_pause
+from agent.job_tag import (
+    HEALTH_HUNG,
+    HEALTH_OK,
+    JOB_NAME,
+    MAX_GROUP_CHARS,
+    MAX_LOCAL_RANKS,
+    TAG_PREFIX,
+    JobError,
+    JobTag,
+    check_group,
+    check_job,
+    check_node_role,
+    tag_key,
+)
 from phi import PhiAccrualDetector, PhiConfig
 from swim import Member, NodeStateType
 
-TAG_PREFIX = "swim.job/"
-JOB_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-MAX_GROUP_CHARS = 32
-GROUP_CHARS = re.compile(r"^[A-Za-z0-9_.\-]*$")
-HEALTH_OK = "ok"
-HEALTH_HUNG = "hung"
+__all__ = [
+    "DEFAULT_HEARTBEAT_PAUSE_MS",
+    "DEFAULT_HEARTBEAT_THRESHOLD",
+    "HEALTH_HUNG",
+    "HEALTH_OK",
+    "JOB_NAME",
+    "MAX_GROUP_CHARS",
+    "MAX_LISTED_JOBS",
+    "MAX_LOCAL_RANKS",
+    "MAX_REGISTRATIONS",
+    "MAX_WATCHED_JOBS",
+    "TAG_PREFIX",
+    "VIEW_STATES",
+    "Generations",
+    "JobError",
+    "JobTag",
+    "LocalJobs",
+    "NodeJob",
+    "Pause",
+    "Registration",
+    "check_group",
+    "check_job",
+    "check_node_role",
+    "fingerprint",
+    "job_members",
+    "summaries",
+    "tag_key",
+    "view",
+]
+
 MAX_WATCHED_JOBS = 256
 """Jobs with a generation counter on one agent; the oldest is forgotten beyond it."""
 MAX_LISTED_JOBS = MAX_WATCHED_JOBS
 """Jobs in one ``jobs`` reply (the rest are counted, not listed): the reply stays a small
 frame, and one listing numbers no more jobs than the generation counters hold."""
-MAX_LOCAL_RANKS = 64
-"""Local ranks per node and job: 8 GPUs is the common node, 64 leaves room for CPU jobs and
-future hosts while bounding a node's registration state."""
 MAX_REGISTRATIONS = 256
 """Registered training processes per agent, all jobs together (each holds a connection, a
 Phi detector and a health check)."""
@@ -84,55 +120,6 @@ checkpoint or an evaluation pass must not get a node excluded."""
 DEFAULT_HEARTBEAT_THRESHOLD = 8.0
 """Akka cluster's phi threshold (phi/detector.py)."""
 VIEW_STATES = (NodeStateType.ALIVE, NodeStateType.SUSPECT)
-
-
-class JobError(ValueError):
-    """A registration or view request that cannot be honoured; the message says why."""
-
-
-def check_job(job: object) -> str:
-    if not isinstance(job, str) or not JOB_NAME.match(job):
-        raise JobError(f"job must match {JOB_NAME.pattern}, got {job!r}")
-    return job
-
-
-def check_group(group: object) -> str:
-    if not isinstance(group, str) or len(group) > MAX_GROUP_CHARS or not GROUP_CHARS.match(group):
-        raise JobError(f"group must be <= {MAX_GROUP_CHARS} characters of [A-Za-z0-9_.-]")
-    return group
-
-
-def tag_key(job: str) -> str:
-    return TAG_PREFIX + job
-
-
-@dataclass(frozen=True, slots=True)
-class JobTag:
-    registered_ms: int
-    store_port: int
-    health: str
-    group: str
-    ranks: int = 1
-
-    def encode(self) -> str:
-        return f"{self.registered_ms},{self.store_port},{self.health},{self.group},{self.ranks}"
-
-    @classmethod
-    def decode(cls, value: str) -> JobTag | None:
-        """Parse a peer's tag; a malformed one (hostile or a future format) is ignored."""
-        parts = value.split(",")
-        if len(parts) == 4:
-            parts.append("1")  # an agent from before multi-rank jobs
-        if len(parts) != 5:
-            return None
-        registered, port, health, group, ranks = parts
-        if not (registered.isdigit() and port.isdigit() and ranks.isdigit()):
-            return None
-        if health not in (HEALTH_OK, HEALTH_HUNG) or not 1 <= int(ranks) <= MAX_LOCAL_RANKS:
-            return None
-        if int(port) > 65_535 or len(group) > MAX_GROUP_CHARS or not GROUP_CHARS.match(group):
-            return None
-        return cls(int(registered), int(port), health, group, int(ranks))
 
 
 def job_members(job: str, members: Iterable[Member], tags_of: Any) -> list[JobMember]:
@@ -163,6 +150,7 @@ def _job_member(m: Member, tag: JobTag) -> JobMember:
         tag.group,
         m.state.name.lower(),
         tag.ranks,
+        tag.role,
     )
 
 
@@ -252,6 +240,8 @@ def summaries(
                 "fingerprint": fp,
                 "nodes": len(listed),
                 "ranks": sum(m.ranks for m in listed),
+                "training": sum(m.role == ROLE_TRAINING for m in listed),
+                "spares": sum(m.role == ROLE_SPARE for m in listed),
                 "hung": hung.get(job, 0),
                 "local_ranks": local_ranks.get(job, 0),
                 "paused": (paused or {}).get(job, []),
@@ -282,6 +272,11 @@ class Registration:
     threshold: float
     detector: PhiAccrualDetector
     group: str = ""
+    role: str = ROLE_TRAINING
+    """The node's role in the job as this rank last set it (local rank 0's is gossiped)."""
+    target_nodes: int | None = None
+    """The job's target number of training nodes, as this rank last reported it (local
+    rank 0's is shown by ``jobs``; not gossiped)."""
     last_step: int = -1
     heartbeats: int = 0
     paused: Pause | None = None
@@ -289,7 +284,8 @@ class Registration:
     overruns: int = 0
     """Pauses that ran past their ``max_s`` (scored again from their deadline)."""
     refused_frames: int = 0
-    """Frames refused from this rank (a bad pause, group or lost report): nothing changed."""
+    """Frames refused from this rank (a bad pause, group, role or lost report): nothing
+    changed."""
 
     @classmethod
     def create(
@@ -301,10 +297,12 @@ class Registration:
         first_heartbeat_estimate_ms: object = 1000,
         local_rank: object = 0,
         local_world_size: object = 1,
+        role: object = ROLE_TRAINING,
     ) -> Registration:
         port = _int_in("store_port", store_port, 0, 65_535)
         size = _int_in("local_world_size", local_world_size, 1, MAX_LOCAL_RANKS)
         rank = _int_in("local_rank", local_rank, 0, size - 1)
+        checked_role = check_node_role(role)
         if not isinstance(heartbeat_threshold, int | float) or not heartbeat_threshold > 0:
             raise JobError(f"heartbeat_threshold must be > 0, got {heartbeat_threshold!r}")
         try:
@@ -324,6 +322,7 @@ class Registration:
             port,
             float(heartbeat_threshold),
             PhiAccrualDetector(config),
+            role=checked_role,
         )
 
     def heartbeat(self, step: object, now_ms: int) -> None:
@@ -402,6 +401,7 @@ class NodeJob:
             HEALTH_HUNG if hung else HEALTH_OK,
             first.group,
             self.local_world_size,
+            first.role,
         )
 
     def hung_ranks(self, now_ms: int) -> list[int]:
@@ -419,6 +419,11 @@ class NodeJob:
 
     def refused_frames(self) -> int:
         return sum(reg.refused_frames for reg in self.ranks.values())
+
+    def target_nodes(self) -> int | None:
+        """The job's target number of training nodes, as local rank 0 reported it."""
+        first = self.ranks.get(0)
+        return None if first is None else first.target_nodes
 
 
 @dataclass

@@ -64,6 +64,11 @@ class JobRegistry:
             else:
                 await self._update_tags({key: value}, [])
 
+    def targets(self) -> dict[str, int | None]:
+        """Each job registered here and its target number of training nodes (or None), as
+        local rank 0 reported it."""
+        return {job: node_job.target_nodes() for job, node_job in self.local.jobs.items()}
+
     def view(self, job: str, members: Iterable[Member], tags_of: Any) -> dict[str, Any]:
         """The job's view over these members, numbered by this agent's generations."""
         return view(job, members, tags_of, self.generations)
@@ -78,5 +83,7 @@ class JobRegistry:
         refused = {job: node_job.refused_frames() for job, node_job in jobs.items()}
         result = summaries(members, tags_of, self.generations, local, paused, refused)
         for entry in result["jobs"]:
+            node_job = jobs.get(entry["job"])
+            entry["target"] = None if node_job is None else node_job.target_nodes()
             entry.update(self.slow.summary(entry["job"]))
         return result

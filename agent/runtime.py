@@ -215,8 +215,10 @@ class Agent:
                     self.handlers = await start_handlers(nursery, self, cfg, driver, serf_runtime)
                 if cfg.metrics_addr is not None:
                     # prometheus_client costs ~10 MB resident: load it only when asked for
+                    from agent.job_metrics import register_job_metrics
                     from agent.metrics import AgentMetrics
                     from agent.metrics_http import serve_metrics
+                    from agent.watch import member_tags
 
                     self.metrics = AgentMetrics(
                         node, self.phi_values, members=self.all_members, now_ms=now_ms
@@ -224,6 +226,9 @@ class Agent:
                     if self.handlers is not None:
                         self.handlers.register_metrics(self.metrics.registry)
                     self.jobs.slow.register_metrics(self.metrics.registry)
+                    register_job_metrics(
+                        self.metrics.registry, node.members, member_tags, self.jobs.targets
+                    )
                     driver.on_probe_rtt_ms = self.metrics.observe_probe_rtt_ms
                     serve = functools.partial(serve_metrics, agent=self)  # + the status page
                     self.metrics_port = await nursery.start(

@@ -21,17 +21,21 @@ agent's monotonic clock. Schemas:
   ``missed``: times the reader fell behind the agent and events were lost.
 - ``GET /v1/jobs`` → ``{"jobs": [job], "omitted": int}``, by name, at most
   ``MAX_JOBS_LISTED`` (``omitted`` counts the rest); a job: ``{"job": str, "fingerprint":
-  str, "formations": int, "formed_ms": int|null, "ranks": int, "nodes": [node],
-  "hung_nodes": [str], "local": local|null}``. ``nodes``: every member carrying the job's
-  tag, the view's members first (``{"name", "status", "in_view": bool, "health": ok|hung,
-  "ranks": int, "registered_ms": int, "group": str}``); ``ranks`` sums the view's ranks;
+  str, "formations": int, "formed_ms": int|null, "ranks": int, "training": int,
+  "spares": int, "nodes": [node], "hung_nodes": [str], "local": local|null}``. ``nodes``:
+  every member carrying the job's tag, the view's members first (``{"name", "status",
+  "in_view": bool, "health": ok|hung, "ranks": int, "registered_ms": int, "group": str,
+  "role": training|spare}``); ``ranks`` sums the view's ranks; ``training`` and ``spares``
+  count the view's nodes by role (``agent.control.ROLES``);
   ``formations`` counts the view's fingerprint changes this agent saw (its first sight
   counts one) and ``formed_ms`` is the last one's time. ``local`` (this node's own
   registration): ``{"local_world_size": int, "registered": [int], "complete": bool,
   "steps": {"<local rank>": int}, "hung_ranks": [int], "paused": [{"local_rank": int,
   "reason": str, "left_ms": int}]}`` (a step of -1: no heartbeat yet; ``paused``: ranks in
   a declared pause, spared from hang scoring until ``left_ms`` runs out), ``"slow": {node:
-  ratio}`` (the job's nodes flagged slow, as this node's trainers reported: agent/slow_jobs.py).
+  ratio}`` (the job's nodes flagged slow, as this node's trainers reported: agent/slow_jobs.py),
+  ``"target": int|null`` (the job's target number of training nodes, as this node's local
+  rank 0 reported it).
 - ``GET /v1/info`` → the control API's ``info`` result plus ``"process": {"pid": int,
   "cpu_s": float, "wall_s": float, "rss_bytes": int|null, "max_rss_bytes": int}``
   (``cpu_s``/``wall_s``: process CPU and a monotonic clock, so two polls give the CPU
@@ -67,6 +71,7 @@ from urllib.parse import parse_qs
 import trio
 
 from agent.api import AgentAPI, Snapshot
+from agent.control import ROLE_SPARE, ROLE_TRAINING
 from agent.control_server import STATUSES, answer, member_json
 from agent.jobs import HEALTH_HUNG, TAG_PREFIX, VIEW_STATES, JobTag, fingerprint, job_members
 from agent.status_events import RecentEvents
@@ -207,6 +212,7 @@ def _jobs(
                 "ranks": j.ranks,
                 "registered_ms": j.registered_ms,
                 "group": j.group,
+                "role": j.role,
             }
             for j in view
         ]
@@ -225,6 +231,7 @@ def _jobs(
                     "ranks": tag.ranks,
                     "registered_ms": tag.registered_ms,
                     "group": tag.group,
+                    "role": tag.role,
                 }
             )
         fp, formed_ms, count = formations.seen[job]
@@ -235,6 +242,8 @@ def _jobs(
                 "formations": count,
                 "formed_ms": formed_ms,
                 "ranks": sum(j.ranks for j in view),
+                "training": sum(j.role == ROLE_TRAINING for j in view),
+                "spares": sum(j.role == ROLE_SPARE for j in view),
                 "nodes": nodes,
                 "hung_nodes": hung,
                 "local": local.get(job),
@@ -381,4 +390,5 @@ class StatusEndpoints:
             "hung_ranks": node_job.hung_ranks(now_ms),
             "paused": node_job.paused_ranks(now_ms),
             "slow": self.agent.jobs.slow.summary(job)["slow"],
+            "target": node_job.target_nodes(),
         }

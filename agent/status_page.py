@@ -209,17 +209,23 @@ function renderJobs(data) {
   const trs = data.jobs.map((j) => {
     const nodes = el("td");
     for (const n of j.nodes) {
+      // a hot spare is in the view but does not train: marked, in the neutral colour
+      const spare = n.role === "spare";
       const label = n.name + (n.ranks > 1 ? " \\u00d7" + n.ranks : "") +
+        (spare ? " [spare]" : "") +
         (n.in_view ? "" : " (" + (n.health === "hung" ? "hung" : n.status) + ")");
-      nodes.append(el("span", label, "node " + (n.in_view ? "ok-text" : "bad-text")));
+      nodes.append(el("span", label,
+        "node " + (!n.in_view ? "bad-text" : spare ? "dim" : "ok-text")));
     }
     const local = j.local;
+    // training nodes, and the target where this node's trainers reported one: "2/3"
+    const target = local && local.target ? "/" + local.target : "";
     const steps = local ? Object.keys(local.steps).map((r) => r + ":" + local.steps[r])
       .join(" ") : "-";
     const tr = el("tr");
     tr.dataset.job = j.job;
-    tr.append(el("td", j.job), el("td", j.nodes.filter((n) => n.in_view).length, "num"),
-      el("td", j.ranks, "num"), el("td", j.formations, "num"),
+    tr.append(el("td", j.job), el("td", j.training + target, "num"),
+      el("td", j.spares, "num"), el("td", j.ranks, "num"), el("td", j.formations, "num"),
       el("td", clock(j.formed_ms)), el("td", j.hung_nodes.join(", ") || "-", "bad-text"),
       el("td", local ? local.registered.length + "/" + local.local_world_size : "-"),
       el("td", steps), el("td", rankHealth(local), "bad-text"), nodes);
@@ -227,7 +233,7 @@ function renderJobs(data) {
   });
   if (!trs.length) {
     const tr = el("tr"), td = el("td", "no job registered on any member", "dim");
-    td.colSpan = 10; tr.append(td); trs.push(tr);
+    td.colSpan = 11; tr.append(td); trs.push(tr);
   }
   fill($("jobs").tBodies[0], trs);
   $("jobs-omitted").textContent = data.omitted ? data.omitted + " more not shown" : "";
@@ -307,7 +313,8 @@ _BODY = """<!DOCTYPE html>
 <th data-key="rtt_ms">RTT</th><th data-key="since_ms">Since</th><th data-key="tags">Tags</th>
 </tr></thead><tbody></tbody></table></div></section>
 <section><h2>Jobs <span id="jobs-omitted" class="dim"></span></h2><div class="scroll">
-<table id="jobs"><thead><tr><th>Job</th><th>Nodes</th><th>Ranks</th><th>Formations</th>
+<table id="jobs"><thead><tr><th>Job</th><th>Training</th><th>Spares</th><th>Ranks</th>
+<th>Formations</th>
 <th>Formed</th><th>Hung nodes</th><th>Local ranks</th><th>Steps</th><th>Hung / paused ranks</th>
 <th>Members</th></tr></thead><tbody></tbody></table></div></section>
 <section><h2>Recent events <span id="events-missed" class="bad-text"></span></h2>

@@ -11,6 +11,12 @@ job rules in ``agent.jobs``).
   ``{"group": str}`` when it enters a process group (local rank 0's is gossiped); the agent
   scores heartbeats with Phi accrual per rank and flags the node ``hung`` while any rank's
   stop (the tag's health field);
+- ``{"role": "training"|"spare"}``: what the job's trainers made this node (local rank
+  0's is gossiped in the job tag, like the group): every agent's view shows it; the
+  fingerprint and ``registered_ms`` stay (a role is not a membership change). A role
+  whose tag would not fit the node's metadata is refused, the old role kept.
+- ``{"target": int}``: the job's target number of training nodes as the trainers know it
+  (``check_target``): kept here for ``jobs``, the status page and metrics, not gossiped.
 - ``{"lost": [node, ...]}``: the trainer's collectives lost these peers (a connection
   error). Evidence, not a verdict: the agent probes them at once (``Agent.probe_now``)
   instead of at their round-robin turn, and only the probe cycle can suspect them.
@@ -20,8 +26,8 @@ job rules in ``agent.jobs``).
   purpose and steps again (``Registration.pause``); a pause is answered on the same
   connection (``{"pause": {"ok": ...}}``), so the trainer knows it holds before it stops.
   Replies and views share the stream under one lock (a trio stream takes one sender).
-A refused frame (a bad pause, group or lost report) changes nothing, is logged and counted
-(``Registration.refused_frames``); the connection stays.
+A refused frame (a bad pause, group, role, target or lost report) changes nothing, is
+logged and counted (``Registration.refused_frames``); the connection stays.
 Bounded: ``MAX_REGISTRATIONS`` registrations and ``MAX_WATCHERS`` connections per agent,
 ``MAX_LOST_NAMES`` names per report, frame sizes by the control framing. A bad frame
 closes that connection only. The job tag is recomputed and set by the agent's
@@ -42,7 +48,7 @@ import trio
 
 from agent import serf
 from agent.api import AgentAPI
-from agent.control import ControlError, FrameDecoder, encode_frame, error, ok
+from agent.control import ControlError, FrameDecoder, check_target, encode_frame, error, ok
 from agent.jobs import (
     HEALTH_OK,
     MAX_REGISTRATIONS,
@@ -50,6 +56,7 @@ from agent.jobs import (
     Registration,
     check_group,
     check_job,
+    check_node_role,
 )
 from agent.slow_jobs import check_slow
 from swim import Member
@@ -200,6 +207,10 @@ async def _read_client(
                     continue
                 if reg.local_rank == 0:
                     await agent.jobs.sync_tag(reg.job)
+            if "role" in frame:
+                await _set_role(agent, reg, frame["role"])
+            if "target" in frame:
+                _set_target(reg, frame["target"])
             if "lost" in frame:
                 await _report_lost(agent, reg, frame["lost"])
             if "slow" in frame:
@@ -231,6 +242,36 @@ async def _pause(
 async def _reply(stream: trio.abc.Stream, sending: trio.Lock, reply: dict[str, Any]) -> None:
     async with sending:
         await stream.send_all(encode_frame({"pause": reply}))
+
+
+async def _set_role(agent: AgentAPI, reg: Registration, role: object) -> None:
+    """Validate, then mutate: a bad role, or one whose tag the agent cannot publish (the
+    node's metadata is full), is refused and counted; the rank keeps its old role."""
+    try:
+        checked = check_node_role(role)
+    except JobError as exc:
+        reg.refused_frames += 1
+        log.warning("watch: ignoring a bad role: %s", exc)
+        return
+    before, reg.role = reg.role, checked
+    if reg.local_rank != 0 or before == checked:
+        return  # only local rank 0's role is the node's
+    try:
+        await agent.jobs.sync_tag(reg.job)
+    except ValueError as exc:  # the tag would not fit the node's metadata
+        reg.role = before
+        reg.refused_frames += 1
+        log.warning("job %s: refused role %s: %s", reg.job, checked, exc)
+        return
+    log.info("job %s: this node's role is now %s", reg.job, checked)
+
+
+def _set_target(reg: Registration, target: object) -> None:
+    try:
+        reg.target_nodes = check_target(target)
+    except ControlError as exc:
+        reg.refused_frames += 1
+        log.warning("watch: ignoring a bad target: %s", exc)
 
 
 async def _report_lost(agent: AgentAPI, reg: Registration, names: object) -> None:

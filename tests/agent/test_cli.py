@@ -424,6 +424,9 @@ def test_jobs_and_view_with_real_registrations(agents: list[LocalAgent]) -> None
             "fingerprint": shown["fingerprint"],
             "nodes": 2,
             "ranks": 3,
+            "training": 2,
+            "spares": 0,
+            "target": None,
             "hung": 1,
             "local_ranks": 2,
             "paused": [],
@@ -438,19 +441,19 @@ def test_jobs_and_view_with_real_registrations(agents: list[LocalAgent]) -> None
         assert as_json(a2, "jobs")["jobs"][0]["local_ranks"] == 1
         text = swimctl(a0, "jobs").stdout.splitlines()
         assert text[0].split() == [
-            *("Job", "Generation", "Nodes", "Ranks", "Hung", "Local", "ranks", "Paused"),
-            *("Slow", "Fingerprint"),
+            *("Job", "Generation", "Training", "Spares", "Ranks", "Hung", "Local", "ranks"),
+            *("Paused", "Slow", "Fingerprint"),
         ]
         generation, fp = str(train["generation"]), train["fingerprint"]
-        assert text[1].split() == ["train", generation, "2", "3", "1", "2", "-", "-", fp]
+        assert text[1].split() == ["train", generation, "2", "0", "3", "1", "2", "-", "-", fp]
         text = swimctl(a0, "view", "train").stdout.splitlines()
         assert text[0] == (
             f"Job train: generation {shown['generation']}, fingerprint {shown['fingerprint']}, "
-            "2 node(s), 3 rank(s)"
+            "2 training node(s), 3 rank(s), 0 spare(s)"
         )
-        assert [line.split()[:6] for line in text[2:]] == [
-            ["agent-0", f"127.0.0.1:{a0.port}", "alive", "2", "0-1", "29500"],
-            ["agent-1", f"127.0.0.1:{a1.port}", "alive", "1", "2", "-"],
+        assert [line.split()[:7] for line in text[2:]] == [
+            ["agent-0", f"127.0.0.1:{a0.port}", "alive", "training", "2", "0-1", "29500"],
+            ["agent-1", f"127.0.0.1:{a1.port}", "alive", "training", "1", "2", "-"],
         ]
         bad = swimctl(a0, "view", "no such job")
         assert bad.exit_code == 1 and "job must match" in bad.stderr

@@ -57,7 +57,12 @@ from torchhook.client import Membership, MembershipClosed, View
         ("5,0,ok,g,1", JobTag(5, 0, "ok", "g")),  # four fields mean one rank
         ("5,0,ok", None),  # too few fields
         ("5,0,ok,a,b", None),  # ranks not a count
-        ("5,0,ok,a,1,1", None),  # too many
+        ("5,0,ok,,2,spare", JobTag(5, 0, "ok", "", 2, "spare")),  # a hot spare
+        ("5,0,ok,g,1,training", JobTag(5, 0, "ok", "g")),  # written without the role
+        ("5,0,ok,a,1,1", None),  # not a role
+        ("5,0,ok,a,1,Spare", None),  # roles are exact
+        ("5,0,ok,a,1,spare,", None),  # too many
+        ("²,0,ok,a", None),  # a digit int() refuses
         ("5,0,ok,,0", None),  # no ranks
         (f"5,0,ok,,{MAX_LOCAL_RANKS + 1}", None),  # over the bound
         ("-5,0,ok,", None),  # not a count
@@ -112,6 +117,7 @@ def test_job_summaries_agree_with_views_and_are_bounded() -> None:
     members = [
         _member("a", {"swim.job/j": "10,1,ok,,8", "swim.job/k": "5,0,ok,"}),
         _member("b", {"swim.job/j": "20,1,ok,"}),
+        _member("s", {"swim.job/j": "30,1,ok,,1,spare"}),  # a hot spare: in the view
         _member("h", {"swim.job/j": "1,1,hung,"}),
         _member("gone", {"swim.job/old": "1,1,ok,"}, NodeStateType.DEAD),  # listed, no nodes
         _member("x", {"swim.job/bad name": "1,1,ok,", "role": "gpu"}),  # not a job name
@@ -125,8 +131,10 @@ def test_job_summaries_agree_with_views_and_are_bounded() -> None:
         "job": "j",
         "generation": 1,
         "fingerprint": seen["fingerprint"],
-        "nodes": 2,
-        "ranks": 9,
+        "nodes": 3,
+        "ranks": 10,
+        "training": 2,
+        "spares": 1,
         "hung": 1,
         "local_ranks": 0,
         "paused": [],

@@ -171,6 +171,8 @@ async def test_jobs_show_views_local_ranks_steps_and_a_hung_rank(tmp_path: Path)
         assert nodes["n1"]["in_view"] and nodes["n1"]["ranks"] == 1
         assert not nodes["n0"]["in_view"] and nodes["n0"]["health"] == "hung"
         assert nodes["n0"]["ranks"] == 2 and job["ranks"] == 1
+        assert {n["role"] for n in job["nodes"]} == {"training"}
+        assert (job["training"], job["spares"]) == (1, 0)
         assert job["local"] == {
             "local_world_size": 2,
             "registered": [0, 1],
@@ -179,6 +181,7 @@ async def test_jobs_show_views_local_ranks_steps_and_a_hung_rank(tmp_path: Path)
             "hung_ranks": [1],
             "paused": [],
             "slow": {},
+            "target": None,
         }
         # on n1 the same job, without n0's local detail
         n1_job = (await get_json(n1.agent.metrics_port, "/v1/jobs"))["jobs"][0]
