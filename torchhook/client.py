@@ -17,7 +17,7 @@ one reader thread per ``Membership``. Rules (the agent side is ``agent/watch.py`
 - ``report_slow(nodes)`` tells the agent which nodes of the job are flagged slow now;
 - ``set_role(role)`` tells the agent whether this node trains or waits as a spare
   (``"training"``/``"spare"``, on a change; an agent that does not know the frame refuses
-  it, which changes nothing);
+  it, which changes nothing); ``set_target(nodes)`` tells it the job's target size;
 - ``report_lost(names)`` tells the agent that this process's collectives lost these peers
   (evidence: the agent probes them at once, only its detector decides);
 - ``paused(reason, max_s)`` (a context manager) tells the agent that this rank stops
@@ -328,6 +328,11 @@ class Membership:
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         self._send({"role": role})
+
+    def set_target(self, nodes: int) -> None:
+        """The job's target size in nodes (``Settings.target_nodes``), for the agent's
+        ``jobs`` listing; local rank 0 sends it once."""
+        self._send({"target": int(nodes)})
 
     def report_lost(self, names: list[str]) -> None:
         """This process's collectives lost these peers: ask the agent to probe them now."""

@@ -82,6 +82,9 @@ class Spares:
         self.waits = 0
         """Times this rank waited as a spare (for tests and measurements)."""
         self._client: tuple[tuple[str, int], TCPStore] | None = None
+        if target_nodes and membership.local_rank == 0:
+            with contextlib.suppress(MembershipClosed):
+                membership.set_target(target_nodes)  # shown by the agent's ``jobs``
 
     def tell(self, role: str) -> None:
         """Tell the agent this node's role on a change (local rank 0 only)."""

@@ -59,8 +59,14 @@ def _spare_waits(spare: TrainingNode, trainer: TrainingNode, job: str, steps: in
     assert all(t.poll() is None for t in spare.trainers), spare.tail()
     member = fetch_view(job, trainer.control).member(spare.name)
     assert member is not None, "the spare left the view: flagged hung?"  # it heartbeats
-    role = getattr(member, "role", None)  # shown once the agent knows the role frame
-    assert role in (None, "spare"), role
+
+    # in another node's view: told by the spare's local rank 0, gossiped in its job tag
+    until(lambda: _role(job, trainer, spare) == "spare", 10, "the spare's role in the view")
+
+
+def _role(job: str, seen_by: TrainingNode, node: TrainingNode) -> str | None:
+    member = fetch_view(job, seen_by.control).member(node.name)
+    return None if member is None else member.role
 
 
 def _stop(nodes: list[TrainingNode], tmp_path: Path, extra: int = 10) -> int:
@@ -95,6 +101,7 @@ def test_a_spare_waits_takes_a_killed_nodes_place_and_a_returning_node_waits(
         first = min(r["t"] for n in final for r in n.steps() if r["t"] > fault_t)
         assert {n.name: _ranks(n, 6) for n in (n0, n2)} == before, "survivors kept their ranks"
         assert _ranks(spare, 6) == [2, 3], "the spare took n1's global ranks"
+        until(lambda: _role("j", n0, spare) == "training", 10, "the drafted spare's role")
 
         # n1 comes back (a new registration) while the job is at its target: a spare
         back = TrainingNode("n4", tmp_path, n0.port, ranks=2)
