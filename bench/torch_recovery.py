@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import itertools
 import sys
 import tempfile
@@ -302,6 +303,13 @@ def main(argv: list[str] | None = None) -> int:
         help="with N spare nodes too (--target-nodes): every case with and without them, "
         "interleaved (its own result file; no torchrun, no step efficiency)",
     )
+    parser.add_argument(
+        "--lock",
+        type=Path,
+        default=None,
+        help="hold flock(2) on this file during each run (not between runs): measurements "
+        "of others that take the same lock never overlap one of ours",
+    )
     parser.add_argument("--no-torchrun", action="store_true")
     parser.add_argument("--no-efficiency", action="store_true")
     parser.add_argument(
@@ -334,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in (1, 2):  # a start that never trains at full size is retried once
             work = None if args.workdir is None else args.workdir / f"{label}-{i + 1}.{n}"
             try:
-                row = fn(*fn_args, work)
+                with _locked(args.lock):
+                    row = fn(*fn_args, work)
             except (TimeoutError, AssertionError, RuntimeError) as exc:
                 say(f"   {label} #{i + 1} attempt {n}: {exc}")
                 failures.append(f"{label} #{i + 1} (attempt {n}): {exc}")
@@ -412,6 +421,19 @@ def main(argv: list[str] | None = None) -> int:
             training_results.efficiency(efficiency, **shape),
         )
     return 0
+
+
+@contextlib.contextmanager
+def _locked(path: Path | None) -> Iterator[None]:
+    if path is None:
+        yield
+        return
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _planned(text: str) -> tuple[str, str, str]:
