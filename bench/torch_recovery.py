@@ -26,13 +26,21 @@ namespaced run counts at the survivors what arrived from the victim after the fa
 resets, ICMP, packets) and at the victim the packets its cut dropped. Written as its own
 question (bench/training_results.py ``power``); no torchrun, no step efficiency.
 
+``--spares N``: every planned case twice, interleaved: as above, and with N more nodes
+waiting as spares (``--target-nodes``, ``--spare``): the victim's place goes to the oldest
+spare, and the first step is the first completed at the *same* world after the fault
+(survivors and the spare). Written as its own question (bench/training_results.py
+``spares``); no torchrun, no step efficiency. ``--lock FILE`` holds ``flock`` on FILE
+during each run, so runs of other measurements that take it never overlap ours.
+
 torchrun (3 nodes × ``--nproc-per-node=2``, world 6 → 4) is bench/torchrun_recovery.py's
 ``measure``: only the total (fault → first step of a new group without the victim) is
 observable there; stock c10d is watched for 40 s (90 s after a SIGKILL: keep-alive expiry +
 last call), as in that module.
 
     python -m bench.torch_recovery [--nodes 3 --ranks-per-node 2 --profile fast --repeats 5]
-        [--netns] [--faults DDP:kill,HSDP:power:ns] [--torchrun-repeats 3] [--no-torchrun]
+        [--netns] [--faults DDP:kill,HSDP:power:ns] [--spares 1] [--lock FILE]
+        [--torchrun-repeats 3] [--no-torchrun]
         [--minutes 10 --every-s 60 --baseline-s 120]
         [--no-efficiency] [--efficiency-setups in-process,torchrun-c10d,torchrun-swim]
         [--workdir DIR] [--out REPORT.md] [--results DIR | --no-results]
