@@ -79,7 +79,7 @@ def view(*members: JobMember) -> View:
 
 
 def offer(*members: JobMember) -> bytes:
-    return wire.encode_offer(wire.Offer("fp", 5000, "tok", Layout.of(members)))
+    return wire.encode_offer(wire.Offer("fp", 5000, "tok", Layout.of(members))).encode()
 
 
 A, B, C = member("a", 1, "g"), member("b", 2, "g"), member("c", 3, "g")
