@@ -408,6 +408,9 @@ class Elastic:
                 log.info(
                     "formation on %s failed (attempt %d): %s", view.fingerprint, attempt, first
                 )
+                if s.target_nodes and self.layout is None:  # a spare: wait for the next draft
+                    self.spares.wait_for_draft()
+                    continue
                 await_new_view(
                     self.membership, view.fingerprint, budget.failed(first, unreachable=unreachable)
                 )
