@@ -7,9 +7,12 @@ and data pipeline, registers, and then waits here instead of forming a group. Ru
 - **Cheap waiting.** A spare joins no group and runs no collective. Each of its ranks
   reads the current leader's offer (local rank 0 of the view's oldest node: the
   ``formation`` key of its directory) with one request that never waits, every
-  ``POLL_S``, and otherwise sleeps on its view (a new view ends the sleep at once). A
-  read of a stopped leader gives up after ``READ_TIMEOUT``; a view that names a new
-  leader is read next.
+  ``POLL_S``, and otherwise sleeps on its view (a new view ends the sleep at once). The
+  read runs on a helper thread that the rank waits for at most ``READ_TIMEOUT``: a
+  leader that lost power answers nothing and a TCPStore request to it blocks for as
+  long as TCP retransmits, which must not stop the rank's heartbeat (its agent would
+  flag it hung and the spare would leave the view just when it is needed). A read still
+  stuck is not repeated on that leader; a view that names a new leader is read next.
 - **Drafted.** Once an offer lists this node's registration, or this node is the oldest
   of the view (it leads: every training node is gone), the wait ends and the rank forms
   a group the usual way (``torchhook.formation``), receiving its state from the survivors
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -82,6 +86,7 @@ class Spares:
         self.waits = 0
         """Times this rank waited as a spare (for tests and measurements)."""
         self._client: tuple[tuple[str, int], TCPStore] | None = None
+        self._reading: threading.Thread | None = None
         if target_nodes and membership.local_rank == 0:
             with contextlib.suppress(MembershipClosed):
                 membership.set_target(target_nodes)  # shown by the agent's ``jobs``
@@ -134,19 +139,46 @@ class Spares:
         if leader.store_port == 0:
             return False
         key = (leader.addr, leader.store_port)
+        if self._reading is not None and self._reading.is_alive():
+            if self._client is not None and self._client[0] == key:
+                return False  # a read of this leader is stuck: wait for a new view
+            self._reading = None  # a new leader: the stuck read keeps its own client
         try:
             if self._client is None or self._client[0] != key:
                 self._client = None
                 client = self.formation.connect(leader.addr, leader.store_port, "directory")
                 client.set_timeout(READ_TIMEOUT)
                 self._client = (key, client)
-            offer = parse_offer(read(self._client[1], FORMATION_KEY))
+            raw = self._read_offer(self._client[1])
+            offer = None if raw is None else parse_offer(raw)
         except (Retry, RuntimeError, OSError) as exc:
             # a dead or stopped leader: its view change follows; connect afresh then
             log.debug("spare %s: directory of %s: %s", self.node, leader.name, exc)
             self._client = None
             return False
         return offer is not None and me in offer.layout.ids
+
+    def _read_offer(self, client: TCPStore) -> bytes | None:
+        """The ``formation`` key on a helper thread, waited for at most ``READ_TIMEOUT``
+        (None then, or when there is none)."""
+        result: list[bytes | BaseException | None] = []
+
+        def run() -> None:
+            try:
+                result.append(read(client, FORMATION_KEY))
+            except (RuntimeError, OSError) as exc:
+                result.append(exc)
+
+        self._reading = threading.Thread(target=run, name="spare-read", daemon=True)
+        self._reading.start()
+        self._reading.join(READ_TIMEOUT.total_seconds())
+        if not result:
+            return None
+        self._reading = None
+        got = result[0]
+        if isinstance(got, BaseException):
+            raise got
+        return got
 
 
 def _changed(fingerprint: str) -> Callable[[View], bool]:
