@@ -76,6 +76,8 @@ TOPICS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         (
             "training-recovery-",
             "training-power-",
+            "training-spares-",
+            "training-early-drop-",
             "torchrun-recovery-",
             "formation-",
             "state-transfer-",

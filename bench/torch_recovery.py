@@ -26,13 +26,21 @@ namespaced run counts at the survivors what arrived from the victim after the fa
 resets, ICMP, packets) and at the victim the packets its cut dropped. Written as its own
 question (bench/training_results.py ``power``); no torchrun, no step efficiency.
 
+``--spares N``: every planned case twice, interleaved: as above, and with N more nodes
+waiting as spares (``--target-nodes``, ``--spare``): the victim's place goes to the oldest
+spare, and the first step is the first completed at the *same* world after the fault
+(survivors and the spare). Written as its own question (bench/training_results.py
+``spares``); no torchrun, no step efficiency. ``--lock FILE`` holds ``flock`` on FILE
+during each run, so runs of other measurements that take it never overlap ours.
+
 torchrun (3 nodes × ``--nproc-per-node=2``, world 6 → 4) is bench/torchrun_recovery.py's
 ``measure``: only the total (fault → first step of a new group without the victim) is
 observable there; stock c10d is watched for 40 s (90 s after a SIGKILL: keep-alive expiry +
 last call), as in that module.
 
     python -m bench.torch_recovery [--nodes 3 --ranks-per-node 2 --profile fast --repeats 5]
-        [--netns] [--faults DDP:kill,HSDP:power:ns] [--early-drop on,off]
+        [--netns] [--faults DDP:kill,HSDP:power:ns] [--spares 1] [--lock FILE]
+        [--early-drop on,off]
         [--torchrun-repeats 3] [--no-torchrun]
         [--minutes 10 --every-s 60 --baseline-s 120]
         [--no-efficiency] [--efficiency-setups in-process,torchrun-c10d,torchrun-swim]
@@ -47,6 +55,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
+import itertools
 import sys
 import tempfile
 import time
@@ -56,7 +66,7 @@ from typing import Any
 
 from agent.procs import until
 from agent.training_nodes import TrainingNode, start_nodes
-from bench import results, step_efficiency, torchrun_recovery, training_results
+from bench import early_drop_results, results, step_efficiency, torchrun_recovery, training_results
 from bench.torch_recovery_report import phase_offsets, phases_table, report, table, write_section
 from tests.netns.training import NsTraining
 
@@ -89,6 +99,8 @@ TORCHRUN: tuple[tuple[torchrun_recovery.Backend, torchrun_recovery.Scenario], ..
     ("c10d", "kill"),
     ("c10d", "stop"),
 )
+SPARE_MODE = ", spare"
+"""A mode's suffix when a spare waits (``--spares``)."""
 STEP_SLEEP_S = 0.02  # recovery rows: a short step, so the fault lands soon after the file
 
 
@@ -107,15 +119,19 @@ def measure_inprocess(
     window_s: float = 60.0,
     workdir: Path | None = None,
     net: str = LOOPBACK,
+    spares: int = 0,
     early_drop: str = "",
 ) -> dict[str, Any]:
     """``nodes`` × ``ranks`` train at full world; the last node fails with ``fault``; time
     the survivors' verdict and their first step at the reduced world (None if none within
     ``window_s``). ``workdir``: keep the logs there (a temporary directory otherwise).
     ``net``: ``loopback`` or ``ns`` (a network namespace per node, with packet counts).
+    ``spares``: that many more nodes wait as spares (``--target-nodes nodes``): the first
+    step is then the first at the full world with a spare in the victim's place.
     ``early_drop``: ``on`` or ``off`` sets the agents' ``job_early_drop``; empty: the
     profile's default."""
     full, reduced = nodes * ranks, (nodes - 1) * ranks
+    after_world = full if spares else reduced
     with tempfile.TemporaryDirectory(prefix="swim-torchbench-") as tmp:
         work = workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -123,18 +139,23 @@ def measure_inprocess(
         agent_args = (
             (f"--{'' if early_drop == 'on' else 'no-'}job-early-drop",) if early_drop else ()
         )
-        with _cluster(net, nodes, work, profile, ranks, agent_args) as (cluster, ns):
-            survivors, victim = cluster[:-1], cluster[-1]
+        with _cluster(net, nodes + spares, work, profile, ranks, agent_args) as (cluster, ns):
+            training, victim = cluster[:nodes], cluster[nodes - 1]
+            # after the fault: the surviving nodes, and the oldest spare in the victim's place
+            survivors = training[:-1] + cluster[nodes : nodes + 1]
             started = time.monotonic()
             for n in cluster:
                 extra = ["--fault", fault, "--fault-file", str(fault_file)] if n is victim else []
+                if spares:
+                    extra += ["--target-nodes", str(nodes)]
+                    extra += ["--spare"] if n not in training else []
                 n.start_trainers(
                     SCRIPTS[kind],
                     *("--job", "bench", "--steps", "1000000", "--step-sleep", str(STEP_SLEEP_S)),
                     *("--pg-timeout", "60", "--min-nodes", str(nodes - 1), *extra),
                     timeout_s=start_timeout_s + window_s + 60,
                 )
-            until(lambda: all(n.training_at(full) for n in cluster), start_timeout_s, "full")
+            until(lambda: all(n.training_at(full) for n in training), start_timeout_s, "full")
             startup_s = time.monotonic() - started
             time.sleep(1)
             if ns is not None:
@@ -146,7 +167,9 @@ def measure_inprocess(
             row: dict[str, Any] = {
                 "mode": f"in-process {kind}"
                 + (", namespaces" if ns is not None else "")
+                + (SPARE_MODE if spares else "")
                 + (f", early drop {early_drop}" if early_drop else ""),
+                "spares": spares,
                 "fault": fault,
                 "net": net,
                 "cut_s": fault_rec.get("cut_s"),
@@ -165,7 +188,7 @@ def measure_inprocess(
                 return [
                     r
                     for r in node.all_records()
-                    if "loss" in r and r["world"] == reduced and r["t"] > fault_t
+                    if "loss" in r and r["world"] == after_world and r["t"] > fault_t
                 ]
 
             def every_rank_moved_on() -> bool:
@@ -174,7 +197,7 @@ def measure_inprocess(
                 )
 
             try:
-                until(every_rank_moved_on, window_s, f"survivors at world {reduced}")
+                until(every_rank_moved_on, window_s, f"survivors at world {after_world}")
             except TimeoutError:
                 return row
             finally:
@@ -199,10 +222,14 @@ def measure_inprocess(
             if per_rank:
                 row["verdict_s"] = min(per_rank.values()) - fault_t
                 row["resume_s"] = float(first["t"]) - min(per_rank.values())
-                if len(per_rank) == reduced:
+                if len(per_rank) == reduced:  # a drafted spare watched no group: no verdict
                     row["last_verdict_s"] = max(per_rank.values()) - fault_t
             last_full = [
-                r for n in survivors for r in n.all_records() if "loss" in r and r["world"] == full
+                r
+                for n in survivors
+                if n in training
+                for r in n.all_records()
+                if "loss" in r and r["world"] == full and r["t"] <= fault_t
             ]
             if last_full:
                 row["rolled_back"] = max(int(r["step"]) for r in last_full) + 1 - first["step"]
@@ -292,6 +319,20 @@ def main(argv: list[str] | None = None) -> int:
         help="on,off: each in-process row with the agents' job_early_drop on and off, "
         "interleaved (default: the profile's setting)",
     )
+    parser.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="with N spare nodes too (--target-nodes): every case with and without them, "
+        "interleaved (its own result file; no torchrun, no step efficiency)",
+    )
+    parser.add_argument(
+        "--lock",
+        type=Path,
+        default=None,
+        help="hold flock(2) on this file during each run (not between runs): measurements "
+        "of others that take the same lock never overlap one of ours",
+    )
     parser.add_argument("--no-torchrun", action="store_true")
     parser.add_argument("--no-efficiency", action="store_true")
     parser.add_argument(
@@ -310,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = list(POWER if args.netns else IN_PROCESS)
     if args.faults:
         plan = [_planned(f) for f in args.faults.split(",") if f]
-    if args.netns:
+    if args.netns or args.spares:
         args.no_torchrun = args.no_efficiency = True
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
@@ -324,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in (1, 2):  # a start that never trains at full size is retried once
             work = None if args.workdir is None else args.workdir / f"{label}-{i + 1}.{n}"
             try:
-                row = fn(*fn_args, work)
+                with _locked(args.lock):
+                    row = fn(*fn_args, work)
             except (TimeoutError, AssertionError, RuntimeError) as exc:
                 say(f"   {label} #{i + 1} attempt {n}: {exc}")
                 failures.append(f"{label} #{i + 1} (attempt {n}): {exc}")
@@ -333,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             return
 
-    def inprocess(kind: str, fault: str, net: str, drop: str, work: Path | None) -> dict[str, Any]:
+    def inprocess(
+        kind: str, fault: str, net: str, spares: int, drop: str, work: Path | None
+    ) -> dict[str, Any]:
         return measure_inprocess(
             kind,
             fault,
@@ -342,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             profile=args.profile,
             workdir=work,
             net=net,
+            spares=spares,
             early_drop=drop,
         )
 
@@ -349,11 +394,12 @@ def main(argv: list[str] | None = None) -> int:
     if not set(drops) <= {"on", "off"}:
         raise SystemExit(f"--early-drop: {args.early_drop!r} is not a list of on and off")
     for i in range(args.repeats):  # interleaved: load swings spread over every row alike
-        for kind, fault, net in plan:
-            for drop in drops:
-                label = f"{kind.lower()}-{fault}-{net}" + (f"-drop-{drop}" if drop else "")
-                say(f"-- in-process {label} #{i + 1} (load {step_efficiency.load()})")
-                attempt(label, i, inprocess, kind, fault, net, drop)
+        cases = itertools.product(plan, sorted({0, args.spares}), drops)
+        for (kind, fault, net), spares, drop in cases:
+            label = f"{kind.lower()}-{fault}-{net}" + (f"-{spares}spare" if spares else "")
+            label += f"-drop-{drop}" if drop else ""
+            say(f"-- in-process {label} #{i + 1} (load {step_efficiency.load()})")
+            attempt(label, i, inprocess, kind, fault, net, spares, drop)
     if not args.no_torchrun:
         for backend, scenario in TORCHRUN:
             for i in range(args.torchrun_repeats):
@@ -391,6 +437,10 @@ def main(argv: list[str] | None = None) -> int:
     if rows:
         build = training_results.power if args.netns else training_results.recovery
         built = build(rows, step_sleep_s=STEP_SLEEP_S, **shape)
+        if args.spares:
+            built = training_results.spares(built, rows, spares=args.spares, **shape)
+        if len(drops) > 1:
+            built = early_drop_results.early_drop(built, rows, **shape)
         notes = [f"Never trained at full size (retried once): {f}" for f in failures]
         results.record(args, "bench.torch_recovery", argv, started, built, notes)
     if efficiency:
@@ -402,6 +452,19 @@ def main(argv: list[str] | None = None) -> int:
             training_results.efficiency(efficiency, **shape),
         )
     return 0
+
+
+@contextlib.contextmanager
+def _locked(path: Path | None) -> Iterator[None]:
+    if path is None:
+        yield
+        return
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _planned(text: str) -> tuple[str, str, str]:

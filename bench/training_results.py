@@ -203,6 +203,49 @@ def _key(mode: str, fault: str) -> str:
     return f"{MODES.get(mode) or re.sub(r'[^a-z0-9]+', '-', mode.lower()).strip('-')}-{fault}"
 
 
+def spares(
+    built: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    spares: int,
+    nodes: int,
+    ranks: int,
+    profile: str,
+) -> dict[str, Any]:
+    """``recovery`` or ``power`` for bench/torch_recovery.py ``--spares``: each case with
+    ``spares`` spare nodes (modes ending ``, spare``: the first step is at the *same* world,
+    a spare in the victim's place) beside the same case without one (the reduced world),
+    in the same run; its own question, and the ratios spare / no spare."""
+    out = dict(built)
+    full, reduced = nodes * ranks, (nodes - 1) * ranks
+    same = "fault → first step at the same world (a spare in its place)"
+    for fig in out["figures"].values():
+        if ", spare" in fig.get("label", "") and "first step without the node" in fig["label"]:
+            fig["label"] = fig["label"].replace("fault → first step without the node", same)
+    groups = _groups(rows)
+    ratios = []
+    for (mode, fault), runs in groups.items():
+        if mode.endswith(", spare"):
+            a, b = _median_total(runs), _median_total(groups.get((mode[:-7], fault), []))
+            if a is not None and b:
+                label = f"{mode[:-7]}, {FAULTS.get(fault, fault)}: with a spare / without"
+                ratios.append({"label": f"{label}, fault → first step", "value": round(a / b, 2)})
+    kind = "power" if out["question"].startswith("training-power") else "recovery"
+    out |= {
+        "question": f"training-spares-{kind}-{nodes}x{ranks}-{profile}",
+        "title": f"Hot spares: {nodes} nodes × {ranks} ranks + {spares} spare, `{profile}`",
+        "method": (
+            f"{out['method']} Rows whose strategy ends in *spare*: {spares} more node(s) "
+            f"wait as spares (`--target-nodes {nodes}`, `--spare`); the first step is the "
+            f"first completed at world {full} after the fault, with the oldest spare in the "
+            f"victim's place (without a spare: world {reduced}). Each case with and without "
+            "a spare, repeats interleaved."
+        ),
+        "ratios": ratios + list(out.get("ratios", [])),
+    }
+    return out
+
+
 def _sum(runs: Sequence[Mapping[str, Any]], *keys: str) -> int | None:
     got = [sum(int(r[k]) for k in keys) for r in runs if all(r.get(k) is not None for k in keys)]
     return sum(got) if got else None

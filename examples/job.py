@@ -186,6 +186,12 @@ def parser(description: str | None, *, job: str, pg_timeout_s: float) -> argpars
     ap.add_argument("--slow-windows", type=int, default=2)
     ap.add_argument("--slow-window-steps", type=int, default=10)
     ap.add_argument(
+        "--target-nodes", type=int, default=0, help="the job's size; nodes beyond it are spares"
+    )
+    ap.add_argument(
+        "--spare", action="store_true", help="start as a spare (register once at the target)"
+    )
+    ap.add_argument(
         "--reference-seeds",
         default="",
         help="with --reference: comma-separated seeds, one curve each (a JSON list of lists)",
@@ -205,6 +211,8 @@ def hook_options(args: argparse.Namespace) -> dict[str, Any]:
         "slow_factor": args.slow_factor,
         "slow_windows": args.slow_windows,
         "slow_window_steps": args.slow_window_steps,
+        "target_nodes": args.target_nodes,
+        "spare": args.spare,
     }
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "Settings",
     "SettingsError",
     "SlowNodeExcluded",
+    "SpareWaitOver",
     "StepFailed",
     "TrainingState",
     "View",
@@ -78,6 +79,7 @@ _HOMES = {
             "ReformBudgetSpent",
             "SettingsError",
             "SlowNodeExcluded",
+            "SpareWaitOver",
             "StepFailed",
         )
     },
@@ -100,6 +102,7 @@ if TYPE_CHECKING:
         ReformBudgetSpent,
         SettingsError,
         SlowNodeExcluded,
+        SpareWaitOver,
         StepFailed,
     )
     from torchhook.feed import DataExhausted, DataFeed, DataMisuse

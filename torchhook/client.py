@@ -15,6 +15,9 @@ one reader thread per ``Membership``. Rules (the agent side is ``agent/watch.py`
 - listeners run on the reader thread and must not block (they set flags, fail futures);
 - ``heartbeat(step)`` once per training step lets the agent flag a hung worker;
 - ``report_slow(nodes)`` tells the agent which nodes of the job are flagged slow now;
+- ``set_role(role)`` tells the agent whether this node trains or waits as a spare
+  (``"training"``/``"spare"``, on a change; an agent that does not know the frame refuses
+  it, which changes nothing); ``set_target(nodes)`` tells it the job's target size;
 - ``report_lost(names)`` tells the agent that this process's collectives lost these peers
   (evidence: the agent probes them at once, only its detector decides);
 - ``paused(reason, max_s)`` (a context manager) tells the agent that this rank stops
@@ -72,6 +75,8 @@ Listener = Callable[["View"], None]
 ClosedListener = Callable[["MembershipLost"], None]
 log = logging.getLogger("torchhook.client")
 
+ROLES = ("training", "spare")
+"""A node's role in a job (``torchhook.roster``): it trains, or waits as a spare."""
 PAUSE_REPLY_S = 10.0
 """How long ``paused`` waits for the agent to confirm a pause before the body runs: the
 agent answers from its event loop within milliseconds; beyond this it is stuck, and a
@@ -316,6 +321,18 @@ class Membership:
 
     def set_group(self, group: str) -> None:
         self._send({"group": group})
+
+    def set_role(self, role: str) -> None:
+        """This node's role in the job now: ``"training"`` or ``"spare"`` (local rank 0
+        sends it when the role changes; the agent shows it in the job's view)."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        self._send({"role": role})
+
+    def set_target(self, nodes: int) -> None:
+        """The job's target size in nodes (``Settings.target_nodes``), for the agent's
+        ``jobs`` listing; local rank 0 sends it once."""
+        self._send({"target": int(nodes)})
 
     def report_lost(self, names: list[str]) -> None:
         """This process's collectives lost these peers: ask the agent to probe them now."""

@@ -62,7 +62,9 @@ from torchhook.formation import Formation, Retry
 from torchhook.groups import ProcessGroups, ShrinkFailed, ShrinkStuck
 from torchhook.pace import Pace
 from torchhook.parallel import Group, Parallelism, micro_batches
+from torchhook.roster import roster
 from torchhook.settings import ReformBudget, Settings
+from torchhook.spares import Spares, await_target
 from torchhook.state import Rebuilt, ResetCallbackError, SnapshotError, Stateful, TrainingState
 from torchhook.state_wire import encode
 from torchhook.stores import TcpNet
@@ -76,6 +78,7 @@ from torchhook.strategy import (
     tears_down_at_failure,
 )
 from torchhook.timeline import Timeline
+from torchhook.usable import await_new_view, wait_for_usable_view
 from torchhook.verdicts import GroupWatch
 
 __all__ = ["PASS_THROUGH", "Elastic"]
@@ -152,6 +155,9 @@ class Elastic:
         self._formation_store: TCPStore | None = None
         self.timeline = Timeline()
         """Phases of the last re-formation, verdict to first step (for measurements)."""
+        if settings.spare:  # register once the job is at its target: younger than its nodes
+            await_target(settings.job, settings.control, settings.target_nodes,
+                         settings.join_timeout_s, local_rank, local_world_size)  # fmt: skip
         # in order of need: directory store (rank 0's port is registered), membership, formation
         directory = (
             TcpNet().serve(settings.store_host, self.pg_timeout) if local_rank == 0 else None
@@ -172,6 +178,7 @@ class Elastic:
             store_host=settings.store_host,
             op_timeout=self.pg_timeout,
             directory=directory,
+            choose=lambda v: roster(self.layout, v.members, settings.target_nodes).layout,
         )
         self.node = self.membership.node
         self.local_rank = self.membership.local_rank
@@ -180,6 +187,8 @@ class Elastic:
         # the watch ending (the agent gone) breaks the group too: no verdict could come
         self.membership.add_listener(self.watch.on_view, on_closed=self.watch.on_closed)
         self.pace = Pace(settings, self.membership, self._wait, self._beat)  # fail-slow
+        self.spares = Spares(settings.target_nodes, self.membership, self.formation, self._beat,
+                             settings.spare_wait_s)  # fmt: skip
 
     # --- the training-loop API --------------------------------------------------------
 
@@ -331,7 +340,11 @@ class Elastic:
 
     def _control_says_switch(self) -> bool:
         """Step boundary: does any member see a view that differs from the group?"""
-        differs = self.watch.differs(self.membership.view)
+        view = self.membership.view
+        differs = self.watch.differs(view)
+        if differs and self.settings.target_nodes:  # a new spare is no reason to switch
+            lost = bool(self.watch.lost({(m.name, m.registered_ms) for m in view.members}))
+            differs = self.spares.differs(self.layout, view, lost)
         flag = torch.tensor([1 if differs else 0], dtype=torch.int32, device=self.device)
         self._wait(dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True))
         return bool(flag.item())
@@ -363,11 +376,15 @@ class Elastic:
         if self._group is not None:
             return
         s = self.settings
+        if s.target_nodes and self.layout is None:
+            self.spares.wait_for_draft()  # torchhook.spares: until a formation lists us
         started = time.monotonic()
         view_deadline = started + s.join_timeout_s
         budget = ReformBudget(s, time.monotonic)
         for attempt in range(1, s.reform_attempts + 1):
-            view = self._wait_for_usable_view(view_deadline)
+            view = wait_for_usable_view(
+                self.membership, self.node, s, self.group_names, view_deadline, self._beat
+            )
             self.timeline.mark("view")
             log.debug("forming on view %d %s %s", view.generation, view.fingerprint, view.names)
             try:
@@ -391,42 +408,17 @@ class Elastic:
                 log.info(
                     "formation on %s failed (attempt %d): %s", view.fingerprint, attempt, first
                 )
-                self._await_new_view(
-                    view.fingerprint, budget.failed(first, unreachable=unreachable)
+                if s.target_nodes and self.layout is None:  # a spare: wait for the next draft
+                    self.spares.wait_for_draft()
+                    continue
+                await_new_view(
+                    self.membership, view.fingerprint, budget.failed(first, unreachable=unreachable)
                 )
                 continue
             self.reconfigurations += 1
             self.last_formation_s = time.monotonic() - started
             return
         raise ReformBudgetSpent(f"no group formed in {s.reform_attempts} attempts")
-
-    def _await_new_view(self, fingerprint: str, seconds: float) -> None:
-        """The backoff between formations: ended early by a new view."""
-        if seconds > 0:
-            with contextlib.suppress(TimeoutError):
-                self.membership.wait(lambda v: v.fingerprint != fingerprint, seconds)
-
-    def _wait_for_usable_view(self, deadline: float) -> View:
-        def usable(v: View) -> bool:
-            return (
-                self.node in v and len(v.members) >= self.settings.min_nodes and self._has_quorum(v)
-            )
-
-        while (remaining := deadline - time.monotonic()) > 0:
-            try:
-                return self.membership.wait(usable, min(remaining, 1.0))
-            except TimeoutError:
-                self._beat()
-        raise TimeoutError(
-            f"no usable view of {self.membership.job!r} within {self.settings.join_timeout_s} s "
-            f"(min_nodes={self.settings.min_nodes}, last group {list(self.group_names)})"
-        )
-
-    def _has_quorum(self, view: View) -> bool:
-        if self.settings.quorum == "any" or not self.group_names:
-            return True
-        kept = sum(1 for n in self.group_names if n in view)
-        return 2 * kept > len(self.group_names)
 
     def _form(self, view: View) -> None:
         agreed = self.formation.agree(
@@ -491,6 +483,7 @@ class Elastic:
         self._has_state = True
         self._applied_in = token  # every rank of the group now holds the same state
         self.membership.set_group(token)
+        self.spares.tell("training")
         nodes = " ".join(f"{n.name}x{n.ranks}" for n in layout.nodes)
         log.info("group %s: rank %d of %d (%s) at step %d, %s from rank %d", token, rank, world,
                  nodes, self.step, plan.action, plan.source)  # fmt: skip

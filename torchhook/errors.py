@@ -39,6 +39,7 @@ __all__ = [
     "ReformBudgetSpent",
     "SettingsError",
     "SlowNodeExcluded",
+    "SpareWaitOver",
     "StepFailed",
     "classify",
     "is_group_failure",
@@ -73,6 +74,11 @@ class CheckpointFailed(Fatal):
 class SlowNodeExcluded(Fatal):
     """This node was flagged slow with ``slow_policy="exclude"``: it has left the job (its
     registration is closed) and the other nodes re-form without it."""
+
+
+class SpareWaitOver(Fatal):
+    """A spare waited ``spare_wait_s`` without being drafted, or for ``join_timeout_s``
+    without the job's view reaching ``target_nodes`` (``spare=True``)."""
 
 
 class OutOfMemory(Fatal):

@@ -12,7 +12,8 @@ store with every rank's real steps interleaved):
    reused across groups break them; a store in a fixed trainer would die with it) and a
    fresh random token, even for the same members. The leader writes the token into the
    store, then offers ``{fingerprint, port, token, layout}`` under ``formation`` in its
-   directory, with the layout of *its* view.
+   directory, with the layout of *its* view (``choose``: with a target size, the
+   training nodes that ``torchhook.roster`` picks; the leader's rank is its slot's).
 2. **One decider's view.** Views differ for a while as gossip spreads, so every rank forms
    on the leader's layout, not its own: a follower whose view differs still joins. A group
    formed on a stale view switches at its first step boundary.
@@ -188,10 +189,14 @@ class FormationOn(Generic[S]):
         net: Net[S],
         clock: Clock | None = None,
         directory: S | None = None,
+        choose: Callable[[View], Layout] | None = None,
     ) -> None:
         """``directory``: the directory store this process serves, made by the caller
-        before it registers the store's port; None: local rank 0 serves one here."""
+        before it registers the store's port; None: local rank 0 serves one here.
+        ``choose``: the layout a leader offers for its view (``torchhook.roster``);
+        default: every member, oldest first."""
         self.view_now = view_now
+        self.choose: Callable[[View], Layout] = choose or (lambda v: Layout.of(v.members))
         self.beat = beat
         self.timeout_s = timeout_s
         self.store_host = store_host
@@ -257,13 +262,18 @@ class FormationOn(Generic[S]):
         directory = self.directory
         if directory is None:
             raise Retry("only local rank 0 leads")
-        layout = Layout.of(view.members)
+        layout = self.choose(view)
+        try:
+            me = layout.rank_of(view.members[0].name, 0)
+        except KeyError:
+            raise Retry(f"the leader is not in the layout it chose: {layout.describe()}") from None
         token = os.urandom(8).hex()  # rule 1
         store = self.net.serve(self.store_host, timedelta(seconds=self.timeout_s))
         store.set(TOKEN_KEY, token)
         offer = wire.Offer(view.fingerprint, store.port, token, layout)
         directory.set(FORMATION_KEY, wire.encode_offer(offer))
-        keys = [info_key(r) for r in range(1, layout.world_size)]
+        # the leader's rank: 0 unless a spare took the slot of rank 0 (torchhook.roster)
+        keys = [info_key(r) for r in range(layout.world_size) if r != me]
 
         def still_leading() -> str | None:  # rule 8
             now = self.view_now()
@@ -278,7 +288,8 @@ class FormationOn(Generic[S]):
                     claims = Wait(store, tuple(keys), poll=True)
                     while not (yield claims):
                         self._check(still_leading, deadline, "every claim")
-                infos = [info, *wire.decode_claims([_claim(raw) for raw in store.multi_get(keys)])]
+                infos = wire.decode_claims([_claim(raw) for raw in store.multi_get(keys)])
+                infos.insert(me, info)
             finally:
                 self._withdraw(directory)  # rule 7: before any plan
             plan = decide(layout, infos)
@@ -293,7 +304,7 @@ class FormationOn(Generic[S]):
                 store.set(PLAN_KEY, ERROR_PLAN + str(exc))
             raise
         store.set(PLAN_KEY, wire.encode_plan(plan))
-        return Agreement(store, token, plan, layout, 0)
+        return Agreement(store, token, plan, layout, me)
 
     def _withdraw(self, directory: S) -> None:
         # our own store: it fails only when this process is going down anyway
@@ -371,7 +382,7 @@ class FormationOn(Generic[S]):
         while True:
             raw = yield from self._fetch(directory, FORMATION_KEY, abandon, deadline, what)
             directory.set_timeout(DIRECTORY_OP)
-            offer = _parse_offer(raw)  # None: withdrawn
+            offer = parse_offer(raw)  # None: withdrawn
             if offer is not None and (me.name, me.registered_ms) in offer.layout.ids:
                 return offer
             # not for us (yet): look again shortly, without writing anything
@@ -446,6 +457,7 @@ class Formation(FormationOn["TCPStore"]):
         store_host: str,
         op_timeout: timedelta,
         directory: TCPStore | None = None,
+        choose: Callable[[View], Layout] | None = None,
     ) -> None:
         super().__init__(
             view_now,
@@ -456,10 +468,11 @@ class Formation(FormationOn["TCPStore"]):
             op_timeout=op_timeout,
             net=TcpNet(),
             directory=directory,
+            choose=choose,
         )
 
 
-def _parse_offer(raw: bytes | None) -> wire.Offer | None:
+def parse_offer(raw: bytes | None) -> wire.Offer | None:
     """The offer in a directory; None when there is none or it does not decode (this rank
     waits for the next one). An offer of another wire version raises ``WireVersionError``
     (a ``ValueError``: the job stops saying that its nodes run different torchhooks)."""

@@ -22,9 +22,10 @@ so every node looks as slow as the slowest and none is flagged (a miss, never a 
 flag); on CUDA the host clock sees the GPU only where the host synchronizes with it.
 
 Once every ``slow_window_steps`` steps, at a step boundary before the step function runs
-(a failure there re-runs nothing), one all-gather of three numbers per rank: its window
+(a failure there re-runs nothing), one all-gather of four numbers per rank: its window
 figure (``slowness.window_figure``, the lower quartile of its step times; NaN without
-one), and its node's state (flagged, run) as this rank holds it. Every rank then judges
+one), its node's state (flagged, run) as this rank holds it, and (``replace``) the
+number of spares its view shows. Every rank then judges
 with the same inputs. A new group starts a new window (its first step is left out: DDP
 builds its buckets there; no window ends at it); node states carry over for the group's
 nodes. Local rank 0 of each node tells its agent when the flagged set changes
@@ -35,6 +36,14 @@ the job's view at once) and raise ``SlowNodeExcluded``: the node stops. The othe
 until their view drops it (at most ``EXCLUDE_WAIT_S``), then leave the group as after a
 node loss and re-form without it. A node restarted later joins as a new member and is
 judged again.
+
+Policy ``replace`` (with ``target_nodes``): the same, but only while a spare is there to
+take the slow node's place (``torchhook.roster`` fills its slot at the re-formation), and
+for at most as many slow nodes as there are spares. The window's all-gather carries each
+rank's count of spares in its view; the smallest count decides, so every rank reaches
+the same verdict. With no spare, the node stays and is reported, as with ``report``. The
+slow node leaves rather than waits as a spare: idle, it would not be measured, and the
+next loss would draft it back while still slow.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ import torch.distributed as dist
 from torchhook.client import Membership, MembershipClosed
 from torchhook.errors import MembershipChanged, SlowNodeExcluded
 from torchhook.parallel import Group
+from torchhook.roster import spares_of
 from torchhook.settings import Settings
 from torchhook.slowness import NodeState, Verdict, judge, keep_at_least, window_figure
 
@@ -188,7 +198,15 @@ class Pace:
         self.last_figure_ms = figure if figure is not None else self.last_figure_ms
         self._samples.clear()
         mine = self.states.get(self.node, NodeState())
-        row = [math.nan if figure is None else figure, float(mine.flagged), float(mine.run)]
+        spares = 0.0
+        if self.settings.slow_policy == "replace":  # a spare this rank's view shows
+            spares = float(len(spares_of(group.layout, self.membership.view.members)))
+        row = [
+            figure if figure is not None else math.nan,
+            float(mine.flagged),
+            float(mine.run),
+            spares,
+        ]
         sent = torch.tensor(row, dtype=torch.float64, device=group.device)
         rows = [torch.empty_like(sent) for _ in range(group.world_size)]
         self._gather_wait(dist.all_gather(rows, sent, async_op=True))
@@ -210,7 +228,11 @@ class Pace:
         self.states = verdict.states
         self._report(verdict, group)
         if s.slow_policy == "exclude" and verdict.exclude:
-            self._exclude(verdict)
+            self._exclude(verdict, verdict.exclude)
+        # replace: as many as every rank sees spares for (the same table: the same verdict)
+        swaps = int(min(r[3] for r in table)) if s.slow_policy == "replace" else 0
+        if swaps and verdict.exclude:
+            self._exclude(verdict, verdict.exclude[:swaps])
 
     def _report(self, verdict: Verdict, group: Group) -> None:
         if verdict.flagged == self.flagged:
@@ -232,15 +254,15 @@ class Pace:
         with contextlib.suppress(MembershipClosed):
             self.membership.report_slow(ratios)
 
-    def _exclude(self, verdict: Verdict) -> None:
-        gone = verdict.exclude
+    def _exclude(self, verdict: Verdict, gone: tuple[str, ...]) -> None:
+        policy = self.settings.slow_policy
         if self.node in gone:
-            log.error("this node is slow: leaving the job (slow_policy='exclude')")
+            log.error("this node is slow: leaving the job (slow_policy=%r)", policy)
             self.membership.close()  # unregisters: the node leaves the view at once
             raise SlowNodeExcluded(
                 f"node {self.node} was flagged slow "
                 f"({verdict.ratios.get(self.node, math.nan):.2f}x the median step time for "
-                f"{self.settings.slow_windows} windows) and left the job (slow_policy='exclude')"
+                f"{self.settings.slow_windows} windows) and left the job (slow_policy={policy!r})"
             )
         deadline = time.monotonic() + EXCLUDE_WAIT_S
         while (left := deadline - time.monotonic()) > 0:
@@ -251,4 +273,4 @@ class Pace:
                 break
             except TimeoutError:
                 self._beat()
-        raise MembershipChanged(f"slow node(s) {list(gone)} excluded (slow_policy='exclude')")
+        raise MembershipChanged(f"slow node(s) {list(gone)} left (slow_policy={policy!r})")

@@ -17,7 +17,7 @@ from torchhook.errors import ReformBudgetSpent, SettingsError
 __all__ = ["QUORUMS", "ReformBudget", "Settings"]
 
 QUORUMS = ("majority", "any")
-SLOW_POLICIES = ("report", "exclude", "off")
+SLOW_POLICIES = ("report", "exclude", "replace", "off")
 """What a node flagged slow gets (docs/training.md, "Slow nodes")."""
 MAX_SLOW_WINDOWS = 1_000
 MAX_SLOW_WINDOW_STEPS = 100_000
@@ -26,6 +26,10 @@ job's lifetime, which is a mistake, not a policy (``slow_policy="off"`` turns it
 BACKENDS = ("gloo", "nccl")
 MAX_REFORM_ATTEMPTS = 10_000
 """A re-formation budget larger than this is a mistake, not a policy."""
+MAX_TARGET_NODES = 100_000
+"""A target beyond this many nodes is a mistake, not a job."""
+MAX_SPARE_WAIT_S = 30 * 86_400.0
+"""A spare that waits longer than a month is forgotten, not kept in reserve."""
 RETRY_WAIT_S = 0.2
 """After a formation whose leader was unreachable: wait at least this long for a new view."""
 
@@ -75,6 +79,14 @@ class Settings:
     """Slow windows in a row that flag a node (and healthy ones that clear the flag)."""
     slow_window_steps: int = 10
     """Steps per window: every rank shares its median step time once per window."""
+    target_nodes: int = 0
+    """The job's size in nodes; nodes beyond it are spares that wait and take a lost
+    node's place (``torchhook.roster``). 0: every node trains."""
+    spare: bool = False
+    """Start as a spare: register only once the job's view lists ``target_nodes`` nodes
+    (needs ``target_nodes``)."""
+    spare_wait_s: float = 7 * 86_400.0
+    """How long a spare waits to be drafted before it stops (``SpareWaitOver``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.job, str) or not self.job:
@@ -87,6 +99,16 @@ class Settings:
         _int_at_least("reform_attempts", self.reform_attempts, 1, MAX_REFORM_ATTEMPTS)
         _int_at_least("heartbeat_pause_ms", self.heartbeat_pause_ms, 1)
         _check_slow(self)
+        _int_at_least("target_nodes", self.target_nodes, 0, MAX_TARGET_NODES)
+        if not isinstance(self.spare, bool):
+            raise SettingsError(f"spare must be a bool, got {self.spare!r}")
+        if self.spare and self.target_nodes == 0:
+            raise SettingsError("spare=True needs target_nodes > 0 (the job's size in nodes)")
+        _positive("spare_wait_s", self.spare_wait_s)
+        if self.spare_wait_s > MAX_SPARE_WAIT_S:
+            raise SettingsError(
+                f"spare_wait_s must be <= {MAX_SPARE_WAIT_S}, got {self.spare_wait_s!r}"
+            )
         for name in ("pg_timeout_s", "formation_timeout_s", "join_timeout_s", "reform_timeout_s"):
             _positive(name, getattr(self, name))
         _positive("reform_backoff_s", self.reform_backoff_s, zero_ok=True)
@@ -105,11 +127,8 @@ class Settings:
 
 
 def _check_slow(s: Settings) -> None:
-    if s.slow_policy == "replace":
-        raise SettingsError(
-            "slow_policy='replace' needs hot spares, which this version does not have: "
-            f"use one of {SLOW_POLICIES}"
-        )
+    if s.slow_policy == "replace" and s.target_nodes == 0:
+        raise SettingsError("slow_policy='replace' needs target_nodes > 0 (spares to swap in)")
     if s.slow_policy not in SLOW_POLICIES:
         raise SettingsError(f"slow_policy must be one of {SLOW_POLICIES}, got {s.slow_policy!r}")
     _positive("slow_factor", s.slow_factor)

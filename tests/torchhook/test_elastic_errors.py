@@ -118,6 +118,12 @@ def test_settings_defaults_are_valid_and_frozen() -> None:
         ("slow_windows", 0),
         ("slow_window_steps", 0),
         ("slow_window_steps", 10**6),
+        ("target_nodes", -1),
+        ("target_nodes", 10**6),
+        ("target_nodes", True),
+        ("spare_wait_s", 0),
+        ("spare_wait_s", 10**9),
+        ("spare", "yes"),
     ],
 )
 def test_a_bad_setting_is_refused_by_name(field: str, value: Any) -> None:
@@ -127,9 +133,12 @@ def test_a_bad_setting_is_refused_by_name(field: str, value: Any) -> None:
 
 
 def test_replacing_a_slow_node_is_refused_without_spares() -> None:
-    with pytest.raises(SettingsError, match="slow_policy='replace' needs hot spares"):
+    with pytest.raises(SettingsError, match=r"slow_policy=.replace. needs target_nodes"):
         Settings(job="j", slow_policy="replace")
     assert Settings(job="j", slow_policy="exclude").slow_policy == "exclude"
+    assert Settings(job="j", slow_policy="replace", target_nodes=3).slow_policy == "replace"
+    with pytest.raises(SettingsError, match="spare=True needs target_nodes"):
+        Settings(job="j", spare=True)
 
 
 def test_settings_that_contradict_each_other_are_refused() -> None:

@@ -758,3 +758,25 @@ def test_ranks_agree_on_real_tcp_stores() -> None:
     store = results["a", 0].store
     assert decode_plan(store.get(PLAN_KEY)) == results["b", 1].plan
     assert store.check([info_key(3)])
+
+
+def test_a_chosen_layout_puts_the_leader_at_its_slot_and_leaves_spares_out() -> None:
+    """Rule 1 with ``choose`` (torchhook.roster): the leader's layout keeps b and c in the
+    slots they held and puts the spare d into lost a's slot 0, so the leader b is rank 2;
+    e, outside the layout, writes nothing (rule 3) and is still waiting."""
+    from torchhook.roster import roster
+
+    c = Cluster([("a", 2), ("b", 2), ("c", 2), ("d", 2), ("e", 2)])
+    prev = Layout.of(c.view("a", "b", "c").members)
+    for r in c.ranks.values():
+        r.formation.choose = lambda v: roster(prev, v.members, 3).layout
+    c.see(c.view("b", "c", "d", "e"))
+    names = c.but("a", "e")
+    c.start(*names, "e/0", "e/1")
+    results = c.sched.run(names)
+    agreed = assert_one_plan({n: results[n] for n in names})
+    assert [n.name for n in agreed.layout.nodes] == ["d", "b", "c"]
+    ranks = {n: a.rank for n, a in agreements(results).items()}
+    assert ranks == {"d/0": 0, "d/1": 1, "b/0": 2, "b/1": 3, "c/0": 4, "c/1": 5}
+    assert agreed.plan.source == 0 and agreed.plan.restore == "fresh"  # nobody held state
+    assert not {"e/0", "e/1"} & writers(c, agreed.store.port)

@@ -1,0 +1,189 @@
+"""Hot spares with real agents, real trainer processes and real gloo (torchhook/spares.py,
+torchhook/roster.py).
+
+A job of target size 3 (``--target-nodes 3``) runs on three nodes; a fourth node starts
+as a spare (``--spare``): it registers, builds its model and waits without a step. When a
+training node dies the spare takes its place: the same world size, the survivors at the
+same global ranks, the spare at the lost node's, with the survivors' state (DDP: model,
+optimizer, RNG and registered state; HSDP: the lost replica's shards), and losses equal to
+the failure-free run. A node that returns while the job is at its target waits as a
+spare; with no spare left, the job shrinks as without a target. ``slow_policy="replace"``
+swaps a slow node for a spare.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.procs import until
+from agent.training_nodes import TrainingNode, reference_losses, start_nodes
+from tests.torchhook.test_elastic import _check_consistent
+from torchhook.client import fetch_view
+
+pytest.importorskip("torch", reason="the torch hook needs torch (pip install '.[torch]')")
+pytestmark = pytest.mark.slow
+DDP = "examples/elastic_ddp.py"
+HSDP = "examples/elastic_hsdp.py"
+EXCLUDED_EXIT = 3  # examples/job.py
+
+
+def _args(tmp_path: Path, job: str = "j") -> list[str]:
+    return [
+        "--job", job, "--steps", "100000", "--stop-file", str(tmp_path / "stop"),
+        "--step-sleep", "0.02", "--min-nodes", "2", "--target-nodes", "3",
+    ]  # fmt: skip
+
+
+def _ranks(node: TrainingNode, world: int, before: float | None = None) -> list[int]:
+    """Each local rank's global rank in its last step at ``world`` (before ``before``)."""
+    out = []
+    for lr in range(node.ranks):
+        steps = [r for r in node.steps(lr) if r["world"] == world]
+        if before is not None:
+            steps = [r for r in steps if r["t"] < before]
+        out.append(int(steps[-1]["rank"]))
+    return out
+
+
+def _spare_waits(spare: TrainingNode, trainer: TrainingNode, job: str, steps: int) -> None:
+    """``spare`` is in the job's view, alive, and runs no step while the job runs ``steps``."""
+    until(lambda: spare.name in fetch_view(job, trainer.control).names, 60, "the spare registers")
+    last = max(r["step"] for r in trainer.steps())
+    until(lambda: max(r["step"] for r in trainer.steps()) >= last + steps, 60, "steps go on")
+    assert spare.all_records() == [], "a spare ran a step"
+    assert all(t.poll() is None for t in spare.trainers), spare.tail()
+    member = fetch_view(job, trainer.control).member(spare.name)
+    assert member is not None, "the spare left the view: flagged hung?"  # it heartbeats
+
+    # in another node's view: told by the spare's local rank 0, gossiped in its job tag
+    until(lambda: _role(job, trainer, spare) == "spare", 10, "the spare's role in the view")
+
+
+def _role(job: str, seen_by: TrainingNode, node: TrainingNode) -> str | None:
+    member = fetch_view(job, seen_by.control).member(node.name)
+    return None if member is None else member.role
+
+
+def _stop(nodes: list[TrainingNode], tmp_path: Path, extra: int = 10) -> int:
+    stop_at = max(int(r["step"]) for n in nodes for r in n.all_records() if "loss" in r) + extra
+    (tmp_path / "stop").write_text(str(stop_at))
+    until(lambda: all(None not in n.finals() for n in nodes), 60, "the trainers finish")
+    for n in nodes:
+        assert all(t.wait(20) == 0 for t in n.trainers), n.tail()
+    return stop_at
+
+
+def test_a_spare_waits_takes_a_killed_nodes_place_and_a_returning_node_waits(
+    tmp_path: Path,
+) -> None:
+    nodes = start_nodes(["n0", "n1", "n2", "n3"], tmp_path, ranks=2)
+    fault = tmp_path / "fault"
+    try:
+        for n in nodes:
+            extra = {"n1": ["--fault", "kill-in-backward", "--fault-file", str(fault)],
+                     "n3": ["--spare"]}.get(n.name, [])  # fmt: skip
+            n.start_trainers(DDP, *_args(tmp_path), *extra)
+        n0, n1, n2, spare = nodes
+        until(lambda: all(n.training_at(6) for n in nodes[:3]), 150, "3 nodes x 2 ranks train")
+        _spare_waits(spare, n0, "j", steps=5)
+        before = {n.name: _ranks(n, 6) for n in (n0, n2)}
+        lost = _ranks(n1, 6)
+
+        fault.touch()
+        until(lambda: any("fault" in r for r in n1.records()), 20, "n1 is killed")
+        fault_t = next(float(r["t"]) for r in n1.records() if "fault" in r)
+        final = [n0, n2, spare]
+        until(lambda: all(n.training_at(6) for n in final), 60, "the spare trains in n1's place")
+        first = min(r["t"] for n in final for r in n.steps() if r["t"] > fault_t)
+        assert {n.name: _ranks(n, 6) for n in (n0, n2)} == before, "survivors kept their ranks"
+        assert _ranks(spare, 6) == lost, "the spare took n1's global ranks"
+        until(lambda: _role("j", n0, spare) == "training", 10, "the drafted spare's role")
+
+        # n1 comes back (a new registration) while the job is at its target: a spare
+        back = TrainingNode("n4", tmp_path, n0.port, ranks=2)
+        nodes.append(back)
+        back.wait_ready()
+        back.start_trainers(DDP, *_args(tmp_path))
+        _spare_waits(back, n0, "j", steps=5)
+
+        stop_at = _stop(final, tmp_path)
+        result = _check_consistent(final, stop_at, world=6, names=["n0", "n1", "n2", "n3"])
+        print(json.dumps({"kill_to_first_step_same_world_s": first - fault_t, **result}))
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def test_hsdp_spare_takes_the_lost_replica_row_then_no_spare_shrinks(tmp_path: Path) -> None:
+    seed = 5
+    nodes = start_nodes(["n0", "n1", "n2", "n3"], tmp_path, ranks=2)
+    faults = {"n1": tmp_path / "fault1", "n3": tmp_path / "fault3"}
+    try:
+        for n in nodes:
+            extra = ["--spare"] if n.name == "n3" else []
+            if n.name in faults:
+                extra += ["--fault", "kill-in-backward", "--fault-file", str(faults[n.name])]
+            n.start_trainers(HSDP, *_args(tmp_path, "h"), "--seed", str(seed), *extra)
+        n0, _, n2, spare = nodes
+        until(lambda: all(n.training_at(6) for n in nodes[:3]), 150, "a 3 x 2 mesh trains")
+        assert spare.all_records() == []
+        lost = _ranks(nodes[1], 6)  # n1's replica row (nodes register in any order)
+        faults["n1"].touch()
+        until(lambda: all(n.training_at(6) for n in (n0, n2, spare)), 60, "the spare is row 1")
+        after = spare.steps(0)[0]
+        assert after["restore"] == "memory" and after["resumed"] == after["step"], after
+        assert _ranks(spare, 6) == lost  # n1's replica row, its shards from a survivor
+
+        faults["n3"].touch()  # no spare left: a 2 x 2 mesh, as without a target
+        until(lambda: all(n.training_at(4) for n in (n0, n2)), 60, "a 2 x 2 mesh trains")
+        stop_at = _stop([n0, n2], tmp_path, extra=4)
+        reference = reference_losses(HSDP, stop_at, seed)
+        records: list[dict[str, Any]] = [
+            r for n in (n0, n2, spare) for r in n.all_records() if "loss" in r
+        ]
+        worst = max(abs(r["loss"] - reference[r["step"]]) / abs(reference[r["step"]])
+                    for r in records)  # fmt: skip
+        assert worst < 1e-4, f"loss curve off the reference by {worst:.2e}"
+        assert all(r["counter"] == r["step"] + 1 for r in records)
+        for lr in range(2):  # every replica of shard j holds the same state
+            assert len({n.finals()[lr]["checksum"] for n in (n0, n2)}) == 1  # type: ignore[index]
+        print(json.dumps({"worst_rel_loss": worst}))
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def test_replace_swaps_a_slow_node_for_the_spare(tmp_path: Path) -> None:
+    nodes = start_nodes(["n0", "n1", "n2", "n3"], tmp_path)
+    slow = tmp_path / "slow"
+    try:
+        for n in nodes:
+            extra = {"n2": ["--slow-file", str(slow), "--slow-times", "3"],
+                     "n3": ["--spare"]}.get(n.name, [])  # fmt: skip
+            n.start_trainers(
+                DDP, *_args(tmp_path), "--step-work", "0.01", "--slow-policy", "replace",
+                *("--slow-window-steps", "5", "--slow-windows", "2"), *extra,
+            )  # fmt: skip
+        n0, n1, n2, spare = nodes
+        until(lambda: all(n.training_at(3) for n in nodes[:3]), 150, "3 nodes train")
+        lost = _ranks(n2, 3)
+        slow.touch()
+        slowed = time.time()
+        until(lambda: n2.trainers[0].poll() is not None, 60, "n2 leaves")
+        assert n2.trainers[0].returncode == EXCLUDED_EXIT, n2.tail()
+        until(lambda: all(n.training_at(3) for n in (n0, n1, spare)), 60, "the spare trains")
+        assert _ranks(spare, 3) == lost, "the spare took the slow node's rank"
+        stop_at = _stop([n0, n1, spare], tmp_path)
+        finals = [f for n in (n0, n1, spare) for f in n.finals()]
+        assert len({f["checksum"] for f in finals if f}) == 1, "parameters/optimizer differ"
+        assert all(f is not None and f["world"] == 3 and f["step"] == stop_at for f in finals)
+        print(json.dumps({"slow_to_replaced_s": min(
+            r["t"] for r in spare.steps()) - slowed}))  # fmt: skip
+    finally:
+        for n in nodes:
+            n.stop()
