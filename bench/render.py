@@ -114,6 +114,8 @@ ORDER = (  # within a topic, these first; the rest by question id
     "detection-8-32-64-serf-lan-swim-lan",
     "training-recovery-3x2-fast",
     "training-power-3x2-fast",
+    "training-early-drop-3x2-fast",
+    "training-spares-power-3x2-fast",
     "sim-scale-10000",
 )
 
@@ -348,6 +350,20 @@ HEADLINES: tuple[Headline, ...] = (
             ("torchrun + swim", ("torchrun-swim-stop.total_s",)),
             ("torchrun + c10d", ("torchrun-c10d-stop.total_s",)),
         ),
+    ),
+    Headline(
+        "Training, in-process DDP, `fast` with its early drop: node SIGKILLed at a step "
+        "boundary → first step without it (median)",
+        "training-early-drop-3x2-fast",
+        ("in-process-ddp-early-drop-on-kill.total_s",),
+        (("early drop off", ("in-process-ddp-early-drop-off-kill.total_s",)),),
+    ),
+    Headline(
+        "Training with a hot spare, DDP, each node in a namespace: node loses power → first "
+        "step at the same world (median)",
+        "training-spares-power-3x2-fast",
+        ("in-process-ddp-namespaces-spare-power.total_s",),
+        (("no spare, at the reduced world", ("in-process-ddp-ns-power.total_s",)),),
     ),
     Headline(
         "Training, in-process HSDP: node SIGKILLed inside backward (median)",
