@@ -204,8 +204,7 @@ async def _read_client(
                 try:
                     reg.group = check_group(frame["group"])
                 except JobError as exc:
-                    reg.refused_frames += 1
-                    log.warning("watch: ignoring a bad group: %s", exc)
+                    _refuse(reg, "group", exc)
                     continue
                 if reg.local_rank == 0:
                     await agent.jobs.sync_tag(reg.job)
@@ -246,14 +245,19 @@ async def _reply(stream: trio.abc.Stream, sending: trio.Lock, reply: dict[str, A
         await stream.send_all(encode_frame({"pause": reply}))
 
 
+def _refuse(reg: Registration, what: str, exc: Exception) -> None:
+    """A frame refused: nothing changed; counted (``refused_frames``) and logged."""
+    reg.refused_frames += 1
+    log.warning("watch: ignoring a bad %s: %s", what, exc)
+
+
 async def _set_role(agent: AgentAPI, reg: Registration, role: object) -> None:
     """Validate, then mutate: a bad role, or one whose tag the agent cannot publish (the
     node's metadata is full), is refused and counted; the rank keeps its old role."""
     try:
         checked = check_node_role(role)
     except JobError as exc:
-        reg.refused_frames += 1
-        log.warning("watch: ignoring a bad role: %s", exc)
+        _refuse(reg, "role", exc)
         return
     before, reg.role = reg.role, checked
     if reg.local_rank != 0 or before == checked:
@@ -272,8 +276,7 @@ def _set_target(reg: Registration, target: object) -> None:
     try:
         reg.target_nodes = check_target(target)
     except ControlError as exc:
-        reg.refused_frames += 1
-        log.warning("watch: ignoring a bad target: %s", exc)
+        _refuse(reg, "target", exc)
 
 
 async def _report_lost(agent: AgentAPI, reg: Registration, names: object) -> None:
@@ -296,8 +299,7 @@ def _report_slow(agent: AgentAPI, reg: Registration, report: object) -> None:
     try:
         nodes = check_slow(report)
     except JobError as exc:
-        reg.refused_frames += 1
-        log.warning("watch: ignoring a bad slow report: %s", exc)
+        _refuse(reg, "slow report", exc)
         return
     change = agent.jobs.report_slow(reg.job, nodes)
     if change is not None:

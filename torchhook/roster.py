@@ -35,23 +35,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
-from torchhook.strategy import Layout, Node
+from torchhook.strategy import Layout, Node, ViewMember
 
 __all__ = ["RULES", "Roster", "Rule", "roster", "spares_of", "wants_switch"]
 
 Rule = Literal["all", "first", "keep", "fill", "shrink", "grow"]
 RULES: tuple[Rule, ...] = ("all", "first", "keep", "fill", "shrink", "grow")
-
-
-class _Member(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def registered_ms(self) -> int: ...
-    @property
-    def ranks(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +55,11 @@ class Roster:
     """The rules that applied (for tests and logs)."""
 
 
-def _node(m: _Member) -> Node:
+def _node(m: ViewMember) -> Node:
     return Node(m.name, m.registered_ms, m.ranks)
 
 
-def roster(prev: Layout | None, members: Sequence[_Member], target: int) -> Roster:
+def roster(prev: Layout | None, members: Sequence[ViewMember], target: int) -> Roster:
     """The training layout for ``members`` (a view: oldest registration first)."""
     nodes = [_node(m) for m in members]
     if target <= 0:
@@ -105,13 +96,13 @@ def roster(prev: Layout | None, members: Sequence[_Member], target: int) -> Rost
     return Roster(Layout(tuple(chosen)), waiting, tuple(rules))
 
 
-def spares_of(layout: Layout, members: Iterable[_Member]) -> tuple[str, ...]:
+def spares_of(layout: Layout, members: Iterable[ViewMember]) -> tuple[str, ...]:
     """Members of a view outside ``layout`` (the spares a group sees), oldest first."""
     ids = layout.ids
     return tuple(m.name for m in members if (m.name, m.registered_ms) not in ids)
 
 
-def wants_switch(layout: Layout, members: Sequence[_Member], target: int, *, lost: bool) -> bool:
+def wants_switch(layout: Layout, members: Sequence[ViewMember], target: int, *, lost: bool) -> bool:
     """Step boundary: would the leader form another layout from this view? ``lost``: a
     node of the group that this rank's view showed is gone."""
     if lost:

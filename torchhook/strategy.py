@@ -97,7 +97,9 @@ MAX_LOST_REPORT = 64
 """Nodes named in one lost-peer report (the agent's bound on a report, too)."""
 
 
-class _Member(Protocol):
+class ViewMember(Protocol):
+    """What a layout reads of a view's member (``agent.control.JobMember`` has it)."""
+
     @property
     def name(self) -> str: ...
     @property
@@ -123,7 +125,7 @@ class Layout:
     nodes: tuple[Node, ...]
 
     @classmethod
-    def of(cls, members: Iterable[_Member]) -> Layout:
+    def of(cls, members: Iterable[ViewMember]) -> Layout:
         return cls(tuple(Node(m.name, m.registered_ms, m.ranks) for m in members))
 
     @property
