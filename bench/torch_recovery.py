@@ -390,9 +390,10 @@ def main(argv: list[str] | None = None) -> int:
             early_drop=drop,
         )
 
-    drops = [d for d in args.early_drop.split(",") if d] or [""]
+    drops = [d for d in args.early_drop.split(",") if d]
     if not set(drops) <= {"on", "off"}:
         raise SystemExit(f"--early-drop: {args.early_drop!r} is not a list of on and off")
+    drops = drops or [""]  # the profile's default
     for i in range(args.repeats):  # interleaved: load swings spread over every row alike
         cases = itertools.product(plan, sorted({0, args.spares}), drops)
         for (kind, fault, net), spares, drop in cases:
