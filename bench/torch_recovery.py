@@ -390,10 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             early_drop=drop,
         )
 
-    drops = [d for d in args.early_drop.split(",") if d]
-    if not set(drops) <= {"on", "off"}:
-        raise SystemExit(f"--early-drop: {args.early_drop!r} is not a list of on and off")
-    drops = drops or [""]  # the profile's default
+    drops = early_drops(args.early_drop)
     for i in range(args.repeats):  # interleaved: load swings spread over every row alike
         cases = itertools.product(plan, sorted({0, args.spares}), drops)
         for (kind, fault, net), spares, drop in cases:
@@ -466,6 +463,15 @@ def _locked(path: Path | None) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def early_drops(text: str) -> list[str]:
+    """``--early-drop``: ``on``, ``off`` or both, comma-separated; empty: one run at the
+    profile's setting (``[""]``). ``SystemExit`` names anything else."""
+    drops = [d for d in text.split(",") if d]
+    if not set(drops) <= {"on", "off"}:
+        raise SystemExit(f"--early-drop: {text!r} is not a list of on and off")
+    return drops or [""]
 
 
 def _planned(text: str) -> tuple[str, str, str]:

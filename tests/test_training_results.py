@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import render, results, training_results
+import pytest
+
+from bench import render, results, torch_recovery, training_results
 
 
 def _row(mode: str, fault: str, total: float, **counts: int) -> dict[str, Any]:
@@ -62,3 +64,18 @@ def test_power_rows_become_their_own_question_with_counts_and_ratios() -> None:
     )
     assert ratios["DDP, power loss / SIGSTOP, namespaces: fault → first step"] == 1.0
     assert "Power loss beside SIGKILL and SIGSTOP" in "\n".join(render.section(data))
+
+
+@pytest.mark.parametrize(
+    ("text", "drops"), [("", [""]), ("on", ["on"]), ("on,off", ["on", "off"]), (",off,", ["off"])]
+)
+def test_early_drop_choices_parse_and_the_default_runs_at_the_profiles_setting(
+    text: str, drops: list[str]
+) -> None:
+    assert torch_recovery.early_drops(text) == drops
+
+
+@pytest.mark.parametrize("text", ["yes", "on,maybe", "ON"])
+def test_early_drop_choices_refuse_anything_else(text: str) -> None:
+    with pytest.raises(SystemExit, match="--early-drop"):
+        torch_recovery.early_drops(text)
