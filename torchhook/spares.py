@@ -42,7 +42,7 @@ from torchhook.client import Membership, MembershipClosed, View
 from torchhook.errors import SpareWaitOver
 from torchhook.formation import FORMATION_KEY, parse_offer, read
 from torchhook.roster import wants_switch
-from torchhook.stores import Retry
+from torchhook.stores import Retry, abandon
 from torchhook.strategy import Layout
 
 if TYPE_CHECKING:
@@ -173,6 +173,7 @@ class Spares:
         self._reading.start()
         self._reading.join(READ_TIMEOUT.total_seconds())
         if not result:
+            abandon(self._reading)  # the process waits for it at exit (torchhook.stores)
             return None
         self._reading = None
         got = result[0]

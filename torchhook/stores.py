@@ -10,10 +10,17 @@ deadline against a peer whose process is stopped (its kernel still accepts the
 connection), and a trainer blocked there would stop heartbeating and be flagged hung
 itself. After ``STORE_CONNECT`` it gives up (``Retry``) and the caller retries through the
 view, which by then has dropped the stopped peer.
+
+A thread given up on is ``abandon``ed: it keeps running until its store call returns, and
+at interpreter exit the process waits for such threads for at most ``EXIT_WAIT_S``. A
+daemon thread still inside TCPStore's C++ code when the interpreter finalizes is torn
+down mid-call, and the process aborts (``terminate called without an active exception``)
+instead of exiting with its status.
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +37,26 @@ dead leader; a short attempt, retried through the view, costs at most this after
 verdict."""
 JOIN_SLICE_S = 0.005
 """The caller beats at this pace while the helper thread connects."""
+EXIT_WAIT_S = 2.0
+"""At exit, the longest wait for abandoned store threads, all together: each one's own
+call is bounded (``STORE_CONNECT``, a read's timeout), so they end well within this; a
+call stuck past it is torn down, as before."""
+
+_abandoned: list[threading.Thread] = []
+"""Store threads a caller stopped waiting for (``abandon``); appended under the GIL."""
+
+
+def abandon(thread: threading.Thread) -> None:
+    """Stop waiting for ``thread`` here; the process waits for it at exit (``EXIT_WAIT_S``)."""
+    _abandoned[:] = [t for t in _abandoned if t.is_alive()]
+    _abandoned.append(thread)
+
+
+@atexit.register
+def _drain_abandoned() -> None:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for thread in list(_abandoned):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class Retry(Exception):
@@ -126,6 +153,7 @@ def connect_store(
         thread.join(JOIN_SLICE_S)
         beat()
     if not result:
+        abandon(thread)
         raise Retry(f"{what} at {addr}:{port}: no answer within {STORE_CONNECT}", unreachable=True)
     if isinstance(result[0], BaseException):
         raise Retry(f"{what} at {addr}:{port}: {result[0]}", unreachable=True)

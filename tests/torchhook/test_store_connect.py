@@ -49,3 +49,39 @@ def test_a_store_that_accepts_but_never_answers_is_given_up_while_beating() -> N
     for thread in abandoned:
         thread.join(10)
     assert abandoned and not any(t.is_alive() for t in abandoned)
+
+
+PEER = """
+import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(16)
+print(s.getsockname()[1], flush=True)
+sys.stdin.readline()
+time.sleep(0.05)
+"""
+TRAINER = """
+import subprocess, sys
+from torchhook.stores import Retry, connect_store
+peer = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, text=True)
+port = int(peer.stdout.readline())
+try:
+    connect_store("127.0.0.1", port, "directory")
+except Retry:
+    print("gave up", flush=True)
+peer.stdin.write("exit\\n"); peer.stdin.flush()  # the peer's socket closes as this one exits
+"""
+
+
+def test_a_process_exits_cleanly_while_an_abandoned_connect_ends() -> None:
+    # without the wait at exit, the abandoned thread's connect fails (the peer's socket
+    # closed) while the interpreter finalizes, and the process aborts: 25 of 25 runs
+    # aborted before the wait, 0 of 25 after (peer exit 0-0.2 s after giving up)
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", TRAINER, PEER], capture_output=True, text=True, timeout=60
+    )
+    assert "gave up" in done.stdout
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
