@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bench.training_results import FAULTS, _groups, _median_total
+from bench.training_results import FAULTS, by_mode_and_fault, median_total
 
 __all__ = ["early_drop"]
 
@@ -28,13 +28,13 @@ def early_drop(
 ) -> dict[str, Any]:
     """``built`` (``recovery``/``power``/``spares``) as the early-drop question, with the
     ratio on / off of each case's median fault → first step."""
-    groups = _groups(rows)
+    groups = by_mode_and_fault(rows)
     ratios = []
     for (mode, fault), runs in groups.items():
         if not mode.endswith(ON):
             continue
         base = mode[: -len(ON)]
-        on, off = _median_total(runs), _median_total(groups.get((base + OFF, fault), []))
+        on, off = median_total(runs), median_total(groups.get((base + OFF, fault), []))
         if on is not None and off:
             label = f"{base}, {FAULTS.get(fault, fault)}: early drop on / off, fault → first step"
             ratios.append({"label": label, "value": round(on / off, 2)})

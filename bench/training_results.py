@@ -44,14 +44,18 @@ def _stat(values: Sequence[float | None]) -> dict[str, float] | None:
     return stat(statistics.median(got), lo=got[0], hi=got[-1])
 
 
-def _groups(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+def by_mode_and_fault(
+    rows: Sequence[Mapping[str, Any]],
+) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    """Rows grouped by (mode, fault), in the order they were measured."""
     out: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for r in rows:
         out.setdefault((r["mode"], r["fault"]), []).append(r)
     return out
 
 
-def _median_total(runs: Sequence[Mapping[str, Any]]) -> float | None:
+def median_total(runs: Sequence[Mapping[str, Any]]) -> float | None:
+    """Median fault -> first step (``total_s``) of the runs that got one; None if none did."""
     got = [r["total_s"] for r in runs if r["total_s"] is not None]
     return statistics.median(got) if got else None
 
@@ -69,7 +73,7 @@ def recovery(
     bench/torch_recovery.py (``rows``: its per-run records; ``startup``: per group, when the
     runs do not carry ``startup_s``)."""
     full, reduced = nodes * ranks, (nodes - 1) * ranks
-    groups = _groups(rows)
+    groups = by_mode_and_fault(rows)
     figures: dict[str, Any] = {}
     table_rows = []
     for (mode, fault), runs in groups.items():
@@ -122,7 +126,7 @@ def recovery(
             (c10d, "torchrun + c10d", tr, "torchrun + swim"),
             (c10d, "torchrun + c10d", ddp, "in-process DDP"),
         ):
-            ours, theirs = _median_total(b), _median_total(a)
+            ours, theirs = median_total(b), median_total(a)
             if not a or ours is None:
                 continue
             label = f"{a_name} / {b_name}, {FAULTS[fault]}, fault → first step"
@@ -222,11 +226,11 @@ def spares(
     for fig in out["figures"].values():
         if ", spare" in fig.get("label", "") and "first step without the node" in fig["label"]:
             fig["label"] = fig["label"].replace("fault → first step without the node", same)
-    groups = _groups(rows)
+    groups = by_mode_and_fault(rows)
     ratios = []
     for (mode, fault), runs in groups.items():
         if mode.endswith(", spare"):
-            a, b = _median_total(runs), _median_total(groups.get((mode[:-7], fault), []))
+            a, b = median_total(runs), median_total(groups.get((mode[:-7], fault), []))
             if a is not None and b:
                 label = f"{mode[:-7]}, {FAULTS.get(fault, fault)}: with a spare / without"
                 ratios.append({"label": f"{label}, fault → first step", "value": round(a / b, 2)})
@@ -264,7 +268,7 @@ def power(
     verdicts as figures, the counts as columns, and namespaces / loopback ratios."""
     out = recovery(rows, nodes=nodes, ranks=ranks, profile=profile, step_sleep_s=step_sleep_s)
     full, reduced = nodes * ranks, (nodes - 1) * ranks
-    groups = _groups(rows)
+    groups = by_mode_and_fault(rows)
     for (mode, fault), runs in groups.items():
         verdict = _stat([r["verdict_s"] for r in runs])
         if verdict is not None:
@@ -318,8 +322,8 @@ def power(
         pairs += [(ns_mode, "power", ns_mode, "stop", "power loss / SIGSTOP, namespaces")]
         pairs += [(ns_mode, "power", ns_mode, "kill", "power loss / SIGKILL, namespaces")]
         for a_mode, a_fault, b_mode, b_fault, what in pairs:
-            a = _median_total(groups.get((a_mode, a_fault), []))
-            b = _median_total(groups.get((b_mode, b_fault), []))
+            a = median_total(groups.get((a_mode, a_fault), []))
+            b = median_total(groups.get((b_mode, b_fault), []))
             if a is not None and b:
                 label = f"{kind}, {what}" + (f", {FAULTS[a_fault]}" if a_fault == b_fault else "")
                 ratios.append({"label": f"{label}: fault → first step", "value": round(a / b, 2)})
