@@ -10,12 +10,13 @@ A global step is counted once, from the record of its group's rank 0
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from bench import results as result_files
-from bench.step_efficiency import count
+from bench.step_efficiency import count, pace
 
 __all__ = [
     "KINDS",
@@ -117,6 +118,11 @@ def summary(
     base_s, window_s = base[1] - base[0], window[1] - window[0]
     rate = steps_b / base_s if base_s > 0 else 0.0
     rank_rate = rank_steps_b / base_s if base_s > 0 else 0.0
+    times = sorted(float(r["t"]) for r in records if r["rank"] == 0 and base[0] < r["t"] <= base[1])
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    normal = statistics.median(gaps) if gaps else 1.0
+    stall_b, _ = pace(records, *base, normal)
+    stall_f, by_world = pace(records, *window, normal)
     before = [int(r["step"]) for r in records if float(r["t"]) <= window[0]]
     inside = [int(r["step"]) for r in records if float(r["t"]) <= window[1]]
     return {
@@ -127,6 +133,11 @@ def summary(
         "efficiency": steps_f / (rate * window_s) if rate else None,
         "rank_efficiency": rank_steps_f / (rank_rate * window_s) if rank_rate else None,
         "progress": max(inside) - max(before) if before and inside else None,
+        "baseline_step_s": normal,
+        "baseline_stall_s": stall_b,
+        "stall_s": stall_f,
+        "time_efficiency": 1 - stall_f / window_s if window_s > 0 else None,
+        "step_s_by_world": by_world,
     }
 
 
@@ -164,6 +175,13 @@ def built(result: Mapping[str, Any]) -> dict[str, Any]:
             text="none" if r["rank_efficiency"] is None else None,
         ),
         "faults": f("faults injected", len(faults), "faults", 0),
+        "time_efficiency": f(
+            "time efficiency (window less stalls)",
+            _pct(r["time_efficiency"]),
+            "%",
+            2,
+            text="none" if r["time_efficiency"] is None else None,
+        ),
     }
     rows = []
     for kind in r["kinds"]:
@@ -276,7 +294,11 @@ def built(result: Mapping[str, Any]) -> dict[str, Any]:
             f"load average {r['load_before']} before, {r['load_after']} after",
             f"failure-free {r['baseline_steps']} steps in {r['baseline_s']:.0f} s; faulty "
             f"window {r['window_s']:.0f} s, {r['faulty_steps']} steps; global step advanced "
-            f"by {r['progress']}",
+            f"by {r['progress']}; stalls (gaps over 4 failure-free steps) "
+            f"{r['stall_s']:.1f} s in the window, {r['baseline_stall_s']:.1f} s in the "
+            f"baseline; median step {r['baseline_step_s']:.3f} s failure-free, "
+            + ", ".join(f"{v:.3f} s at world {w}" for w, v in r["step_s_by_world"].items())
+            + " in the window outside stalls",
             *r.get("problems", []),
         ],
     }
