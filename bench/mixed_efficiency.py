@@ -23,6 +23,11 @@ then for ``--minutes`` one fault every ``--every-s`` seconds, kinds and victims 
   slowdown is lifted and its agent SIGKILLed.
 
 Then the victim is restarted (same name, same address, as a rebooted host) as a spare.
+Its processes start at ``--restart-nice`` (19) and are reniced to 0 once it waits as a
+spare: a rebooting host has CPUs of its own, but here every node shares 2 cores, and a
+start (the torch import, the model build: several CPU-seconds) would otherwise slow the
+training nodes, a cost of this test machine and not of the recovery. ``--restart-nice 0``
+measures with it.
 A fault waits until the job trains at full size with every spare back (the delay is
 recorded, as bench/step_efficiency.py does). Step logs are read incrementally (an hour
 of steps is too much to reread on every poll); only local rank 0's records are kept.
@@ -48,7 +53,7 @@ from typing import Any
 
 from agent.control import ControlClient, ControlError
 from agent.procs import until
-from agent.training_nodes import TrainingNode
+from agent.training_nodes import Placement, TrainingNode
 from bench import mixed_results
 from bench import results as result_files
 from bench.clusters import agent_port
@@ -108,6 +113,7 @@ class Mixed:
         self.logs = Logs()
         self.incarnations = 0
         self.all: list[TrainingNode] = []
+        self.niced: list[TrainingNode] = []
         self.ns = NsTraining(self.nodes + args.spares, work, "fast", self.ranks)
         self.live = {n.name: n for n in self.ns.nodes}
         self.host = {n.name: self.ns.index(n) for n in self.ns.nodes}
@@ -245,6 +251,9 @@ class Mixed:
         work = self.work / f"{victim}.{self.incarnations}"
         work.mkdir()
         place = self.ns.placement(i)
+        if self.args.restart_nice:  # see the module docstring
+            place = Placement(("nice", "-n", str(self.args.restart_nice), *place.wrap),
+                              place.host, place.env)  # fmt: skip
         with agent_port(old.port):
             node = TrainingNode(
                 victim, work, seed.port, "fast", self.ranks, place=place, join_host=seed.host
@@ -263,7 +272,19 @@ class Mixed:
             node.wait_ready()
         self.live[victim] = node
         self._start(node, spare=True)
+        self.niced.append(node)
         return dropped
+
+    def unnice(self) -> None:
+        """Every node started at ``--restart-nice`` back at nice 0 (its process group)."""
+        for node in self.niced:
+            subprocess.run(
+                ["renice", "-n", "0", "-g", str(node.pgid)],
+                capture_output=True,
+                timeout=10,
+                check=False,  # a node already gone has no group left to renice
+            )
+        self.niced.clear()
 
     def records(self) -> list[dict[str, Any]]:
         for n in [*self.ns.nodes, *self.all]:
@@ -281,6 +302,7 @@ def faults(mixed: Mixed, kinds: tuple[str, ...], start: float, end: float) -> li
         with contextlib.suppress(TimeoutError):
             wait_s = max(end - time.time(), 0.1)
             until(functools.partial(mixed.ready, after), wait_s, "full size + spare", poll_s=0.2)
+        mixed.unnice()  # a spare now: it trains at full priority once drafted
         if time.time() >= end - 1:
             break
         training, spares = mixed.roles()
@@ -339,6 +361,7 @@ def run(args: argparse.Namespace, kinds: tuple[str, ...]) -> dict[str, Any]:
         "step_sleep": args.step_sleep,
         "step_work": args.step_work,
         "slow_factor": args.slow_factor,
+        "restart_nice": args.restart_nice,
         "load_before": load(),
         "problems": [],
     }
@@ -389,6 +412,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow-factor", type=float, default=3.0)
     parser.add_argument("--step-work", type=float, default=0.02, help="compute slept per step")
     parser.add_argument("--step-sleep", type=float, default=0.03, help="sleep after each step")
+    parser.add_argument(
+        "--restart-nice",
+        type=int,
+        default=19,
+        choices=range(20),
+        metavar="0-19",
+        help="a restarted node starts at this nice level until it waits as a spare (0: off)",
+    )
     parser.add_argument("--start-timeout-s", type=float, default=300.0)
     parser.add_argument("--workdir", type=Path, default=None, help="keep every log here")
     result_files.add_arguments(parser)

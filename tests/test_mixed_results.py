@@ -112,6 +112,7 @@ def test_the_result_file_validates() -> None:
         "step_sleep": 0.03,
         "step_work": 0.02,
         "slow_factor": 3.0,
+        "restart_nice": 19,
         "load_before": "1 / 1 / 1",
         "load_after": "1 / 1 / 1",
         "problems": [],
