@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench import mixed_results
+from bench import mixed_efficiency, mixed_results
 from bench import results as result_files
 
 
@@ -136,3 +136,19 @@ def test_the_result_file_validates() -> None:
     assert data["figures"]["efficiency"]["value"] == 75.0
     text = mixed_results.report(result)
     assert "power loss" in text and "n2" in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--faults", "reboot"],
+        ["--every-s", "1"],
+        ["--minutes", "0"],
+        ["--spares", "0"],
+        ["--restart-nice", "20"],
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_starts(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        mixed_efficiency.main(argv)
+    assert exc.value.code == 2
