@@ -62,6 +62,9 @@ from tests.netns.training import IFACE, NsTraining
 
 SCRIPT = "examples/elastic_ddp.py"
 JOB = "mixed"
+ORPHAN_CHECK_S = 60.0
+"""While waiting for full size + spare, how often nodes that left on their own are looked
+for (a false slow flag under ``replace`` takes a node out without a fault)."""
 OUT_TIMEOUT_S = 90.0
 """How long a fault waits for the job to train at full size without the victim before the
 victim is restarted anyway (and the fault recorded as not recovered)."""
@@ -114,6 +117,7 @@ class Mixed:
         self.incarnations = 0
         self.all: list[TrainingNode] = []
         self.niced: list[TrainingNode] = []
+        self.unplanned: list[dict[str, Any]] = []
         self.ns = NsTraining(self.nodes + args.spares, work, "fast", self.ranks)
         self.live = {n.name: n for n in self.ns.nodes}
         self.host = {n.name: self.ns.index(n) for n in self.ns.nodes}
@@ -275,6 +279,17 @@ class Mixed:
         self.niced.append(node)
         return dropped
 
+    def orphans(self) -> list[str]:
+        """Live nodes outside the job's view whose trainers have all exited."""
+        training, spares = self.roles()
+        if not training:  # no agent answered: no verdict on anyone
+            return []
+        return [
+            name
+            for name, n in self.live.items()
+            if name not in training and name not in spares and n.trainers_done()
+        ]
+
     def unnice(self) -> None:
         """Every node started at ``--restart-nice`` back at nice 0 (its process group)."""
         for node in self.niced:
@@ -299,9 +314,7 @@ def faults(mixed: Mixed, kinds: tuple[str, ...], start: float, end: float) -> li
     slot, after = start, start - 1
     while slot < end - 1:
         _sleep_until(slot)
-        with contextlib.suppress(TimeoutError):
-            wait_s = max(end - time.time(), 0.1)
-            until(functools.partial(mixed.ready, after), wait_s, "full size + spare", poll_s=0.2)
+        _wait_ready(mixed, after, end)
         mixed.unnice()  # a spare now: it trains at full priority once drafted
         if time.time() >= end - 1:
             break
@@ -337,6 +350,23 @@ def faults(mixed: Mixed, kinds: tuple[str, ...], start: float, end: float) -> li
         slot = max(slot + mixed.args.every_s, t + 1)
     _sleep_until(end)
     return done
+
+
+def _wait_ready(mixed: Mixed, after: float, end: float) -> None:
+    """Until the job is at full size with its spares, or ``end``. A node that is neither
+    training nor a spare and whose trainers all exited (a false slow flag replaced it, or
+    its trainers failed) is restarted as a spare every ``ORPHAN_CHECK_S`` (each one
+    recorded in ``mixed.unplanned``): else the run would wait for its spare to the end."""
+    while time.time() < end - 1:
+        wait_s = min(ORPHAN_CHECK_S, max(end - time.time(), 0.1))
+        try:
+            until(functools.partial(mixed.ready, after), wait_s, "full size + spare", poll_s=0.2)
+            return
+        except TimeoutError:
+            for name in mixed.orphans():
+                say(f"   {name}: neither training nor a spare, its trainers gone: restarted")
+                mixed.unplanned.append({"t": time.time(), "node": name})
+                mixed.restart("orphan", name)
 
 
 def _sleep_until(t: float) -> None:
@@ -396,6 +426,11 @@ def run(args: argparse.Namespace, kinds: tuple[str, ...]) -> dict[str, Any]:
                 f"full world within {OUT_TIMEOUT_S:.0f} s; restarted anyway"
             )
     result["faults"] = done
+    for u in mixed.unplanned:
+        result["problems"].append(
+            f"{u['node']} left the job without a fault at +{u['t'] - base1:.0f} s (its "
+            "trainers exited: a false slow flag?); restarted as a spare"
+        )
     expected = int(window_s // args.every_s)
     if len(done) < expected:
         result["problems"].append(f"{len(done)} faults of {expected} planned (waits)")
