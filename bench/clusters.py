@@ -32,7 +32,7 @@ from agent.training_nodes import TrainingNode, start_nodes
 from bench import torchrun_recovery
 from bench.torchrun_recovery import worker_of
 
-__all__ = ["SCRIPT", "Cluster", "InProcess", "Record", "Torchrun"]
+__all__ = ["SCRIPT", "Cluster", "InProcess", "Record", "Torchrun", "agent_port"]
 
 SCRIPT = "examples/elastic_ddp.py"
 Record = dict[str, Any]
@@ -176,7 +176,7 @@ class InProcess(Cluster[TrainingNode]):
         seed = next(n for other, n in self.live.items() if other != slot)
         name = self.name_for(slot, incarnation)
         port = self._restart_port(slot)
-        with _agent_port(port):
+        with agent_port(port):
             node = self._add(slot, TrainingNode(name, work, seed.port, self.profile, self.ranks))
         try:
             node.wait_ready()
@@ -197,7 +197,7 @@ class InProcess(Cluster[TrainingNode]):
 
 
 @contextlib.contextmanager
-def _agent_port(port: int | None) -> Iterator[None]:
+def agent_port(port: int | None) -> Iterator[None]:
     """TrainingNode binds its agent to ``free_port()``: make that ``port`` for a while."""
     if port is None:
         yield

@@ -77,10 +77,7 @@ class NsTraining:
         self.nodes: list[TrainingNode] = []
         try:
             self.bed.up()
-            places = [
-                Placement(("ip", "netns", "exec", h.ns), h.ip, {"GLOO_SOCKET_IFNAME": IFACE})
-                for h in self.bed.hosts
-            ]
+            places = [self.placement(h.index) for h in self.bed.hosts]
             names = [h.node for h in self.bed.hosts]
             self.nodes = start_nodes(names, workdir, profile, ranks, places, agent_args)
         except BaseException:
@@ -101,6 +98,12 @@ class NsTraining:
                 n.stop()
         finally:
             self.bed.close()
+
+    def placement(self, index: int) -> Placement:
+        """Where host ``index``'s node runs (its namespace, address and gloo link): also
+        for a node restarted there."""
+        h = self.bed.host(index)
+        return Placement(("ip", "netns", "exec", h.ns), h.ip, {"GLOO_SOCKET_IFNAME": IFACE})
 
     def index(self, node: TrainingNode) -> int:
         return self.nodes.index(node) + 1
