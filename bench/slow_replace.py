@@ -3,27 +3,30 @@ slow node's place, against the failure-free run and against keeping the slow nod
 
     python -m bench.slow_replace --window-s 30
 
-One run, four agents (profile ``fast``, loopback), 2 ranks each, examples/elastic_ddp.py
-with ``--step-work`` seconds of stand-in compute slept inside each step and the engine's
-fail-slow defaults (factor 1.3, 2 windows of 10 steps). Two jobs one after the other:
+One job on four agents (profile ``fast``, loopback), 2 ranks each, examples/elastic_ddp.py
+with ``--step-work`` seconds of stand-in compute slept inside each step, ``--target-nodes
+3``, ``--slow-policy replace`` and the engine's fail-slow defaults (factor 1.3, 2 windows
+of 10 steps): n0-n2 train, n3 waits as a spare. In order, each window ``--window-s`` long:
 
-- ``replace`` (``--target-nodes 3``, ``--slow-policy replace``): n0-n2 train, n3 waits as
-  a spare. A failure-free window of ``--window-s`` seconds, then n2 is slowed 1.5x: it is
-  flagged, leaves, and the spare trains in its place (the same world of 6); a window of
-  the same length after the swap. n2 is restarted (it waits as a spare), the node that
-  took its place is slowed 3x, and the same again.
-- ``report`` (the same four nodes, the same target and spare, ``--slow-policy report``):
-  a failure-free window, then n2 slowed 1.5x until flagged, a window while it stays in
-  the job, the slowdown lifted until the flag clears; the same at 3x.
+1. a failure-free window;
+2. n2 slowed 1.5x: it is flagged and leaves, the spare trains in its place (the same world
+   of 6); a window after the swap;
+3. n2 restarted (it waits as a spare); the node that took its place slowed 3x, swapped for
+   n2 the same way; a window after the swap;
+4. no spare left: a node slowed 1.5x is flagged and stays (``replace`` with no spare acts
+   as ``report``); a window while it does; the slowdown lifted until the flag clears; the
+   same at 3x;
+5. a failure-free window again (the failure-free rate is the mean of 1 and 5: the shared
+   host's load drifts).
 
 A slowdown is an injected delay, as in bench/slow_nodes.py (whose docstring says why not a
 CPU quota): the node's trainers sleep (factor - 1) times their own step compute time from
 before the slowdown on top of each step. Throughput is n0's local rank 0 (never slowed,
 never swapped): steps per second between its first and last step in a window. Steps to
 the flag: from the first step logged after the slowdown to the step at which the slow
-node left (``replace``) or was first logged flagged (``report``). The swap: from the slow
-node leaving to the spare's first completed step at the full world; the job's pause is
-the longest gap between two of n0's steps around it.
+node left (2, 3) or was first logged flagged (4). The swap: from the slow node leaving to
+the spare's first completed step at the full world; the job's pause is the longest gap
+between two of n0's steps around it.
 """
 
 from __future__ import annotations
@@ -198,7 +201,42 @@ def _swap(
     }
 
 
-def replace_job(nodes: list[TrainingNode], work: Path, args: Any) -> dict[str, Any]:
+def _kept(job: Job, training: list[TrainingNode], factor: float) -> dict[str, Any]:
+    """Slow the last of ``training`` by ``factor`` with no spare left: it is flagged and
+    stays (as with ``report``); a window while it does; then lifted until the flag clears."""
+    n0, victim = training[0], training[-1]
+    began = _set_slow(job.slow_file(victim), factor)
+    first = job.first_step_after(began)
+
+    def flagged() -> dict[str, Any] | None:
+        return next((r for r in _since(n0, began) if victim.name in r["slow"]), None)
+
+    until(lambda: flagged() is not None, TIMEOUT_S, f"{victim.name} flagged at {factor}x")
+    flag = flagged()
+    assert flag is not None
+    row = {
+        "policy": "kept (no spare)",
+        "factor": factor,
+        "victim": victim.name,
+        "steps_to_flag": int(flag["step"]) - first,
+        "flag_s": flag["t"] - began,
+        "slowed_steps_per_s": rate(_since(n0, began), began, flag["t"]),
+    }
+    say(f"-- kept {factor}x: {row}, load {load()}")
+    row |= job.window(f"slowed {factor}x, kept")
+    row["still_training"] = all(t.poll() is None for t in victim.trainers[-RANKS:])
+    lifted = _set_slow(job.slow_file(victim), None)
+
+    def cleared() -> bool:
+        rows = _since(n0, lifted)
+        return bool(rows) and not rows[-1]["slow"]
+
+    until(cleared, TIMEOUT_S, "the flag clears")
+    return row
+
+
+def run_job(nodes: list[TrainingNode], work: Path, args: Any) -> dict[str, Any]:
+    """The module docstring's sequence, in one job."""
     job = Job("replace", nodes, work, args)
     n0, n1, n2, n3 = nodes
     for n in nodes:
@@ -218,47 +256,10 @@ def replace_job(nodes: list[TrainingNode], work: Path, args: Any) -> dict[str, A
             job.start(victim, spare=True)
             job.spare_waits(victim, n0)
             spare = victim
+    for factor in FACTORS:  # no spare left: the slow node stays
+        out["trials"].append(_kept(job, training, factor))
+    out["clean_end"] = job.window("failure-free again")
     job.stop(training)
-    return out
-
-
-def report_job(nodes: list[TrainingNode], work: Path, args: Any) -> dict[str, Any]:
-    job = Job("report", nodes, work, args)
-    n0, n1, n2, n3 = nodes
-    for n in nodes:
-        job.start(n, spare=n is n3)
-    until(lambda: _trains([n0, n1, n2], job.started), START_TIMEOUT_S, "the full world")
-    time.sleep(3)
-    out: dict[str, Any] = {"clean": job.window("failure-free"), "trials": []}
-    for factor in FACTORS:
-        began = _set_slow(job.slow_file(n2), factor)
-        first = job.first_step_after(began)
-
-        def flagged(began: float = began) -> dict[str, Any] | None:
-            return next((r for r in _since(n0, began) if n2.name in r["slow"]), None)
-
-        until(lambda: flagged() is not None, TIMEOUT_S, f"n2 flagged at {factor}x")
-        flag = flagged()
-        assert flag is not None
-        row = {
-            "policy": "report",
-            "factor": factor,
-            "victim": n2.name,
-            "steps_to_flag": int(flag["step"]) - first,
-            "flag_s": flag["t"] - began,
-            "slowed_steps_per_s": rate(_since(n0, began), began, flag["t"]),
-        }
-        say(f"-- report {factor}x: {row}, load {load()}")
-        row |= job.window(f"slowed {factor}x, kept")
-        lifted = _set_slow(job.slow_file(n2), None)
-
-        def cleared(lifted: float = lifted) -> bool:
-            rows = _since(n0, lifted)
-            return bool(rows) and not rows[-1]["slow"]
-
-        until(cleared, TIMEOUT_S, "the flag clears")
-        out["trials"].append(row)
-    job.stop([n0, n1, n2])
     return out
 
 
@@ -271,8 +272,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             work.mkdir(parents=True)
         nodes = start_nodes(["n0", "n1", "n2", "n3"], work, "fast", RANKS)
         try:
-            out["replace"] = replace_job(nodes, work, args)
-            out["report"] = report_job(nodes, work, args)
+            out |= run_job(nodes, work, args)
         finally:
             for n in nodes:
                 n.stop()
@@ -284,88 +284,104 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def failure_free(result: dict[str, Any]) -> float | None:
+    """The failure-free rate: the mean of the windows at the start and at the end (the
+    host's load drifts between them); the one there is if the other has no figure."""
+    got = [w["steps_per_s"] for w in (result["clean"], result["clean_end"])]
+    known = [g for g in got if g is not None]
+    return sum(known) / len(known) if known else None
+
+
 def built(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     f = result_files.figure
+    clean = failure_free(result)
     figures: dict[str, Any] = {}
     ratios: list[dict[str, Any]] = []
     rows = []
-    for policy in ("replace", "report"):
-        clean = result[policy]["clean"]["steps_per_s"]
-        for t in result[policy]["trials"]:
-            kept = _ratio(t["steps_per_s"], clean)
-            x = f"{t['factor']}x"
-            key = f"{policy}_{x.replace('.', '_')}"
-            after = "after the swap" if policy == "replace" else "with the slow node kept"
-            figures[f"{key}_ratio"] = f(
-                f"{policy}, node slowed {x}: steps/s {after} / failure-free", kept, "x", 2
+    for t in result["trials"]:
+        swapped = t["policy"] == "replace"
+        x = f"{t['factor']}x"
+        kept = _ratio(t["steps_per_s"], clean)
+        key = f"{'replace' if swapped else 'kept'}_{x.replace('.', '_')}"
+        after = "after the swap" if swapped else "with the slow node kept"
+        figures[f"{key}_ratio"] = f(f"slowed {x}: steps/s {after} / failure-free", kept, "x", 2)
+        if kept is not None:
+            ratios.append({"label": f"slowed {x}: {after} / failure-free", "value": kept})
+        if swapped:
+            figures[f"{key}_steps"] = f(
+                f"slowed {x}: steps to the flag (replace)", t["steps_to_flag"], "steps", 0
             )
-            if kept is not None:
-                ratios.append({"label": f"{policy} at {x}: {after} / failure-free",
-                               "value": kept, "digits": 2})  # fmt: skip
-            if policy == "replace":
-                figures[f"{key}_swap_s"] = f(
-                    f"replace, slowed {x}: slow node out to the spare's first step", t["swap_s"],
-                    "s", 2,
-                )  # fmt: skip
-            rows.append(
-                {
-                    "policy": policy,
-                    "factor": t["factor"],
-                    "steps": t["steps_to_flag"],
-                    "swap_s": t.get("swap_s"),
-                    "pause_s": t.get("pause_s"),
-                    "clean": clean,
-                    "slowed": t["slowed_steps_per_s"],
-                    "after": t["steps_per_s"],
-                    "ratio": kept,
-                    "load": t["load"],
-                }
+            figures[f"{key}_swap_s"] = f(
+                f"slowed {x}: slow node out to the spare's first step", t["swap_s"], "s", 2
             )
-    for rep, kept in zip(result["replace"]["trials"], result["report"]["trials"], strict=True):
-        if (r := _ratio(rep["steps_per_s"], kept["steps_per_s"])) is not None:
-            ratios.append({"label": f"slowed {rep['factor']}x: replace after the swap / report",
-                           "value": r, "digits": 2})  # fmt: skip
+        rows.append(
+            {
+                "policy": "replace" if swapped else "replace, no spare left (as report)",
+                "factor": t["factor"],
+                "steps": t["steps_to_flag"],
+                "swap_s": t.get("swap_s"),
+                "pause_s": t.get("pause_s"),
+                "slowed": t["slowed_steps_per_s"],
+                "after": t["steps_per_s"],
+                "ratio": kept,
+                "load": t["load"],
+            }
+        )
+    by = {(t["policy"] == "replace", t["factor"]): t["steps_per_s"] for t in result["trials"]}
+    for factor in FACTORS:
+        if (r := _ratio(by.get((True, factor)), by.get((False, factor)))) is not None:
+            ratios.append({"label": f"slowed {factor}x: after the swap / kept", "value": r})
+    for ratio in ratios:
+        ratio["digits"] = 2
+    ends = [result["clean"]["steps_per_s"], result["clean_end"]["steps_per_s"]]
     return {
         "question": "fail-slow-replace",
         "title": "Fail-slow with replace: throughput after a spare takes the slow node's place",
         "method": (
             f"3 nodes x {RANKS} ranks + 1 spare (target 3 nodes), examples/elastic_ddp.py, "
             f"profile fast, gloo on loopback; {args.step_work * 1000:.0f} ms of stand-in "
-            "compute slept inside each step; fail-slow defaults (factor 1.3, 2 windows of 10 "
-            "steps). Job 1, slow_policy replace: a failure-free window, then one training "
-            "node slowed 1.5x (an injected delay: see bench/slow_nodes.py), flagged, swapped "
-            "for the spare, a window after the swap; the slow node restarted as a spare and "
-            "the node that replaced it slowed 3x, the same again. Job 2, slow_policy report, "
-            "same nodes: a failure-free window, then n2 slowed 1.5x and 3x, a window each "
-            f"while it stays. Windows of {args.window_s:.0f} s; throughput is n0's rank 0 "
-            "(never slowed or swapped)."
+            "compute slept inside each step; slow_policy replace, fail-slow defaults (factor "
+            "1.3, 2 windows of 10 steps). One job: a failure-free window; a training node "
+            "slowed 1.5x (an injected delay: see bench/slow_nodes.py), flagged and swapped "
+            "for the spare, a window after the swap; the slow node restarted as a spare, the "
+            "node that replaced it slowed 3x, the same again; with no spare left, a node "
+            "slowed 1.5x and then 3x stays in the job flagged (replace without a spare acts "
+            "as report), a window each; a failure-free window at the end. Windows of "
+            f"{args.window_s:.0f} s; throughput is n0's rank 0 (never slowed or swapped)."
         ),
-        "figures": figures,
-        "peers": ["slow_policy report, same nodes, same run"],
+        "figures": figures
+        | {"clean": f("failure-free (mean of the start and end windows)", clean, "steps/s", 1)},
+        "peers": ["the same job with the slow node kept (no spare left)"],
         "ratios": ratios,
         "tables": [
             {
-                "caption": "Per policy and slowdown (steps/s of the whole job)",
+                "caption": "Per slowdown, whole-job steps per second",
                 "columns": [
                     result_files.column("policy", "policy"),
                     result_files.column("factor", "slowed", 1),
                     result_files.column("steps", "steps to the flag", 0),
                     result_files.column("swap_s", "out to the spare's first step (s)", 2),
                     result_files.column("pause_s", "longest step gap (s)", 2),
-                    result_files.column("clean", "failure-free", 1),
-                    result_files.column("slowed", "slowed, before the flag", 1),
-                    result_files.column("after", "after the swap / slowed, kept", 1),
+                    result_files.column("slowed", "steps/s slowed, before the flag", 1),
+                    result_files.column("after", "steps/s after the swap / kept", 1),
                     result_files.column("ratio", "/ failure-free", 2),
-                    result_files.column("load", "load"),
+                    result_files.column("load", "load (1/5/15 min)"),
                 ],
                 "rows": rows,
             }
         ],
         "notes": [
-            f"load average before {result['load_before']}, after {result['load_after']}",
-            "replace: every excluded trainer's exit status "
-            + ", ".join(str(t["exit_codes"]) for t in result["replace"]["trials"])
-            + f" (expected {EXCLUDED_EXIT}: left out as slow)",
+            "failure-free windows: "
+            + ", ".join("none" if e is None else f"{e:.1f}" for e in ends)
+            + f" steps/s (start, end); load average before {result['load_before']}, "
+            f"after {result['load_after']}",
+            "the swapped nodes' trainers left with exit status "
+            + ", ".join(str(t["exit_codes"]) for t in result["trials"] if "exit_codes" in t)
+            + f" ({EXCLUDED_EXIT}: left out as slow); a kept slow node still trained after "
+            "its window: "
+            + ", ".join(
+                str(t["still_training"]) for t in result["trials"] if "still_training" in t
+            ),
         ],
     }
 
