@@ -304,7 +304,8 @@ def built(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         kept = _ratio(t["steps_per_s"], clean)
         key = f"{'replace' if swapped else 'kept'}_{x.replace('.', '_')}"
         after = "after the swap" if swapped else "with the slow node kept"
-        figures[f"{key}_ratio"] = f(f"slowed {x}: steps/s {after} / failure-free", kept, "x", 2)
+        label = f"slowed {x}: steps/s {after} / failure-free"
+        figures[f"{key}_ratio"] = f(label, kept, "x", 2, text=None if kept else "no figure")
         if kept is not None:
             ratios.append({"label": f"slowed {x}: {after} / failure-free", "value": kept})
         if swapped:
