@@ -56,6 +56,9 @@ TIMEOUT_S = 120.0
 """A wait (the flag, the swap, a restarted spare) that takes longer fails the run."""
 START_TIMEOUT_S = 300.0
 """Eight trainers importing torch on a shared 2-core host take a while."""
+EXIT_WAIT_S = 20.0
+"""A slow node's trainer still running this long after the spare trains is recorded
+(exit status None) and killed: the node must be free to restart as a spare."""
 EXCLUDED_EXIT = 3  # examples/job.py: a trainer whose node was left out as slow
 
 
@@ -185,14 +188,20 @@ def _swap(
     until(lambda: _trains(after, gone["t"]), TIMEOUT_S, f"{spare.name} trains")
     joined = min(r["t"] for r in _since(spare, began))
     _set_slow(job.slow_file(victim), None)
-    until(lambda: all(t.poll() is not None for t in victim.trainers), 60, "the slow node exits")
+    with contextlib.suppress(TimeoutError):  # one that does not exit is recorded, killed
+        until(lambda: all(t.poll() is not None for t in victim.trainers), EXIT_WAIT_S, "exit")
+    codes = [t.poll() for t in victim.trainers[-RANKS:]]
+    for t in victim.trainers:
+        if t.poll() is None:
+            t.kill()
+            t.wait(10)
     n0_steps = _since(n0, began)
     return {
         "policy": "replace",
         "factor": factor,
         "victim": victim.name,
         "spare": spare.name,
-        "exit_codes": [t.returncode for t in victim.trainers[-RANKS:]],
+        "exit_codes": codes,
         "steps_to_flag": int(gone["step"]) - first,
         "flag_s": gone["t"] - began,
         "slowed_steps_per_s": rate(n0_steps, began, gone["t"]),
@@ -378,7 +387,8 @@ def built(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             f"after {result['load_after']}",
             "the swapped nodes' trainers left with exit status "
             + ", ".join(str(t["exit_codes"]) for t in result["trials"] if "exit_codes" in t)
-            + f" ({EXCLUDED_EXIT}: left out as slow); a kept slow node still trained after "
+            + f" ({EXCLUDED_EXIT}: left out as slow; None: still running {EXIT_WAIT_S:.0f} s "
+            "after the swap, killed by the benchmark); a kept slow node still trained after "
             "its window: "
             + ", ".join(
                 str(t["still_training"]) for t in result["trials"] if "still_training" in t
