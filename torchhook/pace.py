@@ -77,6 +77,13 @@ re-form anyway: it unregisters at once and its agent gossips that within a secon
 a formation on a view that still lists it retries when the view changes."""
 WAIT_SLICE_S = 0.5
 """Waits for a view are cut into slices with a heartbeat between them."""
+SIBLING_GRACE_S = 1.0
+"""A window's all-gather abandoned because this rank's own node left the view: how long
+the rank still waits for the gather to complete. A sibling rank closes the node's
+registration as soon as it has the window's table (it judged the node slow), which can
+come before this rank's wait sees the same table; the table is there (every rank sent
+its row), so it completes at once, and this rank reaches the same verdict and leaves
+too instead of re-forming without its own node."""
 
 
 class Pace:
@@ -209,7 +216,12 @@ class Pace:
         ]
         sent = torch.tensor(row, dtype=torch.float64, device=group.device)
         rows = [torch.empty_like(sent) for _ in range(group.world_size)]
-        self._gather_wait(dist.all_gather(rows, sent, async_op=True))
+        work = dist.all_gather(rows, sent, async_op=True)
+        try:
+            self._gather_wait(work)
+        except MembershipChanged:
+            if self.node in self.membership.view or not _completes(work, SIBLING_GRACE_S):
+                raise  # a peer lost: the re-formation it starts must not wait
         table = [r.cpu().tolist() for r in rows]
         figures: dict[str, float | None] = {}
         states: dict[str, NodeState] = {}
@@ -274,3 +286,18 @@ class Pace:
             except TimeoutError:
                 self._beat()
         raise MembershipChanged(f"slow node(s) {list(gone)} left (slow_policy={policy!r})")
+
+
+def _completes(work: Any, seconds: float) -> bool:
+    """Whether collective ``work`` completes, without error, within ``seconds`` (polled;
+    no heartbeat needed for a wait this short)."""
+    deadline = time.monotonic() + seconds
+    while not work.is_completed():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    try:
+        work.wait()
+    except RuntimeError:  # the group failed under it: no table
+        return False
+    return True
