@@ -360,8 +360,10 @@ class Elastic:
         self._group = None
         self._held_failed = self._held_failed or failed
         self.parallelism.abandon(failed)
+        self.timeline.mark("kept")
         if failed and tears_down_at_failure(self.groups.backend):
             self._release()
+        self.timeline.mark("released")
 
     def _release(self) -> None:
         self.groups.teardown(

@@ -29,8 +29,10 @@ Rules, each from torch 2.13's c10d (summarised in docs/training.md §5):
   kernels waiting on a dead peer; nothing may run on the aborted communicator, and the
   objects that used it, the DDP reducer, are dropped before), ``graveyard`` (gloo: its
   abort is a no-op and destroying a group with a stuck op blocks until the op times out,
-  so the group object is kept alive, unregistered and unused, and the process must leave
-  with ``os._exit``).
+  so the group objects, the default group and every subgroup of a mesh, are kept alive,
+  unregistered and unused, and the process must leave with ``os._exit``; an HSDP step's
+  cross-node reduce runs in a subgroup, and destructing even an idle gloo subgroup costs
+  milliseconds a re-formation waits for).
 - ``wait``: a collective that a membership verdict can interrupt. Gloo: ``Work.wait`` in
   short slices (``wait(timeout)`` raises "timed out" and leaves the op running); NCCL:
   poll ``Work.is_completed()`` (with ``TORCH_NCCL_BLOCKING_WAIT`` unset, ``wait`` only
@@ -291,8 +293,10 @@ class ProcessGroups:
             c10d._abort_process_group()
             return
         if how == "graveyard":
-            # an abandoned op may still run in it: destructing it would block
-            self.graveyard.append((dist.group.WORLD, *keep))
+            # an abandoned op may still run in any of them (HSDP's cross-node reduce runs
+            # in a subgroup): destructing one would block until its op times out, and even
+            # an idle gloo group costs ms to destruct (threads joined, sockets closed)
+            self.graveyard.append((dist.group.WORLD, *registered_groups(), *keep))
         dist.destroy_process_group()
 
     def wait(self, work: Any, broken: Callable[[], bool], beat: Callable[[], None]) -> None:
@@ -314,6 +318,11 @@ class ProcessGroups:
                 if "timed out" not in str(exc).lower():
                     raise
             beat()
+
+
+def registered_groups() -> list[Any]:
+    """Every process group c10d holds besides the default one (a mesh's subgroups)."""
+    return [pg for pg in c10d._world.pg_map if pg is not dist.group.WORLD]
 
 
 def _join(thread: threading.Thread, seconds: float, beat: Callable[[], None]) -> bool:
