@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -299,7 +299,17 @@ class ProcessGroups:
             self.graveyard.append((dist.group.WORLD, *registered_groups(), *keep))
         dist.destroy_process_group()
 
-    def wait(self, work: Any, broken: Callable[[], bool], beat: Callable[[], None]) -> None:
+    def wait(
+        self,
+        work: Any,
+        broken: Callable[[], bool],
+        beat: Callable[[], None],
+        wakes: Wakes | None = None,
+    ) -> None:
+        """Until ``work`` completes; ``MembershipChanged`` once ``broken()``. With
+        ``wakes`` (gloo), the wait sleeps on an event that the op's completion and the
+        verdict both set, so neither waits for the end of a slice; without, it waits
+        in ``WAIT_SLICE`` slices and sees a verdict up to a slice late."""
         if self.backend == "nccl":
             while not work.is_completed():
                 if broken():
@@ -307,6 +317,9 @@ class ProcessGroups:
                 time.sleep(POLL_S)
                 beat()
             work.wait()
+            return
+        if wakes is not None:
+            _wait_woken(work, broken, beat, wakes)
             return
         while True:
             if broken():
@@ -318,6 +331,37 @@ class ProcessGroups:
                 if "timed out" not in str(exc).lower():
                     raise
             beat()
+
+
+class Wakes(Protocol):
+    """Who sets a waiting collective's event on a verdict (``verdicts.GroupWatch``):
+    ``add`` sets it at once if the verdict is already in."""
+
+    def add(self, event: threading.Event) -> None: ...
+
+    def discard(self, event: threading.Event) -> None: ...
+
+
+def _wait_woken(
+    work: Any, broken: Callable[[], bool], beat: Callable[[], None], wakes: Wakes
+) -> None:
+    """Gloo: sleep on one event set by the op's future (success or failure) or by the
+    verdict, waking every ``WAIT_SLICE`` only to beat."""
+    event = threading.Event()
+    wakes.add(event)
+    try:
+        work.get_future().add_done_callback(lambda _: event.set())
+        while True:
+            if broken():
+                raise MembershipChanged("membership changed during a collective")
+            if event.wait(WAIT_SLICE.total_seconds()):
+                if broken():
+                    raise MembershipChanged("membership changed during a collective")
+                work.wait()  # completed: returns, or raises the op's own error
+                return
+            beat()
+    finally:
+        wakes.discard(event)
 
 
 def registered_groups() -> list[Any]:

@@ -96,9 +96,9 @@ def test_a_stuck_op_in_a_mesh_subgroup_does_not_block_the_teardown(tmp_path: Pat
         for proc in procs:
             proc.start()
         until(lambda: store.check([f"ready/{r}" for r in range(WORLD)]), START_S, "connected")
-        stopped = procs[STOPPED]
-        assert stopped.pid is not None
-        until(lambda: _state(stopped.pid) == "T", 10, "rank 3 stopped")
+        pid = procs[STOPPED].pid
+        assert pid is not None
+        until(lambda: _state(pid) == "T", 10, "rank 3 stopped")
         store.set(f"stopped/{STOPPED}", "1")
         live = [p for r, p in enumerate(procs) if r != STOPPED]
         for proc in live:
