@@ -336,7 +336,7 @@ class Elastic:
 
     def _wait(self, work: Any) -> None:
         with self.pace.waiting():  # a wait for peers is not this rank's compute time
-            self.groups.wait(work, lambda: self.watch.broken, self._beat)
+            self.groups.wait(work, lambda: self.watch.broken, self._beat, self.watch)
 
     def _control_says_switch(self) -> bool:
         """Step boundary: does any member see a view that differs from the group?"""
@@ -360,8 +360,10 @@ class Elastic:
         self._group = None
         self._held_failed = self._held_failed or failed
         self.parallelism.abandon(failed)
+        self.timeline.mark("kept")
         if failed and tears_down_at_failure(self.groups.backend):
             self._release()
+        self.timeline.mark("released")
 
     def _release(self) -> None:
         self.groups.teardown(

@@ -29,8 +29,10 @@ Rules, each from torch 2.13's c10d (summarised in docs/training.md §5):
   kernels waiting on a dead peer; nothing may run on the aborted communicator, and the
   objects that used it, the DDP reducer, are dropped before), ``graveyard`` (gloo: its
   abort is a no-op and destroying a group with a stuck op blocks until the op times out,
-  so the group object is kept alive, unregistered and unused, and the process must leave
-  with ``os._exit``).
+  so the group objects, the default group and every subgroup of a mesh, are kept alive,
+  unregistered and unused, and the process must leave with ``os._exit``; an HSDP step's
+  cross-node reduce runs in a subgroup, and destructing even an idle gloo subgroup costs
+  milliseconds a re-formation waits for).
 - ``wait``: a collective that a membership verdict can interrupt. Gloo: ``Work.wait`` in
   short slices (``wait(timeout)`` raises "timed out" and leaves the op running); NCCL:
   poll ``Work.is_completed()`` (with ``TORCH_NCCL_BLOCKING_WAIT`` unset, ``wait`` only
@@ -60,7 +62,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -291,11 +293,23 @@ class ProcessGroups:
             c10d._abort_process_group()
             return
         if how == "graveyard":
-            # an abandoned op may still run in it: destructing it would block
-            self.graveyard.append((dist.group.WORLD, *keep))
+            # an abandoned op may still run in any of them (HSDP's cross-node reduce runs
+            # in a subgroup): destructing one would block until its op times out, and even
+            # an idle gloo group costs ms to destruct (threads joined, sockets closed)
+            self.graveyard.append((dist.group.WORLD, *registered_groups(), *keep))
         dist.destroy_process_group()
 
-    def wait(self, work: Any, broken: Callable[[], bool], beat: Callable[[], None]) -> None:
+    def wait(
+        self,
+        work: Any,
+        broken: Callable[[], bool],
+        beat: Callable[[], None],
+        wakes: Wakes | None = None,
+    ) -> None:
+        """Until ``work`` completes; ``MembershipChanged`` once ``broken()``. With
+        ``wakes`` (gloo), the wait sleeps on an event that the op's completion and the
+        verdict both set, so neither waits for the end of a slice; without, it waits
+        in ``WAIT_SLICE`` slices and sees a verdict up to a slice late."""
         if self.backend == "nccl":
             while not work.is_completed():
                 if broken():
@@ -303,6 +317,9 @@ class ProcessGroups:
                 time.sleep(POLL_S)
                 beat()
             work.wait()
+            return
+        if wakes is not None:
+            _wait_woken(work, broken, beat, wakes)
             return
         while True:
             if broken():
@@ -314,6 +331,42 @@ class ProcessGroups:
                 if "timed out" not in str(exc).lower():
                     raise
             beat()
+
+
+class Wakes(Protocol):
+    """Who sets a waiting collective's event on a verdict (``verdicts.GroupWatch``):
+    ``add`` sets it at once if the verdict is already in."""
+
+    def add(self, event: threading.Event) -> None: ...
+
+    def discard(self, event: threading.Event) -> None: ...
+
+
+def _wait_woken(
+    work: Any, broken: Callable[[], bool], beat: Callable[[], None], wakes: Wakes
+) -> None:
+    """Gloo: sleep on one event set by the op's future (success or failure) or by the
+    verdict, waking every ``WAIT_SLICE`` only to beat."""
+    event = threading.Event()
+    wakes.add(event)
+    try:
+        work.get_future().add_done_callback(lambda _: event.set())
+        while True:
+            if broken():
+                raise MembershipChanged("membership changed during a collective")
+            if event.wait(WAIT_SLICE.total_seconds()):
+                if broken():
+                    raise MembershipChanged("membership changed during a collective")
+                work.wait()  # completed: returns, or raises the op's own error
+                return
+            beat()
+    finally:
+        wakes.discard(event)
+
+
+def registered_groups() -> list[Any]:
+    """Every process group c10d holds besides the default one (a mesh's subgroups)."""
+    return [pg for pg in c10d._world.pg_map if pg is not dist.group.WORLD]
 
 
 def _join(thread: threading.Thread, seconds: float, beat: Callable[[], None]) -> bool:

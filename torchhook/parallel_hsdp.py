@@ -242,10 +242,13 @@ class HSDP:
         fresh = plan.restore == "fresh"
         with contextlib.nullcontext() if fresh else torch.device("meta"):
             module = self._build_model()
+        group.mark("built")
         local_mesh = node_mesh(mesh, names[1:], tuple(d for d, _ in dims))
         module = self._parallelize(module.to(group.device) if fresh else module, local_mesh)
+        group.mark("sharded")
         if not fresh:
             module.to_empty(device=group.device)
+        group.mark("allocated")
         self._model, self._optimizer = module, self._build_optimizer(module)
         group.mark("model")
         if not fresh:

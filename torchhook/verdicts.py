@@ -8,7 +8,8 @@ thread calls ``GroupWatch.on_view``) and is applied here:
 - DDP's gradient buckets go through ``comm_hook``: a Future this module hands out and
   fails with ``MembershipChanged`` when the verdict arrives; the all-reduce underneath is
   left to finish or fail on its own (the group is abandoned either way).
-- Our own collectives wait in short slices that ask ``broken`` (``groups.ProcessGroups.wait``).
+- Our own collectives wait on an event that the op's completion and the verdict both set
+  (``groups.ProcessGroups.wait`` with this object as its ``wakes``): no slice to run out.
 - A node the group formed with but our view has not shown yet is late gossip, not a loss:
   only nodes this rank has *seen* in the group and no longer sees count (``lost``).
 - A group member that showed our group's token and now shows another moved on without
@@ -19,8 +20,9 @@ thread calls ``GroupWatch.on_view``) and is applied here:
 
 Thread safety: the watcher thread and the training thread share this object. ``_lock``
 guards every field (``_running``, ``_broken``, ``_token``, ``_group_ids``, ``_seen``,
-``_confirmed``, ``_pending``, ``_verdict_time``, ``_why``): each read and write holds it, so a view
-is judged against one armed group, never half of an old one and half of a new one.
+``_confirmed``, ``_pending``, ``_waiters``, ``_verdict_time``, ``_why``): each read and
+write holds it, so a view is judged against one armed group, never half of an old one and
+half of a new one.
 Futures are completed *outside* the lock: completing a torch Future runs its callbacks
 inline on the completing thread (DDP's continuation of the bucket, a user's ``then``), and
 one that asks this object (``broken``) would deadlock on the non-reentrant lock. The order
@@ -67,6 +69,9 @@ class GroupWatch:
         self._confirmed: set[str] = set()
         self._verdict_time: float | None = None
         self._why = ""
+        self._waiters: set[threading.Event] = set()
+        """Events of the collectives waiting now (``groups.ProcessGroups.wait``), one per
+        thread that waits: set by the verdict, so a wait ends without polling."""
 
     # --- the training thread ------------------------------------------------------------
 
@@ -87,6 +92,18 @@ class GroupWatch:
         """The group is abandoned: later views are not verdicts about it."""
         with self._lock:
             self._running = False
+
+    def add(self, event: threading.Event) -> None:
+        """A collective waits on ``event``: the verdict sets it (at once if it is in)."""
+        with self._lock:
+            self._waiters.add(event)
+            broken = self._broken
+        if broken:
+            event.set()
+
+    def discard(self, event: threading.Event) -> None:
+        with self._lock:
+            self._waiters.discard(event)
 
     @property
     def broken(self) -> bool:
@@ -203,6 +220,8 @@ class GroupWatch:
             self._why = why
         self._broken = True
         pending, self._pending = self._pending, []
+        for event in self._waiters:  # setting an event runs no callback: safe under the lock
+            event.set()
         return self._token, pending
 
 

@@ -1,14 +1,17 @@
 """torchhook.verdicts.GroupWatch: which views break a group (rules in its docstring).
 
-Pure logic on real ``View`` objects (no process group: the elastic tests run the comm hook
-inside real gloo groups, with verdicts arriving mid-backward).
+Pure logic on real ``View`` objects (the elastic tests run the comm hook inside real gloo
+groups, with verdicts arriving mid-backward); the last test wakes a real gloo wait
+(``groups.ProcessGroups.wait``) with a verdict and with a completion.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -237,3 +240,49 @@ def test_views_hammered_against_arming_keep_every_future_exactly_once(
     assert ends and set(ends.values()) == {1}, "a Future ended more or less than once"
     with watch._lock:  # the state at rest: nothing pending, the last group disarmed
         assert watch._pending == [] and not watch._running
+
+
+@pytest.fixture
+def two_gloo_ranks() -> Iterator[dict[int, Any]]:
+    """Two real gloo ranks in this process (one thread each to connect), no default group:
+    rank 0's all-reduce stays in flight until rank 1 joins it."""
+    from torch._C._distributed_c10d import HashStore, ProcessGroupGloo
+
+    store, pgs = HashStore(), {}
+
+    def connect(rank: int) -> None:
+        pgs[rank] = ProcessGroupGloo(store, rank, 2, timedelta(seconds=60))
+
+    threads = [threading.Thread(target=connect, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert set(pgs) == {0, 1}
+    yield pgs
+
+
+def test_a_verdict_ends_a_wait_at_once_and_a_completion_too(
+    two_gloo_ranks: dict[int, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ProcessGroups.wait`` with the watch as its ``wakes``: the verdict wakes the wait,
+    and so does the op's completion; neither waits for a slice to run out (a slice as
+    long as the group timeout here: a slice-bound wait would hold on for a minute)."""
+    from torchhook import groups
+
+    monkeypatch.setattr(groups, "WAIT_SLICE", timedelta(seconds=60))
+    pg = groups.ProcessGroups("gloo", 0)
+    watch = armed(view(1, member("a"), member("b"), member("c")))
+    stuck = two_gloo_ranks[0].allreduce([torch.ones(2)])  # rank 1 has not joined
+    threading.Timer(0.1, watch.on_view, args=(view(2, member("a"), member("b")),)).start()
+    started = time.monotonic()
+    with pytest.raises(MembershipChanged):
+        pg.wait(stuck, lambda: watch.broken, lambda: None, watch)
+    assert time.monotonic() - started < 30
+    # the same op, once rank 1 joins it, completes and ends a wait on an intact group
+    fresh = armed(view(1, member("a"), member("b"), member("c")))
+    threading.Timer(0.1, two_gloo_ranks[1].allreduce, args=([torch.ones(2)],)).start()
+    started = time.monotonic()
+    pg.wait(stuck, lambda: fresh.broken, lambda: None, fresh)
+    assert time.monotonic() - started < 30
+    assert not fresh._waiters and not watch._waiters  # every wait unregistered its event
