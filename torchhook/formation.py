@@ -57,8 +57,9 @@ store with every rank's real steps interleaved):
     rank heartbeats and rechecks its view and deadline. The records are
     ``torchhook.formation_wire``'s: packed integers, cheap for every rank to decode.
 11. **Connecting** gives up after ``STORE_CONNECT`` (``torchhook.stores.connect_store``:
-    a stopped peer's kernel still accepts connections) and retries through the view, which
-    by then has dropped the stopped leader.
+    a stopped peer's kernel still accepts connections), at once on a refused connection
+    (the peer's process is gone), and retries through the view, which by then has dropped
+    the stopped or dead leader.
 
 The stores are behind two small protocols, ``Store`` and ``Net``, which torch's TCPStore
 satisfies (``Formation``, what the trainers use, is ``FormationOn`` over a ``TcpNet``).

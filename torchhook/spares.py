@@ -12,7 +12,11 @@ and data pipeline, registers, and then waits here instead of forming a group. Ru
   leader that lost power answers nothing and a TCPStore request to it blocks for as
   long as TCP retransmits, which must not stop the rank's heartbeat (its agent would
   flag it hung and the spare would leave the view just when it is needed). A read still
-  stuck is not repeated on that leader; a view that names a new leader is read next.
+  stuck is not repeated on that leader; a view that names a new leader is read next. A
+  dead leader's directory refuses the connection, which ends the attempt at once
+  (``torchhook.stores.connect_store``), so the spare keeps looking at its view and reads
+  the next leader's offer as soon as its agent drops the dead one (the early drop:
+  agent/crash_evidence.py, its own refused probe of a node another member accused).
 - **Drafted.** Once an offer lists this node's registration, or this node is the oldest
   of the view (it leads: every training node is gone), the wait ends and the rank forms
   a group the usual way (``torchhook.formation``), receiving its state from the survivors
