@@ -61,6 +61,15 @@ store with every rank's real steps interleaved):
     (the peer's process is gone), and retries through the view, which by then has dropped
     the stopped or dead leader.
 
+12. **A spare follows its drafter.** A spare (``torchhook.spares``) that found this node in
+    the offer of a member younger than its view's oldest, every older member's directory
+    having refused the connection (``Refused``: their processes are gone; the spare's own
+    agent may keep such a node until its death verdict), follows that member (``leader``
+    of ``agree``): the leader's layout already leaves the dead nodes out (rule 2). It
+    abandons, as in rule 8, when the oldest member of its view outside those passed over
+    is not that leader any more. A wrong skip is not possible: a directory refuses only
+    once its process is gone, and that node could not lead.
+
 The stores are behind two small protocols, ``Store`` and ``Net``, which torch's TCPStore
 satisfies (``Formation``, what the trainers use, is ``FormationOn`` over a ``TcpNet``).
 ``FormationOn.steps`` is the protocol one wait at a time (a generator of ``Wait``);
@@ -222,9 +231,11 @@ class FormationOn(Generic[S]):
         local_rank: int,
         info: RankInfo,
         decide: Callable[[Layout, list[RankInfo]], Plan],
+        leader: str | None = None,
     ) -> Agreement[S]:
-        """Meet the other ranks on a fresh store and follow one plan. Raises ``Retry``."""
-        steps = self.steps(view, node, local_rank, info, decide)
+        """Meet the other ranks on a fresh store and follow one plan. Raises ``Retry``.
+        ``leader``: follow this member of ``view`` instead of its oldest (rule 12)."""
+        steps = self.steps(view, node, local_rank, info, decide, leader)
         try:
             wait = next(steps)
             while True:
@@ -245,13 +256,14 @@ class FormationOn(Generic[S]):
         local_rank: int,
         info: RankInfo,
         decide: Callable[[Layout, list[RankInfo]], Plan],
+        leader: str | None = None,
     ) -> Generator[Wait[S], Ready, Agreement[S]]:
         """``agree`` one wait at a time: yields each ``Wait``; a store error during it is
         thrown back in (``generator.throw``)."""
         deadline = self.clock.monotonic() + self.timeout_s
-        if view.members[0].name == node and local_rank == 0:
+        if leader is None and view.members[0].name == node and local_rank == 0:
             return (yield from self._lead(view, info, decide, deadline))
-        return (yield from self._follow(view, node, local_rank, info, deadline))
+        return (yield from self._follow(view, node, local_rank, info, deadline, leader))
 
     def _lead(
         self,
@@ -313,10 +325,21 @@ class FormationOn(Generic[S]):
             directory.delete_key(FORMATION_KEY)
 
     def _follow(
-        self, view: View, node: str, local_rank: int, info: RankInfo, deadline: float
+        self,
+        view: View,
+        node: str,
+        local_rank: int,
+        info: RankInfo,
+        deadline: float,
+        named: str | None = None,
     ) -> Generator[Wait[S], Ready, Agreement[S]]:
-        """Join the formation that the oldest node of our view leads, on *its* view."""
-        leader = view.members[0]
+        """Join the formation that the oldest node of our view leads (or ``named``: rule
+        12), on *its* view."""
+        leader = view.members[0] if named is None else view.member(named)
+        if leader is None:
+            raise Retry(f"the leader {named} is not in view {view.fingerprint}")
+        # rule 12: the members older than a named leader, whose directories refused
+        passed = {m.name for m in view.members[: view.members.index(leader)]}
         me = view.member(node)
         if me is None:
             raise Retry(f"{node} is not in view {view.fingerprint}")
@@ -325,7 +348,8 @@ class FormationOn(Generic[S]):
 
         def leader_changed() -> str | None:  # rule 8, before the commitment
             now = self.view_now()
-            if not now.members or now.members[0].name != leader.name:
+            oldest = next((m.name for m in now.members if m.name not in passed), None)
+            if oldest != leader.name:
                 return "another node is the oldest now"
             return None
 

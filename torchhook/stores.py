@@ -82,6 +82,14 @@ class Retry(Exception):
         self.unreachable = unreachable
 
 
+class Refused(Retry):
+    """The peer's port refused the connection: nothing listens there, its process is gone
+    (module docstring). Always ``unreachable``."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why, unreachable=True)
+
+
 class Store(Protocol):
     """The store operations formation uses (torch's ``TCPStore`` has them all)."""
 
@@ -169,6 +177,8 @@ def connect_store(
     if not result:
         abandon(thread)
         raise Retry(f"{what} at {addr}:{port}: no answer within {STORE_CONNECT}", unreachable=True)
+    if isinstance(result[0], ConnectionRefusedError):
+        raise Refused(f"{what} at {addr}:{port}: {result[0]}")
     if isinstance(result[0], BaseException):
         raise Retry(f"{what} at {addr}:{port}: {result[0]}", unreachable=True)
     store: TCPStore = result[0]

@@ -98,6 +98,8 @@ def test_a_spare_waits_takes_the_killed_leaders_place_and_a_returning_node_waits
         leader = nodes[0].steps()[-1]["leader"]  # nodes register in any order
         victim = next(n for n in nodes[:3] if n.name == leader)
         survivors = [n for n in nodes[:3] if n is not victim]
+        dead = fetch_view("j", nodes[0].control).member(victim.name)
+        assert dead is not None
         before = {n.name: _ranks(n, 6) for n in survivors}
         lost = _ranks(victim, 6)
 
@@ -113,7 +115,7 @@ def test_a_spare_waits_takes_the_killed_leaders_place_and_a_returning_node_waits
         # no TCPStore connect to the dead directory ran into its timeout (it retries a
         # refused connection for STORE_CONNECT: the spare then missed the next offer)
         logs = "".join(spare.trainer_log(lr).read_text() for lr in range(spare.ranks))
-        assert "while trying to connect" not in logs, spare.tail()
+        assert f"while trying to connect to ({dead.addr}, {dead.store_port})" not in logs, logs
 
         # the victim comes back (a new registration) while the job is at its target: a spare
         back = TrainingNode("n4", tmp_path, survivors[0].port, ranks=2)
