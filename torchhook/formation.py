@@ -57,18 +57,11 @@ store with every rank's real steps interleaved):
     rank heartbeats and rechecks its view and deadline. The records are
     ``torchhook.formation_wire``'s: packed integers, cheap for every rank to decode.
 11. **Connecting** gives up after ``STORE_CONNECT`` (``torchhook.stores.connect_store``:
-    a stopped peer's kernel still accepts connections), at once on a refused connection
-    (the peer's process is gone), and retries through the view, which by then has dropped
-    the stopped or dead leader.
-
-12. **A spare follows its drafter.** A spare (``torchhook.spares``) that found this node in
-    the offer of a member younger than its view's oldest, every older member's directory
-    having refused the connection (``Refused``: their processes are gone; the spare's own
-    agent may keep such a node until its death verdict), follows that member (``leader``
-    of ``agree``): the leader's layout already leaves the dead nodes out (rule 2). It
-    abandons, as in rule 8, when the oldest member of its view outside those passed over
-    is not that leader any more. A wrong skip is not possible: a directory refuses only
-    once its process is gone, and that node could not lead.
+    a stopped peer's kernel still accepts connections; a refusal at once) and retries
+    through the view, which by then has dropped the stopped or dead leader.
+12. **A spare follows its drafter** (``leader``): listed in the offer of a member younger
+    than its view's oldest, every older one's directory refusing (``torchhook.spares``), it
+    follows that member, abandoning as in rule 8 when another becomes the oldest.
 
 The stores are behind two small protocols, ``Store`` and ``Net``, which torch's TCPStore
 satisfies (``Formation``, what the trainers use, is ``FormationOn`` over a ``TcpNet``).
@@ -233,8 +226,7 @@ class FormationOn(Generic[S]):
         decide: Callable[[Layout, list[RankInfo]], Plan],
         leader: str | None = None,
     ) -> Agreement[S]:
-        """Meet the other ranks on a fresh store and follow one plan. Raises ``Retry``.
-        ``leader``: follow this member of ``view`` instead of its oldest (rule 12)."""
+        """Meet the other ranks on a fresh store, follow one plan (``leader``: rule 12)."""
         steps = self.steps(view, node, local_rank, info, decide, leader)
         try:
             wait = next(steps)
@@ -325,21 +317,14 @@ class FormationOn(Generic[S]):
             directory.delete_key(FORMATION_KEY)
 
     def _follow(
-        self,
-        view: View,
-        node: str,
-        local_rank: int,
-        info: RankInfo,
-        deadline: float,
+        self, view: View, node: str, local_rank: int, info: RankInfo, deadline: float,
         named: str | None = None,
-    ) -> Generator[Wait[S], Ready, Agreement[S]]:
-        """Join the formation that the oldest node of our view leads (or ``named``: rule
-        12), on *its* view."""
+    ) -> Generator[Wait[S], Ready, Agreement[S]]:  # fmt: skip
+        """Join the formation our view's oldest node (or ``named``: rule 12) leads, on its view."""
         leader = view.members[0] if named is None else view.member(named)
         if leader is None:
             raise Retry(f"the leader {named} is not in view {view.fingerprint}")
-        # rule 12: the members older than a named leader, whose directories refused
-        passed = {m.name for m in view.members[: view.members.index(leader)]}
+        passed = {m.name for m in view.members[: view.members.index(leader)]}  # rule 12
         me = view.member(node)
         if me is None:
             raise Retry(f"{node} is not in view {view.fingerprint}")
@@ -348,8 +333,7 @@ class FormationOn(Generic[S]):
 
         def leader_changed() -> str | None:  # rule 8, before the commitment
             now = self.view_now()
-            oldest = next((m.name for m in now.members if m.name not in passed), None)
-            if oldest != leader.name:
+            if next((m.name for m in now.members if m.name not in passed), None) != leader.name:
                 return "another node is the oldest now"
             return None
 
