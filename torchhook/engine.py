@@ -378,8 +378,9 @@ class Elastic:
         if self._group is not None:
             return
         s = self.settings
+        drafter = None  # a spare follows the member whose offer listed it (formation rule 12)
         if s.target_nodes and self.layout is None:
-            self.spares.wait_for_draft()  # torchhook.spares: until a formation lists us
+            drafter = self.spares.wait_for_draft()  # torchhook.spares: until an offer lists us
         started = time.monotonic()
         view_deadline = started + s.join_timeout_s
         budget = ReformBudget(s, time.monotonic)
@@ -390,7 +391,7 @@ class Elastic:
             self.timeline.mark("view")
             log.debug("forming on view %d %s %s", view.generation, view.fingerprint, view.names)
             try:
-                self._form(view)
+                self._form(view, drafter)
             except Exception as exc:
                 unreachable = isinstance(exc, Retry) and exc.unreachable
                 retryable = isinstance(exc, (Retry, ShrinkFailed))
@@ -411,7 +412,7 @@ class Elastic:
                     "formation on %s failed (attempt %d): %s", view.fingerprint, attempt, first
                 )
                 if s.target_nodes and self.layout is None:  # a spare: wait for the next draft
-                    self.spares.wait_for_draft()
+                    drafter = self.spares.wait_for_draft()
                     continue
                 await_new_view(
                     self.membership, view.fingerprint, budget.failed(first, unreachable=unreachable)
@@ -422,9 +423,9 @@ class Elastic:
             return
         raise ReformBudgetSpent(f"no group formed in {s.reform_attempts} attempts")
 
-    def _form(self, view: View) -> None:
+    def _form(self, view: View, drafter: str | None = None) -> None:
         agreed = self.formation.agree(
-            view, self.node, self.local_rank, self._rank_info(), self._decide
+            view, self.node, self.local_rank, self._rank_info(), self._decide, drafter
         )
         plan = agreed.plan
         self.timeline.mark("agreed")

@@ -57,8 +57,11 @@ store with every rank's real steps interleaved):
     rank heartbeats and rechecks its view and deadline. The records are
     ``torchhook.formation_wire``'s: packed integers, cheap for every rank to decode.
 11. **Connecting** gives up after ``STORE_CONNECT`` (``torchhook.stores.connect_store``:
-    a stopped peer's kernel still accepts connections) and retries through the view, which
-    by then has dropped the stopped leader.
+    a stopped peer's kernel still accepts connections; a refusal at once) and retries
+    through the view, which by then has dropped the stopped or dead leader.
+12. **A spare follows its drafter** (``leader``): listed in the offer of a member younger
+    than its view's oldest, every older one's directory refusing (``torchhook.spares``), it
+    follows that member, abandoning as in rule 8 when another becomes the oldest.
 
 The stores are behind two small protocols, ``Store`` and ``Net``, which torch's TCPStore
 satisfies (``Formation``, what the trainers use, is ``FormationOn`` over a ``TcpNet``).
@@ -221,9 +224,10 @@ class FormationOn(Generic[S]):
         local_rank: int,
         info: RankInfo,
         decide: Callable[[Layout, list[RankInfo]], Plan],
+        leader: str | None = None,
     ) -> Agreement[S]:
-        """Meet the other ranks on a fresh store and follow one plan. Raises ``Retry``."""
-        steps = self.steps(view, node, local_rank, info, decide)
+        """Meet the other ranks on a fresh store, follow one plan (``leader``: rule 12)."""
+        steps = self.steps(view, node, local_rank, info, decide, leader)
         try:
             wait = next(steps)
             while True:
@@ -244,13 +248,14 @@ class FormationOn(Generic[S]):
         local_rank: int,
         info: RankInfo,
         decide: Callable[[Layout, list[RankInfo]], Plan],
+        leader: str | None = None,
     ) -> Generator[Wait[S], Ready, Agreement[S]]:
         """``agree`` one wait at a time: yields each ``Wait``; a store error during it is
         thrown back in (``generator.throw``)."""
         deadline = self.clock.monotonic() + self.timeout_s
-        if view.members[0].name == node and local_rank == 0:
+        if leader is None and view.members[0].name == node and local_rank == 0:
             return (yield from self._lead(view, info, decide, deadline))
-        return (yield from self._follow(view, node, local_rank, info, deadline))
+        return (yield from self._follow(view, node, local_rank, info, deadline, leader))
 
     def _lead(
         self,
@@ -312,10 +317,14 @@ class FormationOn(Generic[S]):
             directory.delete_key(FORMATION_KEY)
 
     def _follow(
-        self, view: View, node: str, local_rank: int, info: RankInfo, deadline: float
-    ) -> Generator[Wait[S], Ready, Agreement[S]]:
-        """Join the formation that the oldest node of our view leads, on *its* view."""
-        leader = view.members[0]
+        self, view: View, node: str, local_rank: int, info: RankInfo, deadline: float,
+        named: str | None = None,
+    ) -> Generator[Wait[S], Ready, Agreement[S]]:  # fmt: skip
+        """Join the formation our view's oldest node (or ``named``: rule 12) leads, on its view."""
+        leader = view.members[0] if named is None else view.member(named)
+        if leader is None:
+            raise Retry(f"the leader {named} is not in view {view.fingerprint}")
+        passed = {m.name for m in view.members[: view.members.index(leader)]}  # rule 12
         me = view.member(node)
         if me is None:
             raise Retry(f"{node} is not in view {view.fingerprint}")
@@ -324,7 +333,7 @@ class FormationOn(Generic[S]):
 
         def leader_changed() -> str | None:  # rule 8, before the commitment
             now = self.view_now()
-            if not now.members or now.members[0].name != leader.name:
+            if next((m.name for m in now.members if m.name not in passed), None) != leader.name:
                 return "another node is the oldest now"
             return None
 

@@ -12,7 +12,18 @@ and data pipeline, registers, and then waits here instead of forming a group. Ru
   leader that lost power answers nothing and a TCPStore request to it blocks for as
   long as TCP retransmits, which must not stop the rank's heartbeat (its agent would
   flag it hung and the spare would leave the view just when it is needed). A read still
-  stuck is not repeated on that leader; a view that names a new leader is read next.
+  stuck is not repeated on that leader; a view that names a new leader is read next. A
+  dead leader's directory refuses the connection, which ends the attempt at once
+  (``torchhook.stores.connect_store``), so the spare keeps looking at its view and reads
+  the next leader's offer as soon as its agent drops the dead one (the early drop:
+  agent/crash_evidence.py, its own refused probe of a node another member accused).
+- **Following the leader's decision.** A dead node stays in the spare's view until its
+  agent drops it, and with no trainer of its own in the group that agent may have no
+  early evidence (agent/crash_evidence.py): it waits for the death verdict. So when the
+  view's oldest member's directory refuses the connection (its process is gone:
+  ``Refused``), the spare reads the next oldest member's offer, past at most
+  ``MAX_PASSED`` refusing ones, and follows the member whose offer lists it
+  (``torchhook.formation`` rule 12): that leader already left the dead node out.
 - **Drafted.** Once an offer lists this node's registration, or this node is the oldest
   of the view (it leads: every training node is gone), the wait ends and the rank forms
   a group the usual way (``torchhook.formation``), receiving its state from the survivors
@@ -38,11 +49,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from torchhook.client import Membership, MembershipClosed, View
+from torchhook.client import JobMember, Membership, MembershipClosed, View
 from torchhook.errors import SpareWaitOver
 from torchhook.formation import FORMATION_KEY, parse_offer, read
 from torchhook.roster import wants_switch
-from torchhook.stores import Retry, abandon
+from torchhook.stores import Refused, Retry, abandon
 from torchhook.strategy import Layout
 
 if TYPE_CHECKING:
@@ -60,6 +71,9 @@ the delay it adds to a re-formation that drafts it (the leader waits for its cla
 READ_TIMEOUT = timedelta(seconds=0.25)
 """One read of the leader's directory: a stopped leader holds the read this long before
 the spare looks at its view again (a dead leader's view change follows within a second)."""
+MAX_PASSED = 8
+"""Members with a refusing directory a spare looks past for its drafter, per poll: a crash
+loses one node or a few; each costs one refused connection."""
 TARGET_POLL_S = 0.2
 """``spare=True``: how often a node waiting to register looks at the job's size."""
 
@@ -108,8 +122,9 @@ class Spares:
             return True
         return wants_switch(layout, view.members, self.target, lost=lost)
 
-    def wait_for_draft(self) -> None:
-        """Return once an offer lists this node, or it leads (module docstring)."""
+    def wait_for_draft(self) -> str | None:
+        """Return once an offer lists this node (the name of the member that offered it,
+        for ``Formation.agree``), or it leads (None) (module docstring)."""
         deadline = time.monotonic() + self.wait_s
         told = False
         while time.monotonic() < deadline:
@@ -117,11 +132,12 @@ class Spares:
             view = self.membership.view
             me = view.member(self.node)
             if me is not None and view.members[0].name == self.node:
-                return  # every training node is gone: this node leads
-            if me is not None and self._listed(view, (me.name, me.registered_ms)):
+                return None  # every training node is gone: this node leads
+            drafter = None if me is None else self._drafter(view, (me.name, me.registered_ms))
+            if drafter is not None:
                 if told:
-                    log.info("node %s drafted", self.node)
-                return
+                    log.info("node %s drafted by %s", self.node, drafter)
+                return drafter
             if not told and len(view.members) > self.target and any(m.group for m in view.members):
                 # the job is at its target and trains without this node: it is a spare
                 told = True
@@ -134,8 +150,21 @@ class Spares:
             "(spare_wait_s)"
         )
 
-    def _listed(self, view: View, me: tuple[str, int]) -> bool:
-        leader = view.members[0]
+    def _drafter(self, view: View, me: tuple[str, int]) -> str | None:
+        """The member whose offer lists ``me``: the view's oldest, or past members whose
+        directories refuse (their processes are gone) the next oldest, at most
+        ``MAX_PASSED`` of them (module docstring)."""
+        for leader in view.members[: MAX_PASSED + 1]:
+            if leader.name == self.node:
+                return None
+            try:
+                return leader.name if self._listed(leader, me) else None
+            except Refused:
+                continue
+        return None
+
+    def _listed(self, leader: JobMember, me: tuple[str, int]) -> bool:
+        """Whether ``leader``'s offer lists ``me``; ``Refused``: its directory is gone."""
         if leader.store_port == 0:
             return False
         key = (leader.addr, leader.store_port)
@@ -145,7 +174,9 @@ class Spares:
             self._reading = None  # a new leader: the stuck read keeps its own client
         try:
             if self._client is None or self._client[0] != key:
-                self._client = None
+                # the client of another member is kept until this one connects: a refusing
+                # older member is tried at every poll, and the drafter's directory must not
+                # get a new connection each time
                 client = self.formation.connect(leader.addr, leader.store_port, "directory")
                 client.set_timeout(READ_TIMEOUT)
                 self._client = (key, client)
@@ -154,7 +185,10 @@ class Spares:
         except (Retry, RuntimeError, OSError) as exc:
             # a dead or stopped leader: its view change follows; connect afresh then
             log.debug("spare %s: directory of %s: %s", self.node, leader.name, exc)
-            self._client = None
+            if self._client is not None and self._client[0] == key:
+                self._client = None
+            if isinstance(exc, Refused):
+                raise
             return False
         return offer is not None and me in offer.layout.ids
 

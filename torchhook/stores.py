@@ -11,6 +11,17 @@ connection), and a trainer blocked there would stop heartbeating and be flagged 
 itself. After ``STORE_CONNECT`` it gives up (``Retry``) and the caller retries through the
 view, which by then has dropped the stopped peer.
 
+A refused connection is final, at once: the thread first opens a plain TCP connection
+(closed unused; TCPStore's server takes a client that says nothing and leaves), and
+``ECONNREFUSED`` (or any other error of that connect) ends the attempt there, because
+TCPStore's own connect retries a refusal until its timeout. A store's port is listening
+from before it is published (a directory before its registration, a formation store
+before its offer) until its process ends, and Linux answers a SYN with a reset only when
+nothing listens (a full backlog drops it silently, ``tcp_abort_on_overflow`` off), so a
+refusal says the peer's process is gone. Measured: a spare reading the offer of a leader
+that was SIGKILLed spent the whole ``STORE_CONNECT`` (0.5 s) in that retry, past its own
+view's early drop of the leader, and was the last rank to reach the next formation.
+
 A thread given up on is ``abandon``ed: it keeps running until its store call returns, and
 at interpreter exit the process waits for such threads for at most ``EXIT_WAIT_S``. A
 daemon thread still inside TCPStore's C++ code when the interpreter finalizes is torn
@@ -21,6 +32,7 @@ instead of exiting with its status.
 from __future__ import annotations
 
 import atexit
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -31,10 +43,11 @@ if TYPE_CHECKING:
     from torch._C._distributed_c10d import TCPStore
 
 STORE_CONNECT = timedelta(seconds=0.5)
-"""Connecting to a formation store or a directory: TCPStore retries a refused connection
-until this runs out, and a gloo error can start a formation on a view that still lists a
-dead leader; a short attempt, retried through the view, costs at most this after the
-verdict."""
+"""Connecting to a formation store or a directory: a peer that accepts nothing (power
+lost, unreachable) or never answers (stopped) is given up after this, and a gloo error can
+start a formation on a view that still lists a dead leader; a short attempt, retried
+through the view, costs at most this after the verdict (a refused one costs nothing:
+module docstring)."""
 JOIN_SLICE_S = 0.005
 """The caller beats at this pace while the helper thread connects."""
 EXIT_WAIT_S = 2.0
@@ -67,6 +80,14 @@ class Retry(Exception):
     def __init__(self, why: str, *, unreachable: bool = False) -> None:
         super().__init__(why)
         self.unreachable = unreachable
+
+
+class Refused(Retry):
+    """The peer's port refused the connection: nothing listens there, its process is gone
+    (module docstring). Always ``unreachable``."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why, unreachable=True)
 
 
 class Store(Protocol):
@@ -132,9 +153,9 @@ def connect_store(
     addr: str, port: int, what: str, *, beat: Callable[[], None] = lambda: None
 ) -> TCPStore:
     """A TCPStore client, built on a helper thread while this one keeps beating (module docstring):
-    gives up with ``Retry(unreachable=True)`` after ``STORE_CONNECT`` (a refused
-    connection is retried by TCPStore until then; a stopped peer never answers). The
-    abandoned thread ends when the peer resumes or dies. The client's timeout for later
+    gives up with ``Retry(unreachable=True)`` at once on a refused connection (the peer's
+    process is gone), after ``STORE_CONNECT`` on a peer that never answers (stopped, power
+    lost). The abandoned thread ends when the peer resumes or dies. The client's timeout for later
     operations is the caller's to set (``set_timeout``)."""
     from torch._C._distributed_c10d import TCPStore
 
@@ -142,6 +163,7 @@ def connect_store(
 
     def connect() -> None:
         try:
+            _answers(addr, port)  # a refusal ends here, not after STORE_CONNECT
             result.append(TCPStore(addr, port, is_master=False, timeout=STORE_CONNECT))
         except (RuntimeError, OSError) as exc:
             result.append(exc)
@@ -155,7 +177,16 @@ def connect_store(
     if not result:
         abandon(thread)
         raise Retry(f"{what} at {addr}:{port}: no answer within {STORE_CONNECT}", unreachable=True)
+    if isinstance(result[0], ConnectionRefusedError):
+        raise Refused(f"{what} at {addr}:{port}: {result[0]}")
     if isinstance(result[0], BaseException):
         raise Retry(f"{what} at {addr}:{port}: {result[0]}", unreachable=True)
     store: TCPStore = result[0]
     return store
+
+
+def _answers(addr: str, port: int) -> None:
+    """Open and close one plain TCP connection to ``addr:port``; ``OSError`` if it fails
+    (``ConnectionRefusedError``: nothing listens there any more; module docstring)."""
+    with socket.create_connection((addr, port), timeout=STORE_CONNECT.total_seconds()):
+        pass

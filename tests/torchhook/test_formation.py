@@ -780,3 +780,37 @@ def test_a_chosen_layout_puts_the_leader_at_its_slot_and_leaves_spares_out() -> 
     assert ranks == {"d/0": 0, "d/1": 1, "b/0": 2, "b/1": 3, "c/0": 4, "c/1": 5}
     assert agreed.plan.source == 0 and agreed.plan.restore == "fresh"  # nobody held state
     assert not {"e/0", "e/1"} & writers(c, agreed.store.port)
+
+
+def test_a_spare_follows_its_drafter_past_a_dead_leader_still_in_its_view() -> None:
+    """Rule 12: a's node died; b and c dropped it, the spare d's view still lists it (its
+    agent waits for the death verdict). d, drafted by b's offer (torchhook.spares: a's
+    directory refused), follows b and forms with b and c in a's slot; when a node older
+    than b that d did not pass over appears, d abandons as in rule 8."""
+    from torchhook.roster import roster
+
+    c = Cluster([("a", 2), ("b", 2), ("c", 2), ("d", 2)])
+    prev = Layout.of(c.view("a", "b", "c").members)
+    for r in c.ranks.values():
+        r.formation.choose = lambda v: roster(prev, v.members, 3).layout
+    c.see(c.view("b", "c", "d"))
+    c.see(c.view("a", "b", "c", "d"), "d")
+    names = c.but("a")
+    c.start(*c.but("a", "d"))
+    for name in ("d/0", "d/1"):
+        r = c.ranks[name]
+        view = c.views["d"]
+        steps = r.formation.steps(view, "d", r.local_rank, r.info(), c.decide, "b")
+        c.sched.start(name, steps)
+    results = c.sched.run(names)
+    agreed = assert_one_plan(results)
+    assert [n.name for n in agreed.layout.nodes] == ["d", "b", "c"]
+    assert {n: a.rank for n, a in agreements(results).items()}["d/0"] == 0
+
+    # before its claim, a member older than b that d did not pass over: d leaves
+    c2 = Cluster([("z", 2), ("a", 2), ("b", 2), ("d", 2)])
+    c2.see(c2.view("a", "b", "d"))
+    c2.world.at(0.3, lambda: c2.see(c2.view("z", "a", "b", "d"), "d"))
+    r = c2.ranks["d/0"]
+    c2.sched.start("d/0", r.formation.steps(c2.views["d"], "d", 0, r.info(), c2.decide, "b"))
+    assert retried(c2.sched.run(["d/0"]), ["d/0"], "another node is the oldest now")

@@ -85,3 +85,20 @@ def test_a_process_exits_cleanly_while_an_abandoned_connect_ends() -> None:
     assert "gave up" in done.stdout
     assert done.returncode == 0, done.stderr[-2000:]
     assert "terminate called" not in done.stderr
+
+
+def test_a_refused_connection_is_given_up_at_once() -> None:
+    # a dead peer's port refuses: TCPStore's constructor would retry that until its
+    # timeout (STORE_CONNECT), the plain connect before it ends the attempt at once
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: refused
+        with pytest.raises(Retry, match="refused") as caught:
+            connect_store_here("127.0.0.1", port)
+    assert caught.value.unreachable
+
+
+def connect_store_here(addr: str, port: int) -> None:
+    from torchhook.stores import connect_store
+
+    connect_store(addr, port, "directory")
