@@ -27,7 +27,9 @@ Its processes start at ``--restart-nice`` (19) and are reniced to 0 once it wait
 spare: a rebooting host has CPUs of its own, but here every node shares 2 cores, and a
 start (the torch import, the model build: several CPU-seconds) would otherwise slow the
 training nodes, a cost of this test machine and not of the recovery. ``--restart-nice 0``
-measures with it.
+measures with it. Even at nice 19 a start slows the training nodes' steps by 10-20 % for
+its 4-5 s (measured: the slow steps begin with the restart and end when it waits as a
+spare); the result notes what that cost (bench/mixed_restarts.py).
 A fault waits until the job trains at full size with every spare back (the delay is
 recorded, as bench/step_efficiency.py does). Step logs are read incrementally (an hour
 of steps is too much to reread on every poll); only local rank 0's records are kept.
@@ -54,7 +56,7 @@ from typing import Any
 from agent.control import ControlClient, ControlError
 from agent.procs import until
 from agent.training_nodes import Placement, TrainingNode
-from bench import mixed_results
+from bench import mixed_restarts, mixed_results
 from bench import results as result_files
 from bench.clusters import agent_port
 from bench.step_efficiency import load
@@ -416,7 +418,11 @@ def run(args: argparse.Namespace, kinds: tuple[str, ...]) -> dict[str, Any]:
         finally:
             mixed.close()
         result["load_after"] = load()
+        spans = mixed_restarts.windows(work)  # before a temporary workdir goes
     result |= mixed_results.summary(records, (base0, base1), (base1, end))
+    restarts = mixed_restarts.cost(records, [w for w in spans if base1 <= w[0] < end])
+    result["restarts"] = len(restarts["per_window"])
+    result["restart_lost_s"] = restarts["lost_s"]
     for i, fault in enumerate(done):
         until_t = done[i + 1]["t"] if i + 1 < len(done) else end
         fault |= mixed_results.after_fault(records, fault, until_t, 6)

@@ -301,9 +301,23 @@ def built(result: Mapping[str, Any]) -> dict[str, Any]:
             f"baseline; median step {r['baseline_step_s']:.3f} s failure-free, "
             + ", ".join(f"{v:.3f} s at world {w}" for w, v in r["step_s_by_world"].items())
             + " in the window outside stalls",
+            *_restart_note(r),
             *r.get("problems", []),
         ],
     }
+
+
+def _restart_note(r: Mapping[str, Any]) -> list[str]:
+    """bench/mixed_restarts.py's figure, where the run has it."""
+    if not r.get("restarts") or r.get("restart_lost_s") is None or not r.get("window_s"):
+        return []
+    share = r["restart_lost_s"] / r["window_s"]
+    return [
+        f"{r['restarts']} victims restarted on the same 2 cores as the training nodes cost "
+        f"{r['restart_lost_s']:.1f} s of training while they started (agent start to "
+        f"waiting as a spare; bench/mixed_restarts.py): {100 * share:.2f} points of the "
+        "step efficiency, which a victim restarting on a host of its own would not cost"
+    ]
 
 
 def report(result: Mapping[str, Any]) -> str:

@@ -334,8 +334,7 @@ HEADLINES: tuple[Headline, ...] = (
         (("serf `lan`", ("serf-lan-64.last_dead_s", "serf-lan-64.cpu_ms")),),
     ),
     Headline(
-        "Training, in-process DDP, early drop off: node SIGKILLed → first step without it "
-        "(median)",
+        "Training, in-process DDP, early drop off: node SIGKILLed → first step without it (median)",
         TRAIN,
         ("in-process-ddp-kill.total_s",),
         (

@@ -152,3 +152,45 @@ def test_bad_arguments_are_refused_before_anything_starts(argv: list[str]) -> No
     with pytest.raises(SystemExit) as exc:
         mixed_efficiency.main(argv)
     assert exc.value.code == 2
+
+
+def test_a_restart_window_costs_the_steps_it_did_not_complete() -> None:
+    from bench import mixed_restarts
+
+    # 0.1 s a step, then a stall (1 s, not counted), then a 2 s restart window at 0.125 s
+    # a step (16 steps where 20 were due), then the normal pace again
+    ts = [round(0.1 * i, 3) for i in range(50)]
+    ts += [5.9 + 1.0]
+    ts += [round(ts[-1] + 0.125 * i, 3) for i in range(1, 17)]
+    ts += [round(ts[-1] + 0.1 * i, 3) for i in range(1, 30)]
+    recs = [{"t": t, "rank": 0, "world": 6, "step": i} for i, t in enumerate(ts)]
+    start = 6.9
+    got = mixed_restarts.cost(recs, [(start, start + 2.0)])
+    assert got["step_s"] == pytest.approx(0.1, abs=1e-6)  # neither the stall nor the window
+    assert len(got["per_window"]) == 1
+    _, seconds, done, lost = got["per_window"][0]
+    assert (seconds, done) == (pytest.approx(2.0), 16)
+    assert lost == pytest.approx(4.0, abs=0.01)
+    assert got["lost_s"] == pytest.approx(0.4, abs=0.01)
+    assert mixed_restarts.cost(recs, [])["lost_steps"] == 0
+    with pytest.raises(ValueError, match="no global steps"):
+        mixed_restarts.cost([], [])
+
+
+def test_restart_windows_come_from_the_incarnations_logs(tmp_path: Any) -> None:
+    from bench import mixed_restarts
+
+    d = tmp_path / "n1.2"
+    d.mkdir()
+    (d / "n1.agent.log").write_text("2026-12-06 03:16:29,552 [INFO] swim.agent: listening\n")
+    (d / "n1.r0.trainer.log").write_text(
+        "[W1206 03:16:33.150] socket.cpp: noise\n"
+        "2026-12-06 03:16:34,938 torchhook.elastic node n1 is a spare\n"
+    )
+    never = tmp_path / "n2.3"  # never waited as a spare: no window
+    never.mkdir()
+    (never / "n2.agent.log").write_text("2026-12-06 03:17:00,000 [INFO] swim.agent: up\n")
+    (tmp_path / "n0.sock").write_text("")
+    got = mixed_restarts.windows(tmp_path)
+    assert len(got) == 1
+    assert got[0][1] - got[0][0] == pytest.approx(5.386, abs=1e-3)
