@@ -22,6 +22,7 @@ pytest.importorskip("torch", reason="the torch hook needs torch (pip install '.[
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import HashStore
 
 from torchhook.errors import MembershipChanged
 from torchhook.pace import Pace
@@ -54,7 +55,7 @@ class Membership:
 @pytest.fixture
 def world() -> Iterator[None]:
     dist.init_process_group(
-        "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=10)
+        "gloo", store=HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=10)
     )
     try:
         yield
