@@ -432,6 +432,7 @@ def run(args: argparse.Namespace, kinds: tuple[str, ...]) -> dict[str, Any]:
                 f"full world within {OUT_TIMEOUT_S:.0f} s; restarted anyway"
             )
     result["faults"] = done
+    result |= mixed_results.pace_between(records, [f["t"] for f in done], end)
     for u in mixed.unplanned:
         result["problems"].append(
             f"{u['node']} left the job without a fault at +{u['t'] - base1:.0f} s (its "

@@ -383,6 +383,18 @@ HEADLINES: tuple[Headline, ...] = (
         ),
     ),
     Headline(
+        "Step efficiency with a hot spare, one fault a minute for an hour (power loss, "
+        "SIGKILL, SIGSTOP, a 3× slowdown in turn), each node in a namespace",
+        "step-efficiency-mixed-3x2-fast-1spare",
+        ("efficiency_between_faults",),
+        (
+            ("fault → first step at the same world, power loss", ("power.same_world_s",)),
+            ("SIGKILL", ("kill.same_world_s",)),
+            ("SIGSTOP", ("stop.same_world_s",)),
+            ("slowdown", ("slow.same_world_s",)),
+        ),
+    ),
+    Headline(
         "Simulator: 10,000 members for 60 simulated seconds (median wall time)",
         "sim-scale-10000",
         ("wall_s",),

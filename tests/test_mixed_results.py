@@ -194,3 +194,26 @@ def test_restart_windows_come_from_the_incarnations_logs(tmp_path: Any) -> None:
     got = mixed_restarts.windows(tmp_path)
     assert len(got) == 1
     assert got[0][1] - got[0][0] == pytest.approx(5.386, abs=1e-3)
+
+
+def test_the_pace_between_faults_leaves_out_recoveries_and_holds_the_window_against_it() -> None:
+    # 0.1 s a step; a fault every 60 s: a 1 s stall, then 10 s at 0.2 s a step, then 0.1 s
+    ts, t = [], 0.0
+    fault_ts = [0.0, 60.0]
+    end = 120.0
+    for f in fault_ts:
+        t = f + 1.0  # the stall
+        while t < f + 11:
+            ts.append(t)
+            t += 0.2
+        while t < f + 60:
+            ts.append(t)
+            t += 0.1
+    recs = [{"t": round(x, 6), "rank": 0, "world": 6, "step": i} for i, x in enumerate(ts)]
+    step_s, n = mixed_results.between_faults(recs, fault_ts, end)  # type: ignore[misc]
+    assert step_s == pytest.approx(0.1, abs=1e-6)  # 15 s after each fault: only the pace
+    assert n > 400
+    got = mixed_results.pace_between(recs, fault_ts, end)
+    # 2 × (50 slow steps + 490 normal) steps where 1200 were due at 0.1 s
+    assert got["efficiency_between_faults"] == pytest.approx(len(ts) / 1200, rel=1e-3)
+    assert mixed_results.pace_between(recs, [], end)["efficiency_between_faults"] is None
