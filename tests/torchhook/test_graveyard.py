@@ -17,7 +17,6 @@ import json
 import multiprocessing
 import os
 import signal
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
 
 from agent.procs import stop, until
+from tests.torchhook.workers import run_worker
 from torchhook.groups import ProcessGroups
 
 _FORKS = multiprocessing.get_context("forkserver")
@@ -75,15 +75,7 @@ def _worker(rank: int, port: int, out: str) -> None:
 
 
 def _worker_main(rank: int, port: int, out: str) -> None:
-    err = os.open(f"{out}/{rank}.err", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(err, 2)
-    code = 0
-    try:
-        _worker(rank, port, out)
-    except Exception as exc:
-        print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        code = 3
-    os._exit(code)  # the graveyard holds groups: a normal exit would wait for the op
+    run_worker(_worker, rank, port, out)
 
 
 def test_a_stuck_op_in_a_mesh_subgroup_does_not_block_the_teardown(tmp_path: Path) -> None:

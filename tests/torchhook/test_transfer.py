@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
-import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from agent.procs import stop
+from tests.torchhook.workers import run_worker
 from torchhook import state_codec, transfer
 from torchhook.transfer import TransferError
 
@@ -349,15 +348,7 @@ def _mixed_part(rank: int, out: str) -> bool:
 
 
 def _worker_main(rank: int, port: int, out: str) -> None:
-    err = os.open(f"{out}/{rank}.err", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(err, 2)
-    code = 0
-    try:
-        _worker(rank, port, out)
-    except Exception as exc:
-        print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        code = 3
-    os._exit(code)
+    run_worker(_worker, rank, port, out)
 
 
 @pytest.mark.slow
