@@ -414,14 +414,21 @@ class WatchClient:
     async def send(self, frame: dict[str, Any]) -> None:
         await self.stream.send_all(encode_frame(frame))
 
-    async def until_view(self, names: list[str], timeout_s: float = 20) -> dict[str, Any]:
+    async def until_view(
+        self, names: list[str], timeout_s: float = 20, *, any_order: bool = False
+    ) -> dict[str, Any]:
+        """Until a view lists ``names`` (in that order, or in any with ``any_order``: the
+        order follows registration times, wall-clock milliseconds, which trio's shuffled
+        scheduling can swap between nodes registered together)."""
+        want = sorted(names) if any_order else names
         with trio.fail_after(timeout_s):
             while True:
                 for frame in self.decoder.feed(bytes(await self.stream.receive_some(65536))):
                     if "view" in frame:
                         view: dict[str, Any] = frame["view"]
                         self.views.append(view)
-                        if [m["name"] for m in view["members"]] == names:
+                        got = [m["name"] for m in view["members"]]
+                        if (sorted(got) if any_order else got) == want:
                             return view
 
 
