@@ -33,11 +33,12 @@ Rules, each from torch 2.13's c10d (summarised in docs/training.md §5):
   unregistered and unused, and the process must leave with ``os._exit``; an HSDP step's
   cross-node reduce runs in a subgroup, and destructing even an idle gloo subgroup costs
   milliseconds a re-formation waits for).
-- ``wait``: a collective that a membership verdict can interrupt. Gloo: ``Work.wait`` in
-  short slices (``wait(timeout)`` raises "timed out" and leaves the op running); NCCL:
-  poll ``Work.is_completed()`` (with ``TORCH_NCCL_BLOCKING_WAIT`` unset, ``wait`` only
-  orders the current CUDA stream after the op and returns at once), then ``wait`` to order
-  the stream. Between slices: ``broken()`` raises, ``beat()`` keeps the heartbeat going.
+- ``wait``: a collective that a membership verdict can interrupt. Gloo: sleep on one
+  event that the op's future and the verdict (``wakes``) both set, waking every
+  ``WAIT_SLICE`` only to beat; NCCL: poll ``Work.is_completed()`` (with
+  ``TORCH_NCCL_BLOCKING_WAIT`` unset, ``wait`` only orders the current CUDA stream after
+  the op and returns at once), then ``wait`` to order the stream. Between polls:
+  ``broken()`` raises, ``beat()`` keeps the heartbeat going.
 
 NCCL environment that matters (set by the launcher; docs/training.md §3 says why):
 ``TORCH_NCCL_ASYNC_ERROR_HANDLING=0`` (our verdict aborts; the watchdog must not tear the
@@ -306,10 +307,10 @@ class ProcessGroups:
         beat: Callable[[], None],
         wakes: Wakes | None = None,
     ) -> None:
-        """Until ``work`` completes; ``MembershipChanged`` once ``broken()``. With
-        ``wakes`` (gloo), the wait sleeps on an event that the op's completion and the
-        verdict both set, so neither waits for the end of a slice; without, it waits
-        in ``WAIT_SLICE`` slices and sees a verdict up to a slice late."""
+        """Until ``work`` completes; ``MembershipChanged`` once ``broken()``. Gloo: the
+        wait sleeps on an event that the op's completion and the verdict (``wakes``, which
+        gloo needs) both set, so neither waits for the end of a slice; NCCL polls every
+        ``POLL_S``."""
         if self.backend == "nccl":
             while not work.is_completed():
                 if broken():
@@ -318,19 +319,9 @@ class ProcessGroups:
                 beat()
             work.wait()
             return
-        if wakes is not None:
-            _wait_woken(work, broken, beat, wakes)
-            return
-        while True:
-            if broken():
-                raise MembershipChanged("membership changed during a collective")
-            try:
-                work.wait(WAIT_SLICE)
-                return
-            except RuntimeError as exc:
-                if "timed out" not in str(exc).lower():
-                    raise
-            beat()
+        if wakes is None:
+            raise TypeError("ProcessGroups.wait: a gloo wait needs wakes (the group's watch)")
+        _wait_woken(work, broken, beat, wakes)
 
 
 class Wakes(Protocol):
