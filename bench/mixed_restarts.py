@@ -132,18 +132,18 @@ def update(path: Path, recs: Sequence[dict[str, Any]], spans: Sequence[tuple[flo
     fault_ts = [first + float(r["at"]) for r in rows]
     end = fault_ts[0] + float(result["figures"]["faults"]["value"]) * 60.0
     got = mixed_results.pace_between(recs, fault_ts, end)
+    if got["between_faults_step_s"] is None:
+        raise ValueError(f"{path}: no steps between its faults in the records")
     spent = cost(recs, [w for w in spans if fault_ts[0] <= w[0] < end])
     r = {
         **got,
-        "baseline_rate": 1.0 / normal,
         "restarts": len(spent["per_window"]),
         "restart_lost_s": spent["lost_s"],
         "window_s": end - fault_ts[0],
     }
     figure = mixed_results.built_figure_between(r)
     result["figures"] = {"efficiency_between_faults": figure, **result["figures"]}
-    notes = [n for n in mixed_results.notes_of(r) if not n.startswith("failure-free pace")]
-    pace = mixed_results.notes_of(r)[0].split(", against")[0]
+    pace, *notes = mixed_results.notes_of(r)  # the pace note first
     before = [b - a for a, b in itertools.pairwise(times) if fault_ts[0] - 120.0 <= a < fault_ts[0]]
     if before and got["between_faults_step_s"]:
         slower = statistics.mean(before) / got["between_faults_step_s"] - 1
@@ -167,15 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.workdir.is_dir():
         parser.error(f"{args.workdir}: not a directory")
+    recs, spans = records(args.workdir), windows(args.workdir)  # read once: an hour is ~100 MB
     try:
-        result = cost(records(args.workdir), windows(args.workdir))
+        print("\n".join(_fmt(cost(recs, spans), args.every_s)))
+        if args.result is not None:
+            got = update(args.result, recs, spans)
+            print(f"{args.result}: step efficiency against the pace between faults {got}")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print("\n".join(_fmt(result, args.every_s)))
-    if args.result is not None:
-        got = update(args.result, records(args.workdir), windows(args.workdir))
-        print(f"{args.result}: step efficiency against the pace between faults {got}")
     return 0
 
 

@@ -374,16 +374,22 @@ def notes_of(r: Mapping[str, Any]) -> list[str]:
 
 
 def _pace_note(r: Mapping[str, Any]) -> list[str]:
+    """The pace between faults, and (``baseline_rate``) the baseline's beside it."""
     if r.get("between_faults_step_s") is None:
         return []
-    return [
+    note = (
         f"failure-free pace between faults ({SETTLE_S:g} s after each fault to {GUARD_S:g} s "
         f"before the next): {1000 * r['between_faults_step_s']:.2f} ms a step over "
-        f"{r['between_faults_steps']} steps, against {1000 / r['baseline_rate']:.2f} ms in "
-        "the baseline before the faults; the step efficiency against the baseline is above "
-        "100 % when the baseline ran slower (another load), so the figure against the pace "
-        "between faults is the one to quote"
-    ]
+        f"{r['between_faults_steps']} steps"
+    )
+    if r.get("baseline_rate"):
+        note += (
+            f", against {1000 / r['baseline_rate']:.2f} ms in the baseline before the faults; "
+            "the step efficiency against the baseline is above 100 % when the baseline ran "
+            "slower (another load), so the figure against the pace between faults is the one "
+            "to quote"
+        )
+    return [note]
 
 
 def _restart_note(r: Mapping[str, Any]) -> list[str]:
