@@ -40,7 +40,7 @@ last call), as in that module.
 
     python -m bench.torch_recovery [--nodes 3 --ranks-per-node 2 --profile fast --repeats 5]
         [--netns] [--faults DDP:kill,HSDP:power:ns] [--spares 1] [--lock FILE]
-        [--early-drop on,off]
+        [--early-drop on,off] [--small-group on,off]
         [--torchrun-repeats 3] [--no-torchrun]
         [--minutes 10 --every-s 60 --baseline-s 120]
         [--no-efficiency] [--efficiency-setups in-process,torchrun-c10d,torchrun-swim]
@@ -121,6 +121,7 @@ def measure_inprocess(
     net: str = LOOPBACK,
     spares: int = 0,
     early_drop: str = "",
+    small_group: str = "",
 ) -> dict[str, Any]:
     """``nodes`` × ``ranks`` train at full world; the last node fails with ``fault``; time
     the survivors' verdict and their first step at the reduced world (None if none within
@@ -128,17 +129,23 @@ def measure_inprocess(
     ``net``: ``loopback`` or ``ns`` (a network namespace per node, with packet counts).
     ``spares``: that many more nodes wait as spares (``--target-nodes nodes``): the first
     step is then the first at the full world with a spare in the victim's place.
-    ``early_drop``: ``on`` or ``off`` sets the agents' ``job_early_drop``; empty: the
-    profile's default."""
+    ``early_drop``: ``on`` or ``off`` sets the agents' ``job_early_drop``; ``small_group``
+    the same for the protocol's ``small_group_confirmations`` (a ``[protocol]`` table in an
+    agent configuration file); empty: the profile's default."""
     full, reduced = nodes * ranks, (nodes - 1) * ranks
     after_world = full if spares else reduced
     with tempfile.TemporaryDirectory(prefix="swim-torchbench-") as tmp:
         work = workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         fault_file = work / "fault"
-        agent_args = (
+        agent_args: tuple[str, ...] = (
             (f"--{'' if early_drop == 'on' else 'no-'}job-early-drop",) if early_drop else ()
         )
+        if small_group:
+            toml = work / "agent.toml"
+            value = "true" if small_group == "on" else "false"
+            toml.write_text(f"[protocol]\nsmall_group_confirmations = {value}\n")
+            agent_args += ("--config", str(toml))
         with _cluster(net, nodes + spares, work, profile, ranks, agent_args) as (cluster, ns):
             training, victim = cluster[:nodes], cluster[nodes - 1]
             # after the fault: the surviving nodes, and the oldest spare in the victim's place
@@ -168,7 +175,8 @@ def measure_inprocess(
                 "mode": f"in-process {kind}"
                 + (", namespaces" if ns is not None else "")
                 + (SPARE_MODE if spares else "")
-                + (f", early drop {early_drop}" if early_drop else ""),
+                + (f", early drop {early_drop}" if early_drop else "")
+                + (f", small group {small_group}" if small_group else ""),
                 "spares": spares,
                 "fault": fault,
                 "net": net,
@@ -320,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         "interleaved (default: the profile's setting)",
     )
     parser.add_argument(
+        "--small-group",
+        default="",
+        help="on,off: each in-process row with the agents' small_group_confirmations on and "
+        "off, interleaved (default: the profile's setting)",
+    )
+    parser.add_argument(
         "--spares",
         type=int,
         default=0,
@@ -376,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             return
 
     def inprocess(
-        kind: str, fault: str, net: str, spares: int, drop: str, work: Path | None
+        kind: str, fault: str, net: str, spares: int, variant: tuple[str, str], work: Path | None
     ) -> dict[str, Any]:
         return measure_inprocess(
             kind,
@@ -387,17 +401,20 @@ def main(argv: list[str] | None = None) -> int:
             workdir=work,
             net=net,
             spares=spares,
-            early_drop=drop,
+            early_drop=variant[0],
+            small_group=variant[1],
         )
 
-    drops = early_drops(args.early_drop)
+    drops = early_drops(args.early_drop, "--early-drop")
+    smalls = early_drops(args.small_group, "--small-group")
     for i in range(args.repeats):  # interleaved: load swings spread over every row alike
-        cases = itertools.product(plan, sorted({0, args.spares}), drops)
-        for (kind, fault, net), spares, drop in cases:
+        cases = itertools.product(plan, sorted({0, args.spares}), drops, smalls)
+        for (kind, fault, net), spares, drop, small in cases:
             label = f"{kind.lower()}-{fault}-{net}" + (f"-{spares}spare" if spares else "")
             label += f"-drop-{drop}" if drop else ""
+            label += f"-small-group-{small}" if small else ""
             say(f"-- in-process {label} #{i + 1} (load {step_efficiency.load()})")
-            attempt(label, i, inprocess, kind, fault, net, spares, drop)
+            attempt(label, i, inprocess, kind, fault, net, spares, (drop, small))
     if not args.no_torchrun:
         for backend, scenario in TORCHRUN:
             for i in range(args.torchrun_repeats):
@@ -465,12 +482,12 @@ def _locked(path: Path | None) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def early_drops(text: str) -> list[str]:
-    """``--early-drop``: ``on``, ``off`` or both, comma-separated; empty: one run at the
-    profile's setting (``[""]``). ``SystemExit`` names anything else."""
+def early_drops(text: str, option: str = "--early-drop") -> list[str]:
+    """``--early-drop`` (or ``--small-group``): ``on``, ``off`` or both, comma-separated;
+    empty: one run at the profile's setting (``[""]``). ``SystemExit`` names anything else."""
     drops = [d for d in text.split(",") if d]
     if not set(drops) <= {"on", "off"}:
-        raise SystemExit(f"--early-drop: {text!r} is not a list of on and off")
+        raise SystemExit(f"{option}: {text!r} is not a list of on and off")
     return drops or [""]
 
 

@@ -13,6 +13,10 @@ arXiv:1707.00788 §IV-B; docs/design.md §5.3):
   reach the suspect directly, through helpers and over TCP are stronger evidence than one,
   so the window need only cover the refutation's own travel (safety 1), not a margin on
   it. Fewer than k confirmations keep Lifeguard's decay and its min.
+- With ``small_group_confirmations`` (ours) a group with fewer members than k needs
+  (memberlist's k = 0) expects a confirmation from each of the n − 2 members that could
+  give one; its timer starts at min as before (no decay from max, which would lengthen a
+  suspicion nobody can confirm), and all n − 2 end it at ``confirmed_window_ms``.
 - A member has at most one open suspicion; the timer carries the member's
   ``state_change_ms``, so the timer of an earlier suspicion of the same member is stale.
 - Starvation (ours, ``starved_lag_ms``): a suspicion whose timer runs out while this node
@@ -101,6 +105,9 @@ class Suspicion:
     """Where the window ends once all k confirmations are in (``confirmed_window_ms``)."""
     confirmers: set[str] = field(default_factory=set)
     confirmations: int = 0
+    small: bool = False
+    """A small group's k (``small_group_confirmations``): until all k are in, the window is
+    min, not Lifeguard's decay from max."""
     held: bool = False
     """Held to max, unshortened by confirmations, then verified: the member recovered from
     an accusation lately (``recovered_hold_ms``) or this node was starved meanwhile
@@ -151,11 +158,16 @@ class Suspicions:
         ctx = self._ctx
         rtt_ms = ctx.rtt.typical_ms
         min_ms, max_ms, k = suspicion_window_ms(ctx.config, n, rtt_ms)
+        small = _small_group(ctx.config, n, k)
+        if small:
+            k = n - 2
         held = self._recovering(name)
-        timeout_ms = max_ms if k >= 1 or held else min_ms
+        timeout_ms = max_ms if held or (k >= 1 and not small) else min_ms
         timer_id = ctx.set_timer(SuspicionTimeout, timeout_ms, name, state_change_ms)
         confirmed_ms = _confirmed_ms(ctx.config, n, rtt_ms, min_ms) if k else min_ms
-        suspicion = Suspicion(k, min_ms, max_ms, ctx.now_ms, timer_id, confirmed_ms, held=held)
+        suspicion = Suspicion(
+            k, min_ms, max_ms, ctx.now_ms, timer_id, confirmed_ms, held=held, small=small
+        )
         suspicion.confirmers.add(accuser)
         self._open[name] = suspicion
 
@@ -206,11 +218,25 @@ class Suspicions:
         return s.start_ms + _remaining_ms(s, 0)
 
 
+def _small_group(config: Config, n: int, k: int) -> bool:
+    """The group is too small for Lifeguard's k and ``small_group_confirmations`` asks the
+    n − 2 members that could confirm instead."""
+    return (
+        config.small_group_confirmations
+        and config.lifeguard_dynamic_suspicion
+        and k == 0
+        and n - 2 >= 1
+        and config.suspicion_mult - 2 > n - 2
+    )
+
+
 def _remaining_ms(s: Suspicion, elapsed_ms: int) -> int:
     """Time left ``elapsed_ms`` after the start: Lifeguard's decay, or the confirmed window
-    once all k confirmations are in."""
+    once all k confirmations are in (a small group's: min until then)."""
     if s.confirmations >= s.k:
         return s.confirmed_min_ms - elapsed_ms
+    if s.small:
+        return s.min_ms - elapsed_ms
     return formulas.remaining_suspicion_time_ms(
         s.confirmations, s.k, elapsed_ms, s.min_ms, s.max_ms
     )

@@ -12,16 +12,18 @@ DETECTION_SWITCHES: dict[str, Any] = {
     "early_probe_conclusion": True,
     "suspicion_cross_checks": 4,
     "confirmed_suspicion_safety_mult": 1,
+    "small_group_confirmations": True,
 }
-"""The four faster-detection switches together, as ``fast`` turns them on: the coordinated
-probe ring, early conclusion of failed probes, cross-checks of fresh accusations and the
-confirmed suspicion window."""
+"""The faster-detection switches together, as ``fast`` turns them on: the coordinated
+probe ring, early conclusion of failed probes, cross-checks of fresh accusations, the
+confirmed suspicion window and its use in groups too small for Lifeguard's k."""
 
 BEFORE_DETECTION_SWITCHES: dict[str, Any] = {
     "coordinated_probes": False,
     "early_probe_conclusion": False,
     "suspicion_cross_checks": 0,
     "confirmed_suspicion_safety_mult": 0,
+    "small_group_confirmations": False,
     "suspicion_verify_copies": 2,
 }
 """``fast`` as it was before those switches: the adaptive timeouts, the derived window and two
@@ -52,6 +54,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
             "confirmed_suspicion_safety_mult": 1,
         },
     ),
+    "fast/no-small-group": ("fast", {"small_group_confirmations": False}),
     "fast/all": ("fast", DETECTION_SWITCHES),
     "fast/all+verify": ("fast", {**DETECTION_SWITCHES, "verify_confirmed_suspicion": True}),
     "fast/before-switches": ("fast", BEFORE_DETECTION_SWITCHES),

@@ -274,6 +274,59 @@ def test_k_confirmations_end_the_window_at_the_confirmed_window() -> None:
     assert windows[1][1] < windows[1][0]
 
 
+def _members(n: int, **overrides: object) -> Peer:
+    """a and n − 1 others (b, c, ...), alive; nothing left to gossip."""
+    a = make_peer("a", 1, config=Config.fast(**overrides))
+    a.learn(*(alive(name, i) for i, name in enumerate(NAMES[: n - 1], start=2)))
+    a.drain(5)
+    return a
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_a_small_group_confirmation_ends_the_window_at_the_confirmed_window(small: bool) -> None:
+    """3 members, α = 4: memberlist's k is 0 (n − 2 < α − 2), so the window is min. With
+    ``small_group_confirmations`` the one member that can confirm (k = n − 2 = 1) ends it at
+    the confirmed window; without it the confirmation changes nothing."""
+    a = _members(3, small_group_confirmations=small)
+    a.receive(addr(30), Suspect(1, "b", "c"), now_ms=1000)
+    config = Config.fast(small_group_confirmations=small)  # no RTT sample yet: RTT 0
+    min_ms = suspicion_window_ms(config, 3, 0)[0]
+    assert a.node.suspicion_deadline_ms("b") == 1000 + min_ms, "nobody confirmed yet: min"
+    a.receive(addr(30), Suspect(1, "b", "a"), now_ms=1010)  # our own failed probe of b
+    a.receive(addr(30), Suspect(1, "b", "c"), now_ms=1020)  # a repeat counts once
+    confirmed_ms = confirmed_window_ms(config, 3, 0)
+    assert confirmed_ms < min_ms
+    expected = 1000 + (confirmed_ms if small else min_ms)
+    assert a.node.suspicion_deadline_ms("b") == expected
+    out = a.fire(SuspicionTimeout)
+    if small:  # confirmed by every member that could: no last-chance ping, as with k
+        assert [(e.kind, e.member.name) for e in out.events] == [(EventKind.DEAD, "b")]
+    else:  # unconfirmed (k = 0): the last-chance ping first
+        assert out.events == []
+
+
+def test_an_unconfirmed_small_group_suspicion_keeps_min_and_the_last_chance_ping() -> None:
+    a = _members(3)
+    a.receive(addr(30), Suspect(1, "b", "c"), now_ms=1000)
+    min_ms = suspicion_window_ms(Config.fast(), 3, 0)[0]
+    assert a.node.suspicion_deadline_ms("b") == 1000 + min_ms, "not Lifeguard's max"
+    out = a.fire(SuspicionTimeout)
+    assert out.events == [], "unconfirmed: verified before it is a death"
+    assert a.timer(SuspicionVerify)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_groups_that_lifeguard_covers_or_nobody_can_confirm_are_unchanged(n: int) -> None:
+    deadlines = []
+    for small in (True, False):
+        a = _members(n, small_group_confirmations=small)
+        a.receive(addr(30), Suspect(1, "b", "c" if n > 2 else "a"), now_ms=1000)
+        for t, accuser in enumerate(NAMES[2 : n - 1]):
+            a.receive(addr(30), Suspect(1, "b", accuser), now_ms=1001 + t)
+        deadlines.append(a.node.suspicion_deadline_ms("b"))
+    assert deadlines[0] == deadlines[1]
+
+
 @pytest.mark.parametrize("verify_confirmed", [False, True])
 def test_a_confirmed_suspicion_gets_the_last_chance_ping_only_with_the_switch(
     verify_confirmed: bool,
@@ -311,6 +364,10 @@ def test_a_live_suspect_refutes_on_the_last_chance_ping_of_a_confirmed_suspicion
         ({"derived_suspicion": False, "confirmed_suspicion_safety_mult": 1}, "derived"),
         ({"confirmed_suspicion_safety_mult": 3}, "must not exceed"),
         ({"suspicion_cross_checks": 17}, "<= 16"),
+        (
+            {"confirmed_suspicion_safety_mult": 0, "small_group_confirmations": True},
+            "small_group_confirmations needs",
+        ),
         (
             {"verify_unconfirmed_suspicion": False, "verify_confirmed_suspicion": True},
             "needs verify_unconfirmed",
