@@ -23,13 +23,13 @@ then for ``--minutes`` one fault every ``--every-s`` seconds, kinds and victims 
   slowdown is lifted and its agent SIGKILLed.
 
 Then the victim is restarted (same name, same address, as a rebooted host) as a spare.
-Its processes start at ``--restart-nice`` (19) and are reniced to 0 once it waits as a
-spare: a rebooting host has CPUs of its own, but here every node shares 2 cores, and a
-start (the torch import, the model build: several CPU-seconds) would otherwise slow the
-training nodes, a cost of this test machine and not of the recovery. ``--restart-nice 0``
-measures with it. Even at nice 19 a start slows the training nodes' steps by 10-20 % for
-its 4-5 s (measured: the slow steps begin with the restart and end when it waits as a
-spare); the result notes what that cost (bench/mixed_restarts.py).
+A rebooting host has CPUs of its own, but here every node shares 2 cores, and a start (the
+torch import, the model build: several CPU-seconds) slows the training nodes, a cost of
+this test machine and not of the recovery: its processes start ``--restart-sched``'s way
+(bench/restart_sched.py: ``SCHED_IDLE``, or ``--restart-nice`` 19) and are set back to
+normal once it waits as a spare. At nice 19 a start slowed the training nodes' steps by
+10-20 % for its 4-5 s (the slow steps begin with the restart and end when it waits as a
+spare); the result notes what the restarts cost (bench/mixed_restarts.py), per way.
 A fault waits until the job trains at full size with every spare back (the delay is
 recorded, as bench/step_efficiency.py does). Step logs are read incrementally (an hour
 of steps is too much to reread on every poll); only local rank 0's records are kept.
@@ -56,7 +56,7 @@ from typing import Any
 from agent.control import ControlClient, ControlError
 from agent.procs import until
 from agent.training_nodes import Placement, TrainingNode
-from bench import mixed_restarts, mixed_results
+from bench import mixed_restarts, mixed_results, restart_sched
 from bench import results as result_files
 from bench.clusters import agent_port
 from bench.step_efficiency import load
@@ -119,6 +119,9 @@ class Mixed:
         self.incarnations = 0
         self.all: list[TrainingNode] = []
         self.niced: list[TrainingNode] = []
+        self.scheds = restart_sched.parse(args.restart_sched)
+        self.restarted: list[tuple[float, str]] = []
+        """(time, sched) of each restart, for ``restart_sched.split``."""
         self.unplanned: list[dict[str, Any]] = []
         self.ns = NsTraining(self.nodes + args.spares, work, "fast", self.ranks)
         self.live = {n.name: n for n in self.ns.nodes}
@@ -257,9 +260,10 @@ class Mixed:
         work = self.work / f"{victim}.{self.incarnations}"
         work.mkdir()
         place = self.ns.placement(i)
-        if self.args.restart_nice:  # see the module docstring
-            place = Placement(("nice", "-n", str(self.args.restart_nice), *place.wrap),
-                              place.host, place.env)  # fmt: skip
+        sched = self.scheds[len(self.restarted) % len(self.scheds)]
+        self.restarted.append((time.time(), sched))
+        prefix = restart_sched.wrap(sched, self.args.restart_nice)  # the module docstring
+        place = Placement((*prefix, *place.wrap), place.host, place.env)
         with agent_port(old.port):
             node = TrainingNode(
                 victim, work, seed.port, "fast", self.ranks, place=place, join_host=seed.host
@@ -293,14 +297,9 @@ class Mixed:
         ]
 
     def unnice(self) -> None:
-        """Every node started at ``--restart-nice`` back at nice 0 (its process group)."""
+        """Every restarted node back to normal scheduling (``restart_sched.restore``)."""
         for node in self.niced:
-            subprocess.run(
-                ["renice", "-n", "0", "-g", str(node.pgid)],
-                capture_output=True,
-                timeout=10,
-                check=False,  # a node already gone has no group left to renice
-            )
+            restart_sched.restore(node.pgid)  # a node already gone has no thread left
         self.niced.clear()
 
     def records(self) -> list[dict[str, Any]]:
@@ -394,6 +393,7 @@ def run(args: argparse.Namespace, kinds: tuple[str, ...]) -> dict[str, Any]:
         "step_work": args.step_work,
         "slow_factor": args.slow_factor,
         "restart_nice": args.restart_nice,
+        "restart_sched": args.restart_sched,
         "load_before": load(),
         "problems": [],
     }
@@ -423,6 +423,9 @@ def run(args: argparse.Namespace, kinds: tuple[str, ...]) -> dict[str, Any]:
     restarts = mixed_restarts.cost(records, [w for w in spans if base1 <= w[0] < end])
     result["restarts"] = len(restarts["per_window"])
     result["restart_lost_s"] = restarts["lost_s"]
+    result["restart_by_sched"] = restart_sched.split(
+        restarts["per_window"], mixed.restarted, restarts["step_s"]
+    )
     for i, fault in enumerate(done):
         until_t = done[i + 1]["t"] if i + 1 < len(done) else end
         fault |= mixed_results.after_fault(records, fault, until_t, 6)
@@ -460,7 +463,14 @@ def main(argv: list[str] | None = None) -> int:
         default=19,
         choices=range(20),
         metavar="0-19",
-        help="a restarted node starts at this nice level until it waits as a spare (0: off)",
+        help="with --restart-sched nice: a restarted node starts at this nice level until it "
+        "waits as a spare (0: off)",
+    )
+    parser.add_argument(
+        "--restart-sched",
+        default="idle",
+        help="idle (SCHED_IDLE), nice, or a comma-separated cycle of them (one per restart): "
+        "how a restarted node starts until it waits as a spare (bench/restart_sched.py)",
     )
     parser.add_argument("--start-timeout-s", type=float, default=300.0)
     parser.add_argument("--workdir", type=Path, default=None, help="keep every log here")
@@ -468,6 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         kinds = mixed_results.kinds_of(args.faults)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        restart_sched.parse(args.restart_sched)
     except ValueError as exc:
         parser.error(str(exc))
     if args.every_s < 10 or args.minutes <= 0 or args.baseline_s < 10:

@@ -332,7 +332,7 @@ def built(result: Mapping[str, Any]) -> dict[str, Any]:
             "goes on without it, then SIGKILLed; slowdown = the node's steps "
             f"{r['slow_factor']:g}× slower (an injected delay inside the step) until it is "
             "replaced. The victim is restarted (same name and address) and waits as the "
-            f"spare (started at nice {r['restart_nice']}, back at 0 once a spare: a "
+            f"spare (started {_started(r)}, back to normal once a spare: a "
             "rebooting host would not take the training nodes' CPU); a fault waits until "
             "the job is at full size with a spare. "
             f"A step is {r['step_work']} s of stand-in compute + {r['step_sleep']} s sleep. "
@@ -392,17 +392,39 @@ def _pace_note(r: Mapping[str, Any]) -> list[str]:
     return [note]
 
 
+def _started(r: Mapping[str, Any]) -> str:
+    """How the restarted victims started (bench/restart_sched.py)."""
+    ways = {
+        "idle": "as SCHED_IDLE",
+        "nice": f"at nice {r['restart_nice']}" if r.get("restart_nice") else "at nice 0",
+    }
+    scheds = str(r.get("restart_sched", "nice")).split(",")
+    text = " or ".join(dict.fromkeys(ways.get(s, s) for s in scheds))
+    return text + (", in turn" if len(set(scheds)) > 1 else "")
+
+
 def _restart_note(r: Mapping[str, Any]) -> list[str]:
-    """bench/mixed_restarts.py's figure, where the run has it."""
+    """bench/mixed_restarts.py's figure, where the run has it (and per way of starting)."""
     if not r.get("restarts") or r.get("restart_lost_s") is None or not r.get("window_s"):
         return []
     share = r["restart_lost_s"] / r["window_s"]
-    return [
+    notes = [
         f"{r['restarts']} victims restarted on the same 2 cores as the training nodes cost "
         f"{r['restart_lost_s']:.1f} s of training while they started (agent start to "
         f"waiting as a spare; bench/mixed_restarts.py): {100 * share:.2f} points of the "
         "step efficiency, which a victim restarting on a host of its own would not cost"
     ]
+    by = r.get("restart_by_sched") or {}
+    if len(by) > 1:
+        notes.append(
+            "per way of starting (bench/restart_sched.py), same run: "
+            + "; ".join(
+                f"{sched}: {row['restarts']} restarts, {row['lost_s']:.1f} s lost "
+                f"({row['lost_s'] / row['restarts']:.2f} s each)"
+                for sched, row in sorted(by.items())
+            )
+        )
+    return notes
 
 
 def report(result: Mapping[str, Any]) -> str:
