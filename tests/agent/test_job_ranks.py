@@ -6,8 +6,9 @@ torchhook client sending the frames a trainer sends."""
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.request import urlopen
@@ -227,6 +228,10 @@ async def test_a_rank_tag_that_would_not_fit_leaves_the_job_tag_published() -> N
 # --- live agents --------------------------------------------------------------------------
 
 
+def _has(n: int) -> Callable[[View], bool]:
+    return lambda v: len(v.members) == n
+
+
 def _firsts_of(v: View) -> dict[str, int | None]:
     return {m.name: m.first_rank for m in v.members}
 
@@ -245,11 +250,9 @@ async def test_a_spare_that_took_a_failed_older_nodes_slot_shows_its_ranks(
         try:
             for i, sock in enumerate(socks):  # registered in order: join age n0, n1, n2
                 trainers.append(
-                    await trio.to_thread.run_sync(lambda s=sock: Membership("t", control=s))
+                    await trio.to_thread.run_sync(functools.partial(Membership, "t", control=sock))
                 )
-                await trio.to_thread.run_sync(
-                    lambda n=i + 1: trainers[0].wait(lambda v: len(v.members) == n, 20)
-                )
+                await trio.to_thread.run_sync(trainers[0].wait, _has(i + 1), 20)
             failed, survivor, spare = trainers
             failed.set_group("g1", 0)
             survivor.set_group("g1", 1)
