@@ -29,7 +29,8 @@ frame (``{"group": str, "rank": int}``, the node's first global rank in that gro
 Numbering (``number``): the published ranks count where every training node of the view
 published one, all of them in the same (non-empty) group, and their ranges tile
 ``0..world-1`` without a gap or an overlap; otherwise (an older agent or trainer anywhere,
-or a re-formation in flight: some nodes already in the new group, some not) the view
+a node just registered, neither in the group nor a spare yet, or a re-formation in
+flight: some nodes already in the new group, some not) the view
 numbers the training nodes in join order, as before. ``RANKS_FROM_TRAINERS`` or
 ``RANKS_FROM_JOIN_ORDER`` says which rule gave the numbers. Spares have no global ranks.
 
