@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from agent import serf
 from agent.cli import main
 from agent.cli_format import view_text
-from agent.control import JobMember
+from agent.control import ControlClient, JobMember
 from agent.job_ranks import (
     MAX_FIRST_RANK,
     RANK_TAG_PREFIX,
@@ -285,6 +285,17 @@ async def test_a_spare_that_took_a_failed_older_nodes_slot_shows_its_ranks(
             )
             (job,) = status["jobs"]
             assert {n["name"]: n["first_rank"] for n in job["nodes"]} == {"n1": 1, "n2": 0}
+
+            # a bad rank: the whole group frame refused and counted, nothing changed
+            survivor._send({"group": "g3", "rank": -1})
+            client = ControlClient(socks[1], timeout_s=5)
+            with trio.fail_after(10):
+                while (await trio.to_thread.run_sync(client.request, "jobs"))["jobs"][0][
+                    "refused_frames"
+                ] != 1:
+                    await trio.sleep(0.05)
+            assert agents[1].agent.tags["swim.rank/t"] == "1"
+            assert agents[1].agent.tags["swim.job/t"].split(",")[3] == "g2"
         finally:
             for trainer in trainers:
                 trainer.close()
