@@ -66,7 +66,14 @@ from typing import Any
 
 from agent.procs import until
 from agent.training_nodes import TrainingNode, start_nodes
-from bench import early_drop_results, results, step_efficiency, torchrun_recovery, training_results
+from bench import (
+    agent_variants,
+    early_drop_results,
+    results,
+    step_efficiency,
+    torchrun_recovery,
+    training_results,
+)
 from bench.torch_recovery_report import phase_offsets, phases_table, report, table, write_section
 from tests.netns.training import NsTraining
 
@@ -129,23 +136,15 @@ def measure_inprocess(
     ``net``: ``loopback`` or ``ns`` (a network namespace per node, with packet counts).
     ``spares``: that many more nodes wait as spares (``--target-nodes nodes``): the first
     step is then the first at the full world with a spare in the victim's place.
-    ``early_drop``: ``on`` or ``off`` sets the agents' ``job_early_drop``; ``small_group``
-    the same for the protocol's ``small_group_confirmations`` (a ``[protocol]`` table in an
-    agent configuration file); empty: the profile's default."""
+    ``early_drop``, ``small_group``: ``on`` or ``off`` (bench/agent_variants.py); empty: the
+    profile's default."""
     full, reduced = nodes * ranks, (nodes - 1) * ranks
     after_world = full if spares else reduced
     with tempfile.TemporaryDirectory(prefix="swim-torchbench-") as tmp:
         work = workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         fault_file = work / "fault"
-        agent_args: tuple[str, ...] = (
-            (f"--{'' if early_drop == 'on' else 'no-'}job-early-drop",) if early_drop else ()
-        )
-        if small_group:
-            toml = work / "agent.toml"
-            value = "true" if small_group == "on" else "false"
-            toml.write_text(f"[protocol]\nsmall_group_confirmations = {value}\n")
-            agent_args += ("--config", str(toml))
+        agent_args = agent_variants.agent_args(work, early_drop, small_group)
         with _cluster(net, nodes + spares, work, profile, ranks, agent_args) as (cluster, ns):
             training, victim = cluster[:nodes], cluster[nodes - 1]
             # after the fault: the surviving nodes, and the oldest spare in the victim's place
@@ -405,8 +404,8 @@ def main(argv: list[str] | None = None) -> int:
             small_group=variant[1],
         )
 
-    drops = early_drops(args.early_drop, "--early-drop")
-    smalls = early_drops(args.small_group, "--small-group")
+    drops = agent_variants.on_off(args.early_drop, "--early-drop")
+    smalls = agent_variants.on_off(args.small_group, "--small-group")
     for i in range(args.repeats):  # interleaved: load swings spread over every row alike
         cases = itertools.product(plan, sorted({0, args.spares}), drops, smalls)
         for (kind, fault, net), spares, drop, small in cases:
@@ -480,15 +479,6 @@ def _locked(path: Path | None) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def early_drops(text: str, option: str = "--early-drop") -> list[str]:
-    """``--early-drop`` (or ``--small-group``): ``on``, ``off`` or both, comma-separated;
-    empty: one run at the profile's setting (``[""]``). ``SystemExit`` names anything else."""
-    drops = [d for d in text.split(",") if d]
-    if not set(drops) <= {"on", "off"}:
-        raise SystemExit(f"{option}: {text!r} is not a list of on and off")
-    return drops or [""]
 
 
 def _planned(text: str) -> tuple[str, str, str]:

@@ -4,11 +4,13 @@ same-run namespaces / loopback and power / SIGSTOP ratios."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import render, results, torch_recovery, training_results
+from agent import config as agent_config
+from bench import agent_variants, render, results, training_results
 
 
 def _row(mode: str, fault: str, total: float, **counts: int) -> dict[str, Any]:
@@ -72,10 +74,21 @@ def test_power_rows_become_their_own_question_with_counts_and_ratios() -> None:
 def test_early_drop_choices_parse_and_the_default_runs_at_the_profiles_setting(
     text: str, drops: list[str]
 ) -> None:
-    assert torch_recovery.early_drops(text) == drops
+    assert agent_variants.on_off(text, "--early-drop") == drops
 
 
 @pytest.mark.parametrize("text", ["yes", "on,maybe", "ON"])
 def test_early_drop_choices_refuse_anything_else(text: str) -> None:
     with pytest.raises(SystemExit, match="--early-drop"):
-        torch_recovery.early_drops(text)
+        agent_variants.on_off(text, "--early-drop")
+
+
+@pytest.mark.parametrize("small", ["on", "off"])
+def test_a_small_group_row_starts_its_agents_with_that_protocol_setting(
+    tmp_path: Path, small: str
+) -> None:
+    args = agent_variants.agent_args(tmp_path, "off", small)
+    assert args[:2] == ("--no-job-early-drop", "--config")
+    config = agent_config.load(Path(args[2]), {"profile": "fast"})
+    assert config.swim_config().small_group_confirmations is (small == "on")
+    assert agent_variants.agent_args(tmp_path, "", "") == ()
