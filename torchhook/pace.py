@@ -233,7 +233,14 @@ class Pace:
             states[node.name] = NodeState(bool(first[1]), int(first[2]))
         s = self.settings
         keep = keep_at_least(len(figures), s.min_nodes, s.quorum == "majority")
-        verdict = judge(figures, states, factor=s.slow_factor, windows=s.slow_windows, keep=keep)
+        verdict = judge(
+            figures,
+            states,
+            factor=s.slow_factor,
+            windows=s.slow_windows,
+            keep=keep,
+            quick_factor=s.slow_quick_factor,
+        )
         self.windows += 1
         log.debug("window at step %d: figures %s, flagged %s", step, figures, verdict.flagged)
         self.last_verdict = verdict
@@ -259,7 +266,7 @@ class Pace:
                 name,
                 verdict.ratios.get(name, math.nan),
                 verdict.reference_ms or math.nan,
-                self.settings.slow_windows,
+                1 if name in verdict.quick else self.settings.slow_windows,
             )
         for name in verdict.cleared:
             log.info("node %s no longer slow", name)
@@ -273,8 +280,8 @@ class Pace:
             self.membership.close()  # unregisters: the node leaves the view at once
             raise SlowNodeExcluded(
                 f"node {self.node} was flagged slow "
-                f"({verdict.ratios.get(self.node, math.nan):.2f}x the median step time for "
-                f"{self.settings.slow_windows} windows) and left the job (slow_policy={policy!r})"
+                f"({verdict.ratios.get(self.node, math.nan):.2f}x the median step time) "
+                f"and left the job (slow_policy={policy!r})"
             )
         deadline = time.monotonic() + EXCLUDE_WAIT_S
         while (left := deadline - time.monotonic()) > 0:
