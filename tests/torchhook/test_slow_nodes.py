@@ -25,7 +25,9 @@ pytest.importorskip("torch", reason="the torch hook needs torch (pip install '.[
 pytestmark = pytest.mark.slow
 SCRIPT = "examples/elastic_ddp.py"
 WINDOW_STEPS = 5
-WINDOWS = 2
+WINDOWS = 3
+"""Three slow windows for the two-window rule (at least 15 steps), so a flag within one
+full window (at most 11) can only be the quick flag's."""
 CLEAN_STEPS = 30
 """Steps at world 3 with nobody slow (6 windows) that must flag nobody."""
 EXCLUDED_EXIT = 3  # examples/job.py
