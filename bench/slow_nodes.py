@@ -1,21 +1,21 @@
 """Fail-slow detection: a node slowed 1.5x and 3x, flagged within how many steps; false flags
 in a run with no slow node.
 
-    python -m bench.slow_nodes --clean-s 600 --trials 5
-    python -m bench.slow_nodes --clean-s 0 --trials 3 --quick-factors 2,0
+    python -m bench.slow_nodes --clean-s 600 --trials 5 --quick-factors 2,0
 
 3 nodes x 2 ranks (examples/elastic_ddp.py, profile ``fast``, gloo on loopback) train with
 a stand-in compute of ``--step-work`` seconds slept inside each step (between the forward
 and the backward pass), the engine's defaults for fail-slow (``slow_policy="report"``,
 factor 1.3, 2 windows of 10 steps, quick factor 2), one job per ``--quick-factors``
-entry, one after the other. First, in the first job, ``--clean-s`` seconds with nobody slow: every
-flag there is a false one. Then, per factor and trial, node n2's trainers are slowed by
+entry, the first listed last (so the trials of every job run minutes apart at most and
+their loads compare). In each job, per factor and trial, node n2's trainers are slowed by
 that factor (an injected delay; the factor is written into their ``--slow-file``): each
 step sleeps on top for (factor - 1) times the rank's own step compute time from before the
 slowdown (the engine's figure, ``el.pace.figure_ms``), so the node's whole step compute,
 not only the stand-in, takes factor times as long. When n0's rank 0 logs n2 flagged, the
 steps from the first step logged after the slowdown to the flagged step are the figure.
-The slowdown is lifted and the flag must clear before the next trial.
+The slowdown is lifted and the flag must clear before the next trial. Then, in the first
+listed job only, ``--clean-s`` seconds with nobody slow: every flag there is a false one.
 
 Why an injected delay and not a CPU quota (cgroup v1 ``cpu.cfs_quota_us``, which this host
 mounts): a quota slows a process only if it would otherwise get more CPU than the quota,
@@ -99,8 +99,8 @@ def _trial(nodes: list[TrainingNode], slow_file: Path, factor: float) -> dict[st
 
 
 def _job(args: argparse.Namespace, work: Path, quick: float, clean_s: float) -> dict[str, Any]:
-    """One job at quick factor ``quick``: ``clean_s`` seconds with nobody slow, then the
-    trials; its own agents and trainers, all stopped before it returns."""
+    """One job at quick factor ``quick``: the trials, then ``clean_s`` seconds with nobody
+    slow; its own agents and trainers, all stopped before it returns."""
     work.mkdir(parents=True)
     slow_file = work / "slow"
     out: dict[str, Any] = {"quick_factor": quick}
@@ -120,6 +120,13 @@ def _job(args: argparse.Namespace, work: Path, quick: float, clean_s: float) -> 
         world = 3 * args.ranks
         until(lambda: all(n.training_at(world) for n in nodes), 300, "the full world")
         time.sleep(5)  # past the first steps
+        trials = []
+        for factor in FACTORS:
+            for i in range(args.trials):
+                row = _trial(nodes, slow_file, factor)
+                say(f"-- quick factor {quick:g}, {factor}x trial {i + 1}: {row}")
+                trials.append(row)
+        out["trials"] = trials
         if clean_s > 0:
             clean0 = time.time()
             say(f"-- quick factor {quick:g}: clean run {clean_s:.0f} s, load {load()}")
@@ -142,13 +149,6 @@ def _job(args: argparse.Namespace, work: Path, quick: float, clean_s: float) -> 
                 "load": load(),
             }
             say(f"   {out['clean']}")
-        trials = []
-        for factor in FACTORS:
-            for i in range(args.trials):
-                row = _trial(nodes, slow_file, factor)
-                say(f"-- quick factor {quick:g}, {factor}x trial {i + 1}: {row}")
-                trials.append(row)
-        out["trials"] = trials
         (work / "stop").write_text(str(max(r["step"] for r in _rank0(nodes[0])) + 3))
         for n in nodes:
             for t in n.trainers:
@@ -166,11 +166,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         work = Path(tmp)
         if args.workdir is not None:  # kept for reading the logs afterwards
             work = args.workdir
-        # one job per quick factor, one after the other: the first has the clean run
-        out["jobs"] = [
-            _job(args, work / f"quick-{i}", quick, args.clean_s if i == 0 else 0.0)
-            for i, quick in enumerate(args.quick_factors)
-        ]
+        # one job per quick factor, the first listed last: its trials follow the others'
+        # at once (the loads compare), then its clean run
+        jobs: list[dict[str, Any]] = []
+        for i in reversed(range(len(args.quick_factors))):
+            clean_s = args.clean_s if i == 0 else 0.0
+            jobs.insert(0, _job(args, work / f"quick-{i}", args.quick_factors[i], clean_s))
+        out["jobs"] = jobs
     out["load_after"] = load()
     return out
 
@@ -241,6 +243,14 @@ def built(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             f"run with no slow node: load {clean['load']} at its end; the slowest node's "
             f"figure reached {clean['top_ratio']} times the reference in a window"
         )
+    for job in result["jobs"]:
+        ones = [float(t["load"].split()[0]) for t in job["trials"]]
+        name = f"{job['quick_factor']:g}" if job["quick_factor"] else "off"
+        if ones:
+            notes.append(
+                f"quick factor {name}: 1-minute load {min(ones):.1f} to {max(ones):.1f} "
+                "during its trials (compare the jobs' steps at similar loads)"
+            )
     quicks = ", ".join(
         f"{j['quick_factor']:g}" if j["quick_factor"] else "off" for j in result["jobs"]
     )
@@ -251,12 +261,12 @@ def built(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             f"3 nodes x {args.ranks} ranks, examples/elastic_ddp.py, profile fast, gloo on "
             f"loopback; {args.step_work * 1000:.0f} ms of stand-in compute slept inside each "
             "step; slow_policy report, factor 1.3, 2 windows of 10 steps (the defaults), "
-            f"one job per quick factor ({quicks}), one after the other. The first job: "
-            f"{args.clean_s:.0f} s with no slow node, then {args.trials} trials per factor "
-            "in every job: n2's trainers sleep (factor - 1) times their "
+            f"one job per quick factor ({quicks}), the first listed last. In every job "
+            f"{args.trials} trials per factor: n2's trainers sleep (factor - 1) times their "
             "own step compute time on top (an injected delay, not a CPU quota: see "
             "bench/slow_nodes.py) until n0's rank 0 "
-            "logs n2 flagged, then the delay is lifted and the flag clears."
+            "logs n2 flagged, then the delay is lifted and the flag clears. Then, in the "
+            f"first listed job, {args.clean_s:.0f} s with no slow node."
         ),
         "figures": figures,
         "tables": [
