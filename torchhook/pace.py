@@ -25,10 +25,13 @@ Once every ``slow_window_steps`` steps, at a step boundary before the step funct
 (a failure there re-runs nothing), one all-gather of four numbers per rank: its window
 figure (``slowness.window_figure``, the lower quartile of its step times; NaN without
 one), its node's state (flagged, run) as this rank holds it, and (``replace``) the
-number of spares its view shows. Every rank then judges
-with the same inputs. A new group starts a new window (its first step is left out: DDP
-builds its buckets there; no window ends at it); node states carry over for the group's
-nodes. Local rank 0 of each node tells its agent when the flagged set changes
+number of spares its view shows. Every rank then judges with the same inputs (and the
+same settings: ``slow_factor``, ``slow_windows`` and ``slow_quick_factor`` must agree
+across the job). A flag set in one window by the quick rule leaves the same state
+(flagged, run 0) as one set after ``slow_windows``, so the states carried in the next
+all-gather mean the same whichever rule set them. A new group starts a new window (its
+first step is left out: DDP builds its buckets there; no window ends at it); node states
+carry over for the group's nodes. Local rank 0 of each node tells its agent when the flagged set changes
 (``Membership.report_slow``: the agent's metric, ``job-slow`` event and status page).
 
 Policy ``exclude``: the excluded node's ranks close their registration (the node leaves
