@@ -31,8 +31,9 @@ across the job). A flag set in one window by the quick rule leaves the same stat
 (flagged, run 0) as one set after ``slow_windows``, so the states carried in the next
 all-gather mean the same whichever rule set them. A new group starts a new window (its
 first step is left out: DDP builds its buckets there; no window ends at it); node states
-carry over for the group's nodes. Local rank 0 of each node tells its agent when the flagged set changes
-(``Membership.report_slow``: the agent's metric, ``job-slow`` event and status page).
+carry over for the group's nodes. Local rank 0 of each node tells its agent when the
+flagged set changes (``Membership.report_slow``: the agent's metric, ``job-slow`` event
+and status page).
 
 Policy ``exclude``: the excluded node's ranks close their registration (the node leaves
 the job's view at once) and raise ``SlowNodeExcluded``: the node stops. The others wait
