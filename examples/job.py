@@ -184,6 +184,7 @@ def parser(description: str | None, *, job: str, pg_timeout_s: float) -> argpars
     ap.add_argument("--slow-policy", default="report")
     ap.add_argument("--slow-factor", type=float, default=1.3)
     ap.add_argument("--slow-windows", type=int, default=2)
+    ap.add_argument("--slow-quick-factor", type=float, default=2.0)
     ap.add_argument("--slow-window-steps", type=int, default=10)
     ap.add_argument(
         "--target-nodes", type=int, default=0, help="the job's size; nodes beyond it are spares"
@@ -210,6 +211,7 @@ def hook_options(args: argparse.Namespace) -> dict[str, Any]:
         "slow_policy": args.slow_policy,
         "slow_factor": args.slow_factor,
         "slow_windows": args.slow_windows,
+        "slow_quick_factor": args.slow_quick_factor,
         "slow_window_steps": args.slow_window_steps,
         "target_nodes": args.target_nodes,
         "spare": args.spare,
@@ -469,6 +471,10 @@ def train(
             record["phases"] = {k: round(t - phases["left"], 4) for k, t in phases.items()}
             record["left_t"] = phases["left"]
         record |= {"slow": list(el.pace.flagged)}
+        if (verdict := el.pace.last_verdict) is not None and verdict.ratios:
+            # the slowest node's figure over the reference in the last window: the margin
+            # a run with no slow node keeps below the thresholds
+            record["slow_top"] = round(max(verdict.ratios.values()), 3)
         log.emit(record | details() | where())
         if args.step_sleep:
             time.sleep(args.step_sleep)

@@ -25,11 +25,15 @@ Once every ``slow_window_steps`` steps, at a step boundary before the step funct
 (a failure there re-runs nothing), one all-gather of four numbers per rank: its window
 figure (``slowness.window_figure``, the lower quartile of its step times; NaN without
 one), its node's state (flagged, run) as this rank holds it, and (``replace``) the
-number of spares its view shows. Every rank then judges
-with the same inputs. A new group starts a new window (its first step is left out: DDP
-builds its buckets there; no window ends at it); node states carry over for the group's
-nodes. Local rank 0 of each node tells its agent when the flagged set changes
-(``Membership.report_slow``: the agent's metric, ``job-slow`` event and status page).
+number of spares its view shows. Every rank then judges with the same inputs (and the
+same settings: ``slow_factor``, ``slow_windows`` and ``slow_quick_factor`` must agree
+across the job). A flag set in one window by the quick rule leaves the same state
+(flagged, run 0) as one set after ``slow_windows``, so the states carried in the next
+all-gather mean the same whichever rule set them. A new group starts a new window (its
+first step is left out: DDP builds its buckets there; no window ends at it); node states
+carry over for the group's nodes. Local rank 0 of each node tells its agent when the
+flagged set changes (``Membership.report_slow``: the agent's metric, ``job-slow`` event
+and status page).
 
 Policy ``exclude``: the excluded node's ranks close their registration (the node leaves
 the job's view at once) and raise ``SlowNodeExcluded``: the node stops. The others wait
@@ -233,7 +237,14 @@ class Pace:
             states[node.name] = NodeState(bool(first[1]), int(first[2]))
         s = self.settings
         keep = keep_at_least(len(figures), s.min_nodes, s.quorum == "majority")
-        verdict = judge(figures, states, factor=s.slow_factor, windows=s.slow_windows, keep=keep)
+        verdict = judge(
+            figures,
+            states,
+            factor=s.slow_factor,
+            windows=s.slow_windows,
+            keep=keep,
+            quick_factor=s.slow_quick_factor,
+        )
         self.windows += 1
         log.debug("window at step %d: figures %s, flagged %s", step, figures, verdict.flagged)
         self.last_verdict = verdict
@@ -259,7 +270,7 @@ class Pace:
                 name,
                 verdict.ratios.get(name, math.nan),
                 verdict.reference_ms or math.nan,
-                self.settings.slow_windows,
+                1 if name in verdict.quick else self.settings.slow_windows,
             )
         for name in verdict.cleared:
             log.info("node %s no longer slow", name)
@@ -273,8 +284,8 @@ class Pace:
             self.membership.close()  # unregisters: the node leaves the view at once
             raise SlowNodeExcluded(
                 f"node {self.node} was flagged slow "
-                f"({verdict.ratios.get(self.node, math.nan):.2f}x the median step time for "
-                f"{self.settings.slow_windows} windows) and left the job (slow_policy={policy!r})"
+                f"({verdict.ratios.get(self.node, math.nan):.2f}x the median step time) "
+                f"and left the job (slow_policy={policy!r})"
             )
         deadline = time.monotonic() + EXCLUDE_WAIT_S
         while (left := deadline - time.monotonic()) > 0:

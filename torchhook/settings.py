@@ -77,6 +77,9 @@ class Settings:
     """Slow: a node's step compute time at least this many times the job's median."""
     slow_windows: int = 2
     """Slow windows in a row that flag a node (and healthy ones that clear the flag)."""
+    slow_quick_factor: float = 2.0
+    """A node at least this many times the job's median in one window is flagged at once,
+    without waiting for ``slow_windows``; 0 turns the quick flag off, else >= ``slow_factor``."""
     slow_window_steps: int = 10
     """Steps per window: every rank shares its median step time once per window."""
     target_nodes: int = 0
@@ -134,6 +137,12 @@ def _check_slow(s: Settings) -> None:
     _positive("slow_factor", s.slow_factor)
     if s.slow_factor <= 1.0:
         raise SettingsError(f"slow_factor must be > 1 (times the median), got {s.slow_factor!r}")
+    _positive("slow_quick_factor", s.slow_quick_factor, zero_ok=True)
+    if 0 < s.slow_quick_factor < s.slow_factor:
+        raise SettingsError(
+            f"slow_quick_factor must be 0 (off) or >= slow_factor ({s.slow_factor!r}), "
+            f"got {s.slow_quick_factor!r}"
+        )
     _int_at_least("slow_windows", s.slow_windows, 1, MAX_SLOW_WINDOWS)
     _int_at_least("slow_window_steps", s.slow_window_steps, 1, MAX_SLOW_WINDOW_STEPS)
 

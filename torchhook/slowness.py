@@ -24,6 +24,13 @@ FALCON, ByteDance's ByteRobust). The rules, each against a kind of noise:
 - Hysteresis, per node: ``windows`` slow windows in a row flag it, ``windows`` healthy
   windows in a row clear the flag; a window without the node's figure changes nothing. So
   one spike window never flags a node, and a node near the threshold does not flap.
+- Quick flag: a node whose figure in one window is at least ``quick_factor`` times the
+  reference (and ``NOISE_FLOOR_MS`` above it) is flagged in that window, without waiting
+  for ``windows`` slow ones (0: no quick flag). Its lower quartile that far up means three
+  quarters of its steps were that slow: not a spike of a few steps, which the quartile
+  ignores, and a second window would only confirm it while the whole job runs at the slow
+  node's pace. Clearing keeps the hysteresis (``windows`` healthy windows), so a node
+  flagged at once does not flap either.
 - A node's state (flagged, run) comes from its own ranks (the gathered figures carry it):
   a node that joined the group later has no history of the others, but every rank reads
   each node's state from that node and so still judges the same way.
@@ -78,6 +85,8 @@ class Verdict:
     """Nodes whose flag this window cleared."""
     exclude: tuple[str, ...]
     """Flagged nodes to leave out of the next group (policy ``exclude``), slowest first."""
+    quick: tuple[str, ...] = ()
+    """Of ``newly``, the nodes flagged by the quick rule (one window at ``quick_factor``)."""
 
 
 def window_figure(samples_ms: Iterable[float]) -> float | None:
@@ -103,12 +112,14 @@ def judge(
     factor: float,
     windows: int,
     keep: int,
+    quick_factor: float = 0.0,
 ) -> Verdict:
     """One window. ``figures``: node -> its figure (ms, the largest of its ranks'), None
     when it has none this window; ``states``: node -> its state before the window, as
     the node's own ranks report it; ``factor`` >= 1, ``windows`` >= 1 as in
     ``torchhook.settings``; ``keep``: of the group's nodes (the keys of ``figures``), how
-    many an exclusion must leave (``keep_at_least``)."""
+    many an exclusion must leave (``keep_at_least``); ``quick_factor``: 0, or >=
+    ``factor``: a node at least that many times the reference is flagged in one window."""
     known = {n: f for n, f in figures.items() if f is not None and math.isfinite(f) and f >= 0}
     reference = statistics.median_low(sorted(known.values())) if len(known) >= 2 else None
     ratios: dict[str, float] = {}
@@ -118,12 +129,24 @@ def judge(
     after: dict[str, NodeState] = {}
     newly: list[str] = []
     cleared: list[str] = []
+    quick: list[str] = []
     for name in sorted(set(states) | set(figures)):
         before = states.get(name, NodeState())
         if reference is None or name not in known:
             after[name] = before
             continue
-        slow = known[name] >= factor * reference and known[name] - reference >= NOISE_FLOOR_MS
+        above = known[name] - reference >= NOISE_FLOOR_MS
+        slow = above and known[name] >= factor * reference
+        if (
+            slow
+            and not before.flagged
+            and quick_factor > 0
+            and known[name] >= quick_factor * reference
+        ):
+            after[name] = NodeState(flagged=True, run=0)  # far too slow: no second window
+            newly.append(name)
+            quick.append(name)
+            continue
         if slow != before.flagged:
             run = min(before.run + 1, windows)
             if run >= windows:
@@ -146,4 +169,5 @@ def judge(
         tuple(sorted(newly)),
         tuple(sorted(cleared)),
         exclude,
+        tuple(sorted(quick)),
     )

@@ -116,6 +116,9 @@ def test_settings_defaults_are_valid_and_frozen() -> None:
         ("slow_factor", 1.0),
         ("slow_factor", math.nan),
         ("slow_windows", 0),
+        ("slow_quick_factor", -1.0),
+        ("slow_quick_factor", math.inf),
+        ("slow_quick_factor", 1.2),
         ("slow_window_steps", 0),
         ("slow_window_steps", 10**6),
         ("target_nodes", -1),
@@ -130,6 +133,13 @@ def test_a_bad_setting_is_refused_by_name(field: str, value: Any) -> None:
     options: dict[str, Any] = {"job": "train", field: value}
     with pytest.raises(SettingsError, match=field):
         Settings(**options)
+
+
+def test_the_quick_factor_is_off_or_at_least_the_slow_factor() -> None:
+    assert Settings("train", slow_quick_factor=0).slow_quick_factor == 0
+    assert Settings("train", slow_factor=2.0, slow_quick_factor=2.0).slow_quick_factor == 2.0
+    with pytest.raises(SettingsError, match=r"slow_quick_factor must be 0 .* >= slow_factor"):
+        Settings("train", slow_factor=2.5)
 
 
 def test_replacing_a_slow_node_is_refused_without_spares() -> None:

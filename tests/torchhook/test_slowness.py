@@ -159,3 +159,81 @@ def test_ratios_and_reference() -> None:
 )
 def test_window_figure(samples: list[float], figure: float | None) -> None:
     assert window_figure(samples) == figure
+
+
+QUICK = 2.0
+
+
+# fmt: off
+QUICK_CASES: list[tuple[str, list[dict[str, float | None]], list[tuple[str, ...]]]] = [
+    ("3x slow node: flagged at the first window",
+     steady(3, a=10.0, b=10.0, c=30.0), [("c",), ("c",), ("c",)]),
+    ("exactly the quick factor: flagged at the first window",
+     steady(2, a=10.0, b=10.0, c=20.0), [("c",), ("c",)]),
+    ("just under the quick factor: the second window",
+     steady(3, a=10.0, b=10.0, c=19.9), [(), ("c",), ("c",)]),
+    ("1.5x slow node: the second window, as without the quick flag",
+     steady(3, a=10.0, b=10.0, c=15.0), [(), ("c",), ("c",)]),
+    ("one spike window under the quick factor does not flag",
+     [{"a": 10.0, "b": 10.0, "c": 19.0}, {"a": 10.0, "b": 10.0, "c": 10.0},
+      {"a": 10.0, "b": 10.0, "c": 19.0}, {"a": 10.0, "b": 10.0, "c": 10.0}],
+     [(), (), (), ()]),
+    ("a 30x pause in 6 of 10 steps: the lower quartile still ignores it",
+     steady(2, a=10.0, b=10.0, c=fig([10.0] * 4 + [300.0] * 6)), [(), ()]),
+    ("quick above the noise floor only",
+     steady(2, a=0.5, b=0.5, c=0.5 + NOISE_FLOOR_MS * 0.9), [(), ()]),
+    ("a quick flag clears after as many healthy windows",
+     steady(1, a=10.0, b=10.0, c=30.0) + steady(3, a=10.0, b=10.0, c=10.0),
+     [("c",), ("c",), (), ()]),
+    ("flagged at once, one fast window does not clear it",
+     [{"a": 10.0, "b": 10.0, "c": 30.0}, {"a": 10.0, "b": 10.0, "c": 10.0},
+      {"a": 10.0, "b": 10.0, "c": 30.0}, {"a": 10.0, "b": 10.0, "c": 10.0}],
+     [("c",), ("c",), ("c",), ("c",)]),
+    ("one slow window, then a quick one: flagged (either way)",
+     [{"a": 10.0, "b": 10.0, "c": 15.0}, {"a": 10.0, "b": 10.0, "c": 30.0}],
+     [(), ("c",)]),
+    ("two nodes: the slower one at once", steady(1, a=10.0, b=30.0), [("b",)]),
+    ("everyone slows down together: nothing",
+     steady(1, a=10.0, b=10.0, c=10.0) + steady(2, a=30.0, b=30.0, c=30.0), [(), (), ()]),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(
+    ("windows", "expected"), [c[1:] for c in QUICK_CASES], ids=[c[0] for c in QUICK_CASES]
+)
+def test_quick_windows(
+    windows: list[dict[str, float | None]], expected: list[tuple[str, ...]]
+) -> None:
+    states: dict[str, NodeState] = {}
+    out = []
+    for figures in windows:
+        verdict = judge(figures, states, factor=FACTOR, windows=WINDOWS, keep=1, quick_factor=QUICK)
+        states = verdict.states
+        out.append(verdict.flagged)
+    assert out == expected
+
+
+def test_quick_flag_is_newly_and_quick_and_carries_a_plain_state() -> None:
+    # the state a quick flag leaves is the one a two-window flag leaves, so the gathered
+    # states mean the same to every rank whichever rule set them
+    v = judge({"a": 10.0, "b": 10.0, "c": 30.0}, {}, factor=FACTOR, windows=2, keep=1,
+              quick_factor=QUICK)  # fmt: skip
+    assert v.newly == ("c",) and v.quick == ("c",)
+    assert v.states["c"] == NodeState(flagged=True, run=0)
+    slow = judge({"a": 10.0, "b": 10.0, "c": 15.0}, {"c": NodeState(False, 1)}, factor=FACTOR,
+                 windows=2, keep=1, quick_factor=QUICK)  # fmt: skip
+    assert slow.newly == ("c",) and slow.quick == ()
+    assert slow.states["c"] == v.states["c"]
+
+
+def test_quick_off_is_the_two_window_rule() -> None:
+    for _, windows, _ in QUICK_CASES + CASES:
+        states: dict[str, NodeState] = {}
+        old: dict[str, NodeState] = {}
+        for figures in windows:
+            off = judge(figures, states, factor=FACTOR, windows=WINDOWS, keep=1, quick_factor=0.0)
+            plain = judge(figures, old, factor=FACTOR, windows=WINDOWS, keep=1)
+            assert off == plain
+            states, old = off.states, plain.states
+    assert run(steady(2, a=10.0, b=10.0, c=30.0)) == [(), ("c",)]
