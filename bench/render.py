@@ -363,7 +363,24 @@ HEADLINES: tuple[Headline, ...] = (
         "step at the same world (median)",
         "training-spares-power-3x2-fast",
         ("in-process-ddp-namespaces-spare-power.total_s",),
-        (("no spare, at the reduced world", ("in-process-ddp-ns-power.total_s",)),),
+    ),
+    Headline(
+        "Training without a spare, DDP and HSDP, each node in a namespace: node loses power → "
+        "first step at the reduced world (median)",
+        "training-power-3x2-fast",
+        (
+            "in-process-ddp-namespaces-small-group-on-power.total_s",
+            "in-process-hsdp-namespaces-small-group-on-power.total_s",
+        ),
+        (
+            (
+                "`small_group_confirmations` off",
+                (
+                    "in-process-ddp-namespaces-small-group-off-power.total_s",
+                    "in-process-hsdp-namespaces-small-group-off-power.total_s",
+                ),
+            ),
+        ),
     ),
     Headline(
         "Training, in-process HSDP: node SIGKILLed inside backward (median)",

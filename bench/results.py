@@ -162,9 +162,10 @@ def commit(root: Path = ROOT) -> str | None:
     return f"{head}-dirty" if dirty else head
 
 
-OUTPUT_OPTIONS = ("--out", "--results", "--workdir", "--no-results")
-"""Options that say where output goes, not what is measured: left out of a result's command
-(a work directory is a scratch path, and a reader's would differ)."""
+OUTPUT_OPTIONS = ("--out", "--results", "--workdir", "--no-results", "--lock")
+"""Options that say where output goes or how runs on one host keep out of each other's way,
+not what is measured: left out of a result's command (a work directory or a lock file is a
+local path, and a reader's would differ)."""
 
 
 def command_line(module: str, argv: Sequence[str]) -> str:

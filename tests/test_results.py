@@ -303,3 +303,10 @@ def test_benchmarks_md_reads_as_a_reference() -> None:
         assert f"](#{render.slug(t)})" in text, t
     found = WORK_WORDS.findall(text)
     assert not found, f"BENCHMARKS.md names work steps or scratch paths: {found}"
+
+
+def test_a_results_command_leaves_out_local_paths() -> None:
+    argv = ["--n", "3", "--lock", "/x/measure.lock", "--workdir=/tmp/w", "--results", "r", "--m"]
+    assert results.command_line("bench.x", argv) == "python -m bench.x --n 3 --m"
+    for path in sorted(ROOT.glob("results/**/*.json")):
+        assert "/work/" not in json.loads(path.read_text())["command"], path
