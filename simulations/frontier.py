@@ -1,7 +1,7 @@
 """Command line of the frontier exploration (method: ``simulations.experiments.frontier``;
 output: ``simulations.reports.frontier``).
 
-    python -m simulations.frontier --nodes 64 [--seeds 1,2] [--variants a,b,...]
+    python -m simulations.frontier --nodes 64 [--seeds 1,2 | 1-400] [--variants a,b,...]
         [--conditions x,y,...] [--crashes K] [--jobs J] [--out DIR] [--ci] [--lossy-tcp]
 
 Prints the sweep's trace hash and the per-variant table; writes runs, crashes, variants
@@ -31,6 +31,18 @@ def _names(text: str, known: Collection[str]) -> list[str]:
     return names
 
 
+def seeds(text: str) -> list[int]:
+    """``--seeds``: comma-separated seeds or ranges (``1,2`` or ``1-400``)."""
+    out: list[int] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        first, _, last = part.partition("-")
+        try:
+            out += range(int(first), int(last or first) + 1)
+        except ValueError:
+            raise SystemExit(f"--seeds: {part!r} is not a seed or a range A-B") from None
+    return out
+
+
 def options_from(args: argparse.Namespace) -> Options:
     if args.ci:
         options = Options.ci(args.jobs)
@@ -38,7 +50,7 @@ def options_from(args: argparse.Namespace) -> Options:
         return options
     return Options(
         nodes=args.nodes,
-        seeds=[int(s) for s in args.seeds.split(",")],
+        seeds=seeds(args.seeds),
         variants=_names(args.variants, all_variants()) if args.variants else list(VARIANTS),
         conditions=_names(args.conditions, CONDITIONS) if args.conditions else list(CONDITIONS),
         crashes=args.crashes,

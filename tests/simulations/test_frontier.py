@@ -10,6 +10,7 @@ import pytest
 
 from simulations.experiments import frontier
 from simulations.experiments.frontier import Options, explore, pareto, quantile
+from simulations.frontier import seeds
 from simulations.reports import frontier as frontier_report
 
 
@@ -104,3 +105,10 @@ def test_quantile_is_nearest_rank() -> None:
     assert quantile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert quantile([float(x) for x in range(1, 101)], 0.99) == 99.0
     assert quantile([1.0, math.inf], 0.99) == math.inf
+
+
+def test_seeds_take_lists_and_ranges() -> None:
+    assert seeds("1,2") == [1, 2]
+    assert seeds("3-5, 9") == [3, 4, 5, 9]
+    with pytest.raises(SystemExit, match="--seeds"):
+        seeds("1,x")
