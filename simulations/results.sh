@@ -68,6 +68,8 @@ for step in "${steps[@]}"; do
         front frontier-verify-n64 --nodes 64 --seeds 1,2 --crashes 8 --variants fast,fast/verify-2
         front frontier-verify-worst-n64 --nodes 64 --crashes 8 --variants fast,fast/verify-2 \
             --conditions worst --seeds 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16
+        front frontier-small-group-n3 --nodes 3 --seeds 1-400 --crashes 1 \
+            --variants fast,fast/no-small-group --conditions clean,loss10,loss20,jitter,slow1
         front frontier-switches-n1000 --nodes 1000 --seeds 1 --crashes 3 \
             --variants fast,fast/all --conditions clean,loss10,slow4,worst ;;
     budget)  # ~15 min: where a detection's time goes (§8)
