@@ -27,7 +27,7 @@ A rebooting host has CPUs of its own, but here every node shares 2 cores, and a 
 torch import, the model build: several CPU-seconds) slows the training nodes, a cost of
 this test machine and not of the recovery: its processes start ``--restart-sched``'s way
 (bench/restart_sched.py: ``SCHED_IDLE``, or ``--restart-nice`` 19) and are set back to
-normal once it waits as a spare. At nice 19 a start slowed the training nodes' steps by
+normal once it waits as a spare. Either way a start slows the training nodes' steps by
 10-20 % for its 4-5 s (the slow steps begin with the restart and end when it waits as a
 spare); the result notes what the restarts cost (bench/mixed_restarts.py), per way.
 A fault waits until the job trains at full size with every spare back (the delay is

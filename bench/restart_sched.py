@@ -4,14 +4,18 @@
 On this test machine a restarted victim starts on the same 2 cores as the training nodes;
 a rebooting host on a cluster has CPUs of its own. The training nodes mostly wait (the
 stand-in compute and the step sleep are sleeps), so a start (two torch imports and a
-model build: ~6 CPU-seconds) does not take their CPU share so much as delay their
-wake-ups: a niced process that holds a core when a trainer wakes keeps it until the
-scheduler preempts it. Two ways to start it, ``--restart-sched``:
+model build: ~6 CPU-seconds) runs mostly on idle CPU time. Two ways to start it,
+``--restart-sched``:
 
-- ``nice``: ``nice -n N`` (19 by default). The scheduler still lets it finish its slice
+- ``nice``: ``nice -n N`` (19 by default): the scheduler may let it finish its slice
   before a waking trainer runs.
 - ``idle``: ``chrt --idle 0`` (``SCHED_IDLE``): it runs only on a core nobody else wants,
   and a waking normal task preempts it at once (Linux ``check_preempt_wakeup_fair``).
+
+Neither makes a start free: over an hour of one fault a minute a restart cost the training
+nodes 0.49 s of training at nice 19 and 0.46 s as ``SCHED_IDLE`` (two runs, 60 restarts
+each), so what slows them is not which task the scheduler runs (caches and memory
+bandwidth are shared whatever the priority; not measured further).
 
 Either way every thread of the node's processes is set back to ``SCHED_OTHER`` at nice 0
 (``restore``) once it waits as a spare, before it can be drafted. A comma-separated list
