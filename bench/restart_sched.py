@@ -13,7 +13,7 @@ model build: ~6 CPU-seconds) runs mostly on idle CPU time. Two ways to start it,
   and a waking normal task preempts it at once (Linux ``check_preempt_wakeup_fair``).
 
 Neither makes a start free: over an hour of one fault a minute a restart cost the training
-nodes 0.49 s of training at nice 19 and 0.46 s as ``SCHED_IDLE`` (two runs, 60 restarts
+nodes 0.49 s of training at nice 19 and 0.47 s as ``SCHED_IDLE`` (two runs, 60 restarts
 each), so what slows them is not which task the scheduler runs (caches and memory
 bandwidth are shared whatever the priority; not measured further).
 
