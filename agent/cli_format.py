@@ -303,10 +303,9 @@ class MemberFilter:
 
 def view_text(view: Mapping[str, Any], now_ms: int) -> str:
     """One job's view: a summary line, then its nodes in the view's order (join age), each
-    with its role and ``Global ranks`` (a spare has none, ``-``): the ranks the agent
-    numbered (``first_rank``: the trainers' published ranks, so a spare that replaced a
-    failed node shows that node's ranks; else join order, agent/job_ranks.py), the summary
-    line saying which; a view without them (an older agent) is numbered in join order."""
+    with its role. ``Global ranks`` numbers the training nodes in join order (a spare has
+    none, ``-``); a spare that replaced a failed node holds that node's ranks instead,
+    which only its trainers know."""
     members: list[Mapping[str, Any]] = list(view["members"])
     training = [m for m in members if m.get("role", ROLE_TRAINING) == ROLE_TRAINING]
     spares = len(members) - len(training)
@@ -314,7 +313,7 @@ def view_text(view: Mapping[str, Any], now_ms: int) -> str:
     head = (
         f"Job {view['job']}: generation {view['generation']}, fingerprint "
         f"{view['fingerprint']}, {len(training)} training node(s), {world} rank(s), "
-        f"{spares} spare(s); global ranks from {view.get('ranks_from', 'join order')}"
+        f"{spares} spare(s)"
     )
     rows = [
         (
@@ -333,7 +332,6 @@ def view_text(view: Mapping[str, Any], now_ms: int) -> str:
     for m in members:
         n = int(m.get("ranks", 1))
         role = str(m.get("role", ROLE_TRAINING))
-        start = first if m.get("first_rank") is None else int(m["first_rank"])
         age = duration_ms(max(now_ms - int(m["registered_ms"]), 0))
         rows.append(
             (
@@ -342,7 +340,7 @@ def view_text(view: Mapping[str, Any], now_ms: int) -> str:
                 m["status"],
                 role,
                 str(n),
-                ranges([(start, start + n - 1)]) if role == ROLE_TRAINING else "-",
+                ranges([(first, first + n - 1)]) if role == ROLE_TRAINING else "-",
                 str(m["store_port"]) if m["store_port"] else "-",
                 f"{age} ago",
                 m["group"] or "-",

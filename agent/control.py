@@ -54,16 +54,12 @@ its handler in agent/control_server.py ``HANDLERS``, and its line here:
 - ``view`` args ``{job: str}`` → a job view (rules in ``agent.jobs``): ``{"job": str,
   "generation": int, "fingerprint": str, "members": [{"name", "addr", "port",
   "store_port": int, "registered_ms": int, "group": str, "status": alive|suspect,
-  "ranks": int, "role": training|spare, "first_rank": int|null}], "ranks_from": str}``,
-  members (nodes) oldest registration first;
+  "ranks": int, "role": training|spare}]}``, members (nodes) oldest registration first;
   ``ranks`` is the node's number of local ranks; ``role`` is what the job's trainers made
   the node (``ROLES``): ``training`` (in the training group) or ``spare`` (registered,
   ready, waiting to take a failed node's place). A member without ``role`` (an agent from
   before spares) is ``training``. A role change is not a membership change: the
   fingerprint, the generation and ``registered_ms`` stay; watchers get the new view.
-  ``first_rank``: a training node's first global rank (null for a spare), numbered by the
-  rule ``ranks_from`` names: ``trainers`` (the slots the trainers published) or ``join
-  order`` (agent/job_ranks.py); a view without them (an older agent) is in join order.
 - ``jobs`` → ``{"jobs": [{"job": str, "generation": int, "fingerprint": str, "nodes": int,
   "ranks": int, "training": int, "spares": int, "hung": int, "local_ranks": int}],
   "omitted": int}``: every job a member's tag names (in any state) or a local rank
@@ -76,8 +72,7 @@ its handler in agent/control_server.py ``HANDLERS``, and its line here:
   heartbeat_threshold?: float, first_heartbeat_estimate_ms?: int, local_rank?: int,
   local_world_size?: int, role?: training|spare}}`` → an ``ok`` frame ``{"node": <this
   agent's name>, "job": str}``, then a ``{"view": <view>}`` frame now and at every
-  change. The client may send ``{"heartbeat": {"step": int}}``, ``{"group": str,
-  "rank"?: int}`` (``rank``: the node's first global rank in that group),
+  change. The client may send ``{"heartbeat": {"step": int}}``, ``{"group": str}``,
   ``{"role": training|spare}`` (local rank 0's group and role are the node's, gossiped in
   its job tag, so every agent's view shows them; ``check_role``; a role given at
   ``register`` holds from the node's first view), ``{"target": int}`` (the job's target
@@ -178,10 +173,6 @@ class JobMember:
     join age, then local rank)."""
     role: str = "training"
     """``training`` or ``spare`` (``ROLES``): what the job's trainers made this node."""
-    first_rank: int | None = None
-    """The node's first global rank in the view (agent/job_ranks.py: the trainers'
-    numbering where every training node published it, else join order); None for a spare
-    and from an agent before published ranks (then the reader numbers in join order)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -194,7 +185,6 @@ class JobMember:
             "status": self.status,
             "ranks": self.ranks,
             "role": self.role,
-            "first_rank": self.first_rank,
         }
 
     @classmethod
@@ -209,7 +199,6 @@ class JobMember:
             str(d["status"]),
             int(d.get("ranks", 1)),
             str(d.get("role", ROLE_TRAINING)),
-            None if d.get("first_rank") is None else int(d["first_rank"]),
         )
 
 

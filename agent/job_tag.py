@@ -20,9 +20,7 @@ memberlist peers read it as an ordinary tag), one tag per job:
 
 Compatibility: a four-field value (agents before multi-rank jobs) means one rank, a
 five-field value (agents before spares) means ``training``. Agents before spares ignore a
-six-field value as malformed, so they do not list spare nodes (which do not train). So
-this parser drops a value with any other field count: a training node's global ranks ride
-a key of their own (agent/job_ranks.py), never a new field here.
+six-field value as malformed, so they do not list spare nodes (which do not train).
 
 Size: a job name of at most 64 characters and a group of at most 32 keep one tag under
 140 bytes encoded (key 73, value at most 66 with the role), so several jobs fit a node's

@@ -2,8 +2,8 @@
 
 A training process on a node *registers* for a job through the control API (``watch``
 with ``register``). The registration travels to every peer as one tag in the node's
-metadata, ``swim.job/<job>`` (agent/job_tag.py; a training node's global ranks beside it,
-agent/job_ranks.py), so views need no extra protocol.
+metadata, ``swim.job/<job>`` (format, compatibility and size in agent/job_tag.py), so views
+need no extra protocol.
 
 A node runs ``ranks`` training processes (*local ranks*, one per GPU; torchrun's
 ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``), each on its own ``watch`` connection. The node is one
@@ -12,38 +12,42 @@ registered, and disappears as soon as any of them unregisters (its process died)
 stops heartbeating. So a dead, left or hung node, or one hung GPU worker on a live node,
 takes all of the node's ranks out of the view at once. Why the whole node: a GPU worker
 that stops on a live host usually means trouble with the host (a stuck GPU, an NVLink or
-driver fault), its node-mates are likely next; and HSDP shards a model *within* a node,
-where one missing rank leaves the replica incomplete anyway (a rank-granular exclusion
-would suit pure data parallelism only).
+driver fault), its node-mates are likely next; and the layouts that matter here shard a
+model *within* a node (HSDP), where one missing rank leaves the node's replica incomplete
+anyway. A rank-granular exclusion would be correct only for pure data parallelism and is
+not offered.
 
-- ``registered_ms``: wall-clock milliseconds when the node's last local rank registered,
-  set once by the agent: ``(registered_ms, name)`` orders by "join age" alike everywhere,
-  whatever the clock skew; a registration that broke and completed again is a new member.
-- ``store_port``: where local rank 0 serves its rendezvous store (0: none).
+- ``registered_ms``: wall-clock milliseconds when the node's registration became complete
+  (its last local rank registered), set once by the agent. Every peer sees the same value,
+  so ordering by ``(registered_ms, name)`` gives the same "join age" order everywhere,
+  whatever the clock skew between hosts. A node whose registration broke and completed
+  again is a new member (a new ``registered_ms``).
+- ``store_port``: a TCP port where local rank 0 serves its rendezvous store (0: none).
 - ``health``: ``ok`` or ``hung``. The agent scores each local rank's per-step heartbeats
   with Phi accrual (Hayashibara et al.; ``phi/``) and flips the node to ``hung`` while any
-  stops stepping on a live host, which SWIM alone cannot see (docs/training.md §1). A
-  rank in a declared pause (``Registration.pause``: a sync checkpoint, an eval pass; at
-  most ``agent.control.MAX_PAUSE_S``) is not scored until it resumes or its ``max_s``
-  passes; then silence counts from that moment (``PhiAccrualDetector.rebase``), so the gap
-  is neither a hang nor a step sample, and an overrun is caught after the usual tolerance
-  (pauses are local: peers see only the health).
-- ``group``: an opaque token local rank 0 sets for its process group (at most
-  ``MAX_GROUP_CHARS``): peers tell that a member has moved to a newer group.
+  of them stops stepping on a live host, which SWIM alone cannot see (docs/training.md
+  §1). A rank that declared a pause (``Registration.pause``: a sync checkpoint, an eval
+  pass; at most ``agent.control.MAX_PAUSE_S``) is not scored until it resumes or its
+  ``max_s`` passes; then silence counts from that moment (``PhiAccrualDetector.rebase``),
+  so the pause's gap is neither a hang nor a sample of the step rhythm, and an overrun is
+  caught after the usual tolerance. Pauses are local: peers see only the health.
+- ``group``: an opaque token local rank 0 sets for the process group it is in (at most
+  ``MAX_GROUP_CHARS``), so peers can tell that a member has moved to a newer group.
 - ``ranks``: the node's local world size (``1..MAX_LOCAL_RANKS``).
-- ``role``: ``training`` or ``spare`` (``agent.control.ROLES``), set by local rank 0: the
-  trainers decide, the agent carries it. Not a membership change: ``registered_ms``, the
-  fingerprint and the generation stay; watchers get the view with the new role.
+- ``role``: ``training`` or ``spare`` (``agent.control.ROLES``), set by local rank 0 (at
+  registration or with a ``role`` frame): the job's trainers decide which nodes train and
+  which wait as hot spares; the agent only carries it. A role change is not a membership
+  change: ``registered_ms``, the fingerprint and the generation stay, and watchers get the
+  view with the new role.
 
 The *view* of a job is every member that is alive or suspect (SWIM §4.2: a suspect has not
 been declared failed yet) and carries a healthy registration, hot spares included, less
 the suspects this agent leaves out on strong crash evidence (agent/crash_evidence.py),
-ordered by join age. Global ranks (``first_rank``, agent/job_ranks.py) are the ones the
-trainers published with their group (a spare that replaced a failed node holds that node's
-ranks), else the join order's, then the local rank; spares have none. Its ``fingerprint``
-hashes the ordered (name, registered_ms, ranks) triples, not the roles or global ranks:
-equal on every node that sees the same member set. ``generation`` is this agent's count of
-fingerprint changes (per client, not comparable across nodes).
+ordered by join age; global ranks follow that order and, within a node, the local rank (a job with
+hot spares numbers only its training nodes, as its trainers decide). Its ``fingerprint``
+hashes the ordered (name, registered_ms, ranks) triples, not the roles: equal on every
+node that sees the same member set. ``generation`` is this agent's count of fingerprint changes: it
+numbers the views one client sees, it is not comparable across nodes.
 
 Everything here is pure (no trio, no sockets): the control server owns the I/O.
 """
@@ -56,7 +60,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.control import ROLE_SPARE, ROLE_TRAINING, ControlError, JobMember, check_pause
-from agent.job_ranks import decode_first_rank, number, rank_key
 from agent.job_tag import (
     HEALTH_HUNG,
     HEALTH_OK,
@@ -125,28 +128,18 @@ def job_members(
 ) -> list[JobMember]:
     """The members of ``job``'s view, oldest registration first. ``tags_of(member)`` decodes
     a member's tags (the caller owns the tag codec); ``excluded``: names left out on strong
-    crash evidence (agent/crash_evidence.py). Training nodes carry their ``first_rank``."""
-    return _numbered(job, members, tags_of, excluded)[0]
-
-
-def _numbered(
-    job: str, members: Iterable[Member], tags_of: Any, excluded: Set[str]
-) -> tuple[list[JobMember], str]:
-    key, ranks_key = tag_key(job), rank_key(job)
+    crash evidence (agent/crash_evidence.py)."""
+    key = tag_key(job)
     found: list[JobMember] = []
-    published: dict[str, int] = {}
     for m in members:
         if m.name in excluded:
             continue
-        tags = tags_of(m)
-        value = tags.get(key)
+        value = tags_of(m).get(key)
         tag = JobTag.decode(value) if isinstance(value, str) else None
         if tag is not None and _in_view(m, tag):
             found.append(_job_member(m, tag))
-            if (first := decode_first_rank(tags.get(ranks_key))) is not None:
-                published[m.name] = first
     found.sort(key=_join_age)
-    return number(found, published)
+    return found
 
 
 def _in_view(m: Member, tag: JobTag) -> bool:
@@ -205,14 +198,13 @@ def view(
     generations: Generations,
     excluded: Set[str] = frozenset(),
 ) -> dict[str, Any]:
-    listed, ranks_from = _numbered(job, members, tags_of, excluded)
+    listed = job_members(job, members, tags_of, excluded)
     fp = fingerprint(listed)
     return {
         "job": job,
         "generation": generations.number(job, fp),
         "fingerprint": fp,
         "members": [m.as_dict() for m in listed],
-        "ranks_from": ranks_from,
     }
 
 
@@ -295,8 +287,6 @@ class Registration:
     group: str = ""
     role: str = ROLE_TRAINING
     """The node's role in the job as this rank last set it (local rank 0's is gossiped)."""
-    first_rank: int | None = None
-    """The node's first global rank in ``group``, set with it (agent/job_ranks.py)."""
     target_nodes: int | None = None
     """The job's target number of training nodes, as this rank last reported it (local
     rank 0's is shown by ``jobs``; not gossiped)."""

@@ -15,9 +15,7 @@ from typing import Any
 
 import trio
 
-from agent.control import ROLE_TRAINING
 from agent.crash_evidence import CrashEvidence
-from agent.job_ranks import encode_first_rank, rank_key
 from agent.jobs import Generations, LocalJobs, Registration, summaries, tag_key, view
 from agent.slow_jobs import SlowChange, SlowJobs
 from swim import Member, NodeStateType
@@ -73,34 +71,18 @@ class JobRegistry:
         return change
 
     async def sync_tag(self, job: str) -> None:
-        """Publish what the registrations say the node's tags for ``job`` are now (the job
-        tag and a training node's rank tag, agent/job_ranks.py; or remove them), under the
-        lock, in one metadata update. A rank tag that would not fit the metadata is left
-        out (the view numbers in join order): the job tag alone is published
-        (``ValueError`` if even that does not fit)."""
-        key, ranks_key = tag_key(job), rank_key(job)
+        """Publish what the registrations say the node's tag for ``job`` is now (or remove
+        it), under the lock."""
+        key = tag_key(job)
         async with self._lock:
             tag = self.local.tag(job, int(trio.current_time() * 1000))
             value = None if tag is None else tag.encode()
-            first = None if tag is None or tag.role != ROLE_TRAINING else self._first_rank(job)
-            ranks = None if first is None else encode_first_rank(first)
-            tags = self._tags()
-            if value == tags.get(key) and ranks == tags.get(ranks_key):
+            if value == self._tags().get(key):
                 return
-            set_ = {k: v for k, v in ((key, value), (ranks_key, ranks)) if v is not None}
-            delete = [k for k, v in ((key, value), (ranks_key, ranks)) if v is None]
-            try:
-                await self._update_tags(set_, delete)
-            except ValueError:
-                if value is None or ranks is None:
-                    raise
-                log.warning("job %s: no room for the rank tag in the node's metadata", job)
-                await self._update_tags({key: value}, [ranks_key])
-
-    def _first_rank(self, job: str) -> int | None:
-        node_job = self.local.jobs.get(job)
-        first = None if node_job is None else node_job.ranks.get(0)
-        return None if first is None else first.first_rank
+            if value is None:
+                await self._update_tags({}, [key])
+            else:
+                await self._update_tags({key: value}, [])
 
     def targets(self) -> dict[str, int | None]:
         """Each job registered here and its target number of training nodes (or None), as

@@ -25,9 +25,7 @@ agent's monotonic clock. Schemas:
   "spares": int, "nodes": [node], "hung_nodes": [str], "local": local|null}``. ``nodes``:
   every member carrying the job's tag, the view's members first (``{"name", "status",
   "in_view": bool, "health": ok|hung, "ranks": int, "registered_ms": int, "group": str,
-  "role": training|spare, "first_rank": int|null}``: a training node's first global rank
-  as ``swimctl view`` numbers it, agent/job_ranks.py; null for a spare and out of the
-  view); ``ranks`` sums the view's training nodes' ranks;
+  "role": training|spare}``); ``ranks`` sums the view's training nodes' ranks;
   ``training`` and ``spares`` count the view's nodes by role (``agent.control.ROLES``);
   ``formations`` counts the view's fingerprint changes this agent saw (its first sight
   counts one) and ``formed_ms`` is the last one's time. ``local`` (this node's own
@@ -215,7 +213,6 @@ def _jobs(
                 "registered_ms": j.registered_ms,
                 "group": j.group,
                 "role": j.role,
-                "first_rank": j.first_rank,
             }
             for j in view
         ]
@@ -235,7 +232,6 @@ def _jobs(
                     "registered_ms": tag.registered_ms,
                     "group": tag.group,
                     "role": tag.role,
-                    "first_rank": None,
                 }
             )
         fp, formed_ms, count = formations.seen[job]

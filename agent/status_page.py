@@ -211,11 +211,7 @@ function renderJobs(data) {
     for (const n of j.nodes) {
       // a hot spare is in the view but does not train: marked, in the neutral colour
       const spare = n.role === "spare";
-      // a training node's global ranks (the trainers' slots where they published them)
-      const first = n.first_rank;
-      const global = first == null ? "" :
-        " #" + first + (n.ranks > 1 ? "-" + (first + n.ranks - 1) : "");
-      const label = n.name + (n.ranks > 1 ? " \\u00d7" + n.ranks : "") + global +
+      const label = n.name + (n.ranks > 1 ? " \\u00d7" + n.ranks : "") +
         (spare ? " [spare]" : "") +
         (n.in_view ? "" : " (" + (n.health === "hung" ? "hung" : n.status) + ")");
       nodes.append(el("span", label,

@@ -8,9 +8,7 @@ job rules in ``agent.jobs``).
   them closes, so a crashed trainer on a live host takes its node out of the view as soon
   as its socket closes (gossip then carries the change);
 - the client sends ``{"heartbeat": {"step": int}}`` per training step and
-  ``{"group": str, "rank"?: int}`` when it enters a process group (local rank 0's is
-  gossiped; ``rank``, the node's first global rank there, in its rank tag:
-  agent/job_ranks.py; a group without one removes it); the agent
+  ``{"group": str}`` when it enters a process group (local rank 0's is gossiped); the agent
   scores heartbeats with Phi accrual per rank and flags the node ``hung`` while any rank's
   stop (the tag's health field);
 - ``{"role": "training"|"spare"}``: what the job's trainers made this node (local rank
@@ -53,7 +51,6 @@ import trio
 from agent import serf
 from agent.api import AgentAPI
 from agent.control import ControlError, FrameDecoder, check_target, encode_frame, error, ok
-from agent.job_ranks import check_first_rank
 from agent.jobs import (
     HEALTH_OK,
     MAX_REGISTRATIONS,
@@ -205,13 +202,10 @@ async def _read_client(
                     log.info("job %s: local rank %d resumed", reg.job, reg.local_rank)
             if "group" in frame:
                 try:
-                    group = check_group(frame["group"])
-                    first = frame.get("rank")
-                    first = None if first is None else check_first_rank(first)
-                except (JobError, ValueError) as exc:
+                    reg.group = check_group(frame["group"])
+                except JobError as exc:
                     _refuse(reg, "group", exc)
                     continue
-                reg.group, reg.first_rank = group, first
                 if reg.local_rank == 0:
                     await agent.jobs.sync_tag(reg.job)
             if "role" in frame:

@@ -111,13 +111,11 @@ class View:
         return sum(m.ranks for m in self.members)
 
     def ranks_of(self, name: str) -> range:
-        """``name``'s global ranks in this view: as the agent numbered them (``first_rank``:
-        the trainers' published ranks, or join order), else after every older member's."""
+        """``name``'s global ranks in this view: after every older member's ranks."""
         first = 0
         for m in self.members:
             if m.name == name:
-                start = first if m.first_rank is None else m.first_rank
-                return range(start, start + m.ranks)
+                return range(first, first + m.ranks)
             first += m.ranks
         raise KeyError(f"{name!r} is not in view {self.generation} of {self.job!r}")
 
@@ -321,14 +319,8 @@ class Membership:
     def heartbeat(self, step: int) -> None:
         self._send({"heartbeat": {"step": step}})
 
-    def set_group(self, group: str, first_rank: int | None = None) -> None:
-        """The process group this node is in now, and the node's first global rank in it
-        (its slot's: shown in every agent's view, agent/job_ranks.py; None: no rank, the
-        node left its group). An agent before published ranks ignores ``rank``."""
-        frame: dict[str, Any] = {"group": group}
-        if first_rank is not None:
-            frame["rank"] = int(first_rank)
-        self._send(frame)
+    def set_group(self, group: str) -> None:
+        self._send({"group": group})
 
     def set_role(self, role: str) -> None:
         """This node's role in the job now: ``"training"`` or ``"spare"`` (local rank 0

@@ -485,7 +485,7 @@ class Elastic:
         self._group = group
         self._has_state = True
         self._applied_in = token  # every rank of the group now holds the same state
-        self.membership.set_group(token, layout.ranks_of(self.node).start)
+        self.membership.set_group(token)
         self.spares.tell("training")
         nodes = " ".join(f"{n.name}x{n.ranks}" for n in layout.nodes)
         log.info("group %s: rank %d of %d (%s) at step %d, %s from rank %d", token, rank, world,

@@ -449,7 +449,7 @@ def test_jobs_and_view_with_real_registrations(agents: list[LocalAgent]) -> None
         text = swimctl(a0, "view", "train").stdout.splitlines()
         assert text[0] == (
             f"Job train: generation {shown['generation']}, fingerprint {shown['fingerprint']}, "
-            "2 training node(s), 3 rank(s), 0 spare(s); global ranks from join order"
+            "2 training node(s), 3 rank(s), 0 spare(s)"
         )
         assert [line.split()[:7] for line in text[2:]] == [
             ["agent-0", f"127.0.0.1:{a0.port}", "alive", "training", "2", "0-1", "29500"],
