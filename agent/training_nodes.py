@@ -25,10 +25,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agent.control import ControlClient, ControlError
 from agent.demo import agent_command
@@ -37,7 +37,9 @@ from agent.procs import free_port, stop, until
 __all__ = [
     "LOOPBACK",
     "ROOT",
+    "Launch",
     "Placement",
+    "Proc",
     "TrainingNode",
     "reference_curves",
     "reference_losses",
@@ -61,6 +63,24 @@ class Placement:
 LOOPBACK = Placement()
 
 
+class Proc(Protocol):
+    """What the helpers use of a started trainer: ``subprocess.Popen`` has it all."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+Launch = Callable[[Sequence[str], Mapping[str, str], Path, int, Path], Proc]
+"""Another way to start a node's command: (command, environment, log, process group or 0
+for a new one it leads, working directory) to the started process (bench/forkserver.py)."""
+
+
 class TrainingNode:
     def __init__(
         self,
@@ -73,6 +93,7 @@ class TrainingNode:
         place: Placement = LOOPBACK,
         join_host: str = "127.0.0.1",
         agent_args: tuple[str, ...] = (),
+        launch: Launch | None = None,
     ) -> None:
         self.name = name
         self.workdir = workdir
@@ -85,16 +106,20 @@ class TrainingNode:
         args = agent_command(
             name, self.port, self.control, profile, join_port, host=place.host, join_host=join_host
         ) + list(agent_args)
-        with self.agent_log.open("wb") as out:
-            self.agent = subprocess.Popen(
-                [*place.wrap, *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=ROOT,
-                process_group=0,
-            )
+        self.agent: Proc
+        if launch is not None:  # process group 0: one of its own, as process_group=0
+            self.agent = launch([*place.wrap, *args], dict(os.environ), self.agent_log, 0, ROOT)
+        else:
+            with self.agent_log.open("wb") as out:
+                self.agent = subprocess.Popen(
+                    [*place.wrap, *args],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=ROOT,
+                    process_group=0,
+                )
         self.pgid = self.agent.pid
-        self.trainers: list[subprocess.Popen[bytes]] = []
+        self.trainers: list[Proc] = []
 
     def ready(self) -> bool:
         if self.agent.poll() is not None:
@@ -116,8 +141,11 @@ class TrainingNode:
         suffix = "" if self.ranks == 1 else f".r{local_rank}"
         return self.workdir / f"{self.name}{suffix}.trainer.log"
 
-    def start_trainers(self, script: str | Path, *args: str, timeout_s: float = 240) -> None:
-        """One process per local rank, each with ``--control``, ``--log`` and ``args``."""
+    def start_trainers(
+        self, script: str | Path, *args: str, timeout_s: float = 240, launch: Launch | None = None
+    ) -> None:
+        """One process per local rank, each with ``--control``, ``--log`` and ``args``;
+        ``launch`` starts each command its own way instead of ``subprocess.Popen``."""
         for local_rank in range(self.ranks):
             # --foreground: stay in the node's process group (timeout makes its own otherwise)
             cmd = [
@@ -132,6 +160,11 @@ class TrainingNode:
                 "LOCAL_RANK": str(local_rank),
                 "LOCAL_WORLD_SIZE": str(self.ranks),
             }
+            if launch is not None:
+                self.trainers.append(
+                    launch(cmd, env, self.trainer_log(local_rank), self.pgid, ROOT)
+                )
+                continue
             with self.trainer_log(local_rank).open("ab") as out:
                 self.trainers.append(
                     subprocess.Popen(
@@ -194,8 +227,13 @@ class TrainingNode:
 
     def stop(self) -> None:
         """SIGKILL the whole node (a stopped process dies of SIGKILL too) and reap it."""
-        stop(self.agent, sig=signal.SIGKILL, group=True)  # the agent leads the node's group
-        stop(*self.trainers, sig=signal.SIGKILL)  # gone with the group: reaped here
+        agent = self.agent if isinstance(self.agent, subprocess.Popen) else self.agent.pid
+        stop(agent, sig=signal.SIGKILL, group=True)  # the agent leads the node's group
+        # gone with the group: reaped here (another way's process by its pid)
+        stop(
+            *(t if isinstance(t, subprocess.Popen) else t.pid for t in self.trainers),
+            sig=signal.SIGKILL,
+        )
 
 
 def reference_losses(script: str | Path, steps: int, seed: int) -> list[float]:

@@ -23,13 +23,15 @@ then for ``--minutes`` one fault every ``--every-s`` seconds, kinds and victims 
   slowdown is lifted and its agent SIGKILLed.
 
 Then the victim is restarted (same name, same address, as a rebooted host) as a spare.
-A rebooting host has CPUs of its own, but here every node shares 2 cores, and a start (the
-torch import, the model build: several CPU-seconds) slows the training nodes, a cost of
-this test machine and not of the recovery: its processes start ``--restart-sched``'s way
-(bench/restart_sched.py: ``SCHED_IDLE``, or ``--restart-nice`` 19) and are set back to
-normal once it waits as a spare. Either way a start slows the training nodes' steps by
-10-20 % for its 4-5 s (the slow steps begin with the restart and end when it waits as a
-spare); the result notes what the restarts cost (bench/mixed_restarts.py), per way.
+A rebooting host has CPUs of its own, but here every node shares 2 cores, and any CPU work
+slows the training nodes whatever its priority (a start's imports and model build: ~6.5
+CPU-seconds, 10-20 % slower steps for its 4-5 s), a cost of this test machine and not of
+the recovery. So its processes start ``--restart-sched``'s way (bench/restart_sched.py):
+``fork`` (the default) forks its agent and trainers as ``SCHED_IDLE`` from processes that
+imported their modules before the baseline (bench/forkserver.py), ``idle`` and ``nice``
+start them afresh as ``SCHED_IDLE`` or at ``--restart-nice``; each is set back to normal
+once it waits as a spare. The result notes what the restarts still cost
+(bench/mixed_restarts.py, from each restart to its spare's first wait), per way.
 A fault waits until the job trains at full size with every spare back (the delay is
 recorded, as bench/step_efficiency.py does). Step logs are read incrementally (an hour
 of steps is too much to reread on every poll); only local rank 0's records are kept.
@@ -55,7 +57,7 @@ from typing import Any
 
 from agent.control import ControlClient, ControlError
 from agent.procs import until
-from agent.training_nodes import Placement, TrainingNode
+from agent.training_nodes import Launch, Placement, TrainingNode
 from bench import mixed_restarts, mixed_results, restart_sched
 from bench import results as result_files
 from bench.clusters import agent_port
@@ -123,6 +125,7 @@ class Mixed:
         self.restarted: list[tuple[float, str]] = []
         """(time, sched) of each restart, for ``restart_sched.split``."""
         self.unplanned: list[dict[str, Any]] = []
+        self.forks = restart_sched.Forks(self.scheds, work)
         self.ns = NsTraining(self.nodes + args.spares, work, "fast", self.ranks)
         self.live = {n.name: n for n in self.ns.nodes}
         self.host = {n.name: self.ns.index(n) for n in self.ns.nodes}
@@ -136,7 +139,7 @@ class Mixed:
     def slow_file(self, name: str) -> Path:
         return self.work / f"slow-{name}"
 
-    def _start(self, node: TrainingNode, *, spare: bool) -> None:
+    def _start(self, node: TrainingNode, *, spare: bool, launch: Launch | None = None) -> None:
         a = self.args
         left = max(self.deadline - time.monotonic(), 60)
         node.start_trainers(
@@ -146,6 +149,7 @@ class Mixed:
             *("--target-nodes", str(self.nodes), "--slow-policy", "replace"),
             *("--slow-file", str(self.slow_file(node.name)), *(["--spare"] if spare else [])),
             timeout_s=left + 120,
+            launch=launch,
         )
 
     def close(self) -> None:
@@ -154,6 +158,7 @@ class Mixed:
                 n.stop()
         finally:
             self.ns.close()  # the first nodes by pid, then the namespaces
+            self.forks.close()
 
     def view(self) -> list[dict[str, Any]]:
         """The job's view from the first live agent that answers (empty if none does)."""
@@ -264,24 +269,22 @@ class Mixed:
         self.restarted.append((time.time(), sched))
         prefix = restart_sched.wrap(sched, self.args.restart_nice)  # the module docstring
         place = Placement((*prefix, *place.wrap), place.host, place.env)
+        how = functools.partial(
+            TrainingNode, place=place, join_host=seed.host, launch=self.forks.agent(sched)
+        )
         with agent_port(old.port):
-            node = TrainingNode(
-                victim, work, seed.port, "fast", self.ranks, place=place, join_host=seed.host
-            )
+            node = how(victim, work, seed.port, "fast", self.ranks)
         self.all.append(node)
         try:
             node.wait_ready()
         except RuntimeError:  # the old port not free after all: a new one
             node.stop()
             (work / "again").mkdir()
-            node = TrainingNode(
-                victim, work / "again", seed.port, "fast", self.ranks, place=place,
-                join_host=seed.host,
-            )  # fmt: skip
+            node = how(victim, work / "again", seed.port, "fast", self.ranks)
             self.all.append(node)
             node.wait_ready()
         self.live[victim] = node
-        self._start(node, spare=True)
+        self._start(node, spare=True, launch=self.forks.trainers(sched))
         self.niced.append(node)
         return dropped
 
@@ -419,6 +422,7 @@ def run(args: argparse.Namespace, kinds: tuple[str, ...]) -> dict[str, Any]:
             mixed.close()
         result["load_after"] = load()
         spans = mixed_restarts.windows(work)  # before a temporary workdir goes
+        spans = mixed_restarts.from_restarts(spans, [t for t, _ in mixed.restarted])
     result |= mixed_results.summary(records, (base0, base1), (base1, end))
     restarts = mixed_restarts.cost(records, [w for w in spans if base1 <= w[0] < end])
     result["restarts"] = len(restarts["per_window"])
@@ -458,29 +462,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-work", type=float, default=0.02, help="compute slept per step")
     parser.add_argument("--step-sleep", type=float, default=0.03, help="sleep after each step")
     parser.add_argument(
-        "--restart-nice",
-        type=int,
-        default=19,
-        choices=range(20),
-        metavar="0-19",
+        "--restart-nice", type=int, default=19, choices=range(20), metavar="0-19",
         help="with --restart-sched nice: a restarted node starts at this nice level until it "
         "waits as a spare (0: off)",
-    )
+    )  # fmt: skip
     parser.add_argument(
-        "--restart-sched",
-        default="idle",
-        help="idle (SCHED_IDLE), nice, or a comma-separated cycle of them (one per restart): "
-        "how a restarted node starts until it waits as a spare (bench/restart_sched.py)",
-    )
+        "--restart-sched", default="fork",
+        help="fork, idle (SCHED_IDLE), nice, or a comma-separated cycle of them (one per "
+        "restart): how a restarted node starts until it waits as a spare (bench/restart_sched.py)",
+    )  # fmt: skip
     parser.add_argument("--start-timeout-s", type=float, default=300.0)
     parser.add_argument("--workdir", type=Path, default=None, help="keep every log here")
     result_files.add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         kinds = mixed_results.kinds_of(args.faults)
-    except ValueError as exc:
-        parser.error(str(exc))
-    try:
         restart_sched.parse(args.restart_sched)
     except ValueError as exc:
         parser.error(str(exc))

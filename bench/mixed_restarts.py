@@ -5,7 +5,9 @@ On this test machine a victim comes back on the same 2 cores as the training nod
 agent starts, its trainers import torch and build their model, then it waits as a spare.
 On a cluster it would start on its own host and cost the job nothing. Its *restart
 window* runs from its agent's first log line to its local rank 0's ``is a spare`` line
-(torchhook.spares). The cost is the global steps the job did not complete in those
+(torchhook.spares); the harness, which knows when it started each restart, moves the start
+back to that moment (``from_restarts``: the agent's imports come before its first line).
+The cost is the global steps the job did not complete in those
 windows against the failure-free pace: ``window / step_s - steps`` summed, where
 ``step_s`` is the mean gap between global steps outside stalls and windows (a gap over
 ``STALL_STEPS`` normal steps is a stall: a recovery, counted elsewhere).
@@ -39,7 +41,7 @@ from typing import Any
 
 from bench.step_efficiency import STALL_STEPS, count
 
-__all__ = ["cost", "main", "records", "windows"]
+__all__ = ["cost", "from_restarts", "main", "records", "windows"]
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 SPARE = re.compile(r"torchhook\.elastic node \S+ is a spare")
@@ -69,6 +71,20 @@ def windows(work: Path) -> list[tuple[float, float]]:
         if start is not None and ready is not None and ready > start:
             out.append((start, ready))
     return sorted(out)
+
+
+def from_restarts(
+    spans: Sequence[tuple[float, float]], restarts: Sequence[float], max_s: float = 30.0
+) -> list[tuple[float, float]]:
+    """Each window begun at the restart that started it: the last of ``restarts`` (the
+    harness's wall times when it started a victim's agent) at or before the window's
+    start, no more than ``max_s`` before it. An agent's first log line comes after its
+    imports (~0.5 CPU-s), and a start's cost begins with the process."""
+    out = []
+    for start, ready in spans:
+        began = max((t for t in restarts if t <= start), default=None)
+        out.append((began if began is not None and start - began <= max_s else start, ready))
+    return out
 
 
 def records(work: Path) -> list[dict[str, Any]]:

@@ -396,6 +396,8 @@ def _started(r: Mapping[str, Any]) -> str:
     """How the restarted victims started (bench/restart_sched.py)."""
     ways = {
         "idle": "as SCHED_IDLE",
+        "fork": "forked as SCHED_IDLE from processes that imported their modules before the "
+        "measurement (bench/forkserver.py)",
         "nice": f"at nice {r['restart_nice']}" if r.get("restart_nice") else "at nice 0",
     }
     scheds = str(r.get("restart_sched", "nice")).split(",")
@@ -410,7 +412,7 @@ def _restart_note(r: Mapping[str, Any]) -> list[str]:
     share = r["restart_lost_s"] / r["window_s"]
     notes = [
         f"{r['restarts']} victims restarted on the same 2 cores as the training nodes cost "
-        f"{r['restart_lost_s']:.1f} s of training while they started (agent start to "
+        f"{r['restart_lost_s']:.1f} s of training while they started (restart to "
         f"waiting as a spare; bench/mixed_restarts.py): {100 * share:.2f} points of the "
         "step efficiency, which a victim restarting on a host of its own would not cost"
     ]

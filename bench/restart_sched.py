@@ -12,10 +12,17 @@ model build: ~6 CPU-seconds) runs mostly on idle CPU time. Two ways to start it,
 - ``idle``: ``chrt --idle 0`` (``SCHED_IDLE``): it runs only on a core nobody else wants,
   and a waking normal task preempts it at once (Linux ``check_preempt_wakeup_fair``).
 
-Neither makes a start free: over an hour of one fault a minute a restart cost the training
-nodes 0.49 s of training at nice 19 and 0.47 s as ``SCHED_IDLE`` (two runs, 60 restarts
-each), so what slows them is not which task the scheduler runs (caches and memory
-bandwidth are shared whatever the priority; not measured further).
+- ``fork``: as ``idle``, and its agent and trainers are forked from processes that
+  imported their modules before the measurement (bench/forkserver.py: one for agents, one
+  for trainers, so an agent never holds torch), so the start skips the imports (two torch
+  imports and the agent's: ~4.1 of its ~6.5 CPU-seconds).
+
+Neither ``nice`` nor ``idle`` makes a start free: over an hour of one fault a minute a
+restart cost the training nodes 0.49 s of training at nice 19 and 0.47 s as
+``SCHED_IDLE`` (two runs, 60 restarts each). What slows them is the CPU time itself, not
+which task the scheduler runs: during a failure-free run one busy loop at ``SCHED_IDLE``
+made the steps 86-88 ms against 77-78 ms, one at normal priority 90 ms (bench/forkserver.py
+has the measurement). So ``fork`` attacks the CPU-seconds.
 
 Either way every thread of the node's processes is set back to ``SCHED_OTHER`` at nice 0
 (``restore``) once it waits as a spare, before it can be drafted. A comma-separated list
@@ -30,13 +37,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEDS", "parse", "restore", "split", "wrap"]
+from agent.training_nodes import Launch
+from bench.forkserver import ForkServer
 
-SCHEDS = ("nice", "idle")
+__all__ = ["PRELOAD", "SCHEDS", "Forks", "parse", "restore", "split", "wrap"]
+
+SCHEDS = ("nice", "idle", "fork")
+PRELOAD = ("torch", "torch.distributed", "elastic_ddp")
+"""What the trainers' fork server imports (examples/elastic_ddp.py imports the rest:
+torchhook, job)."""
+AGENT_PRELOAD = ("agent.cli", "agent.runtime")
+"""What the agents' fork server imports (``swimctl agent`` imports the runtime lazily)."""
 
 
 def parse(text: str) -> tuple[str, ...]:
-    """``--restart-sched``: ``nice``, ``idle`` or a comma-separated cycle of them."""
+    """``--restart-sched``: ``nice``, ``idle``, ``fork`` or a comma-separated cycle of them."""
     scheds = tuple(s.strip() for s in text.split(",") if s.strip())
     if not scheds or any(s not in SCHEDS for s in scheds):
         raise ValueError(f"--restart-sched: {text!r} is not a list of {' or '.join(SCHEDS)}")
@@ -45,9 +60,34 @@ def parse(text: str) -> tuple[str, ...]:
 
 def wrap(sched: str, nice: int) -> tuple[str, ...]:
     """The command prefix that starts a restarted node's processes ``sched``'s way."""
-    if sched == "idle":
+    if sched in ("idle", "fork"):  # fork: the fork server sets SCHED_IDLE from this prefix
         return ("chrt", "--idle", "0")
     return ("nice", "-n", str(nice)) if nice else ()
+
+
+class Forks:
+    """The fork servers ``fork`` restarts need, started at once (before the baseline) when
+    ``scheds`` has ``fork``; ``agent(sched)`` and ``trainers(sched)`` say how a node
+    restarted ``sched``'s way starts its processes (None: ``subprocess.Popen``)."""
+
+    def __init__(self, scheds: Sequence[str], work: Path) -> None:
+        self.servers: dict[str, ForkServer] = {}
+        if "fork" in scheds:
+            examples = Path(__file__).resolve().parents[1] / "examples"
+            self.servers["agent"] = ForkServer.start(work, AGENT_PRELOAD, name="fork-agents")
+            self.servers["trainers"] = ForkServer.start(
+                work, PRELOAD, path=(examples,), name="fork-trainers"
+            )
+
+    def agent(self, sched: str) -> Launch | None:
+        return self.servers["agent"].launch if sched == "fork" else None
+
+    def trainers(self, sched: str) -> Launch | None:
+        return self.servers["trainers"].launch if sched == "fork" else None
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.close()
 
 
 def _pgrp(pid: str) -> int | None:

@@ -24,10 +24,12 @@ time.sleep(60)
 def test_parse_and_wrap() -> None:
     assert restart_sched.parse("idle") == ("idle",)
     assert restart_sched.parse("nice, idle") == ("nice", "idle")
+    assert restart_sched.parse("fork,idle") == ("fork", "idle")
     for bad in ("", "fast", "idle,other"):
         with pytest.raises(ValueError, match="--restart-sched"):
             restart_sched.parse(bad)
     assert restart_sched.wrap("idle", 19) == ("chrt", "--idle", "0")
+    assert restart_sched.wrap("fork", 19) == ("chrt", "--idle", "0"), "the fork server reads it"
     assert restart_sched.wrap("nice", 19) == ("nice", "-n", "19")
     assert restart_sched.wrap("nice", 0) == ()
 
@@ -63,3 +65,11 @@ def test_split_gives_each_window_to_the_restart_before_it() -> None:
     assert by["nice"]["lost_s"] == pytest.approx(0.6)
     assert by["idle"] == {"restarts": 1, "lost_steps": 2.0, "lost_s": pytest.approx(0.2)}
     assert restart_sched.split(windows, [(200.0, "idle")], 0.1) == {}, "no restart before"
+
+
+def test_a_restart_window_begins_when_its_agent_was_started() -> None:
+    from bench.mixed_restarts import from_restarts
+
+    spans = [(10.6, 15.0), (70.9, 75.0), (200.0, 204.0)]
+    got = from_restarts(spans, [10.0, 70.0, 71.0, 100.0])
+    assert got == [(10.0, 15.0), (70.0, 75.0), (200.0, 204.0)], "none within 30 s: as logged"
