@@ -30,12 +30,12 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from agent.procs import until
+from bench import results as result_files
 from bench import step_efficiency
 from tests.netns.training import NsTraining
 
@@ -130,8 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="swim-false-drop-") as tmp:
-        root = args.workdir or Path(tmp)
+    with result_files.workdir(args.workdir, "swim-false-drop-") as root:
         for i in range(args.repeats):
             for on in (True, False):
                 load = step_efficiency.load()

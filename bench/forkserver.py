@@ -31,6 +31,7 @@ live in their nodes' process groups and are stopped with them (agent/procs.py ``
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import gc
@@ -259,6 +260,8 @@ def _child(req: Mapping[str, Any], plan: Plan) -> None:
     except BaseException:  # the child reports and exits, whatever it was
         traceback.print_exc()
     finally:
+        with contextlib.suppress(Exception):
+            atexit._run_exitfuncs()  # as an interpreter's exit would (torchhook/stores.py)
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()

@@ -50,7 +50,6 @@ import json
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -400,11 +399,7 @@ def run(args: argparse.Namespace, kinds: tuple[str, ...]) -> dict[str, Any]:
         "load_before": load(),
         "problems": [],
     }
-    with tempfile.TemporaryDirectory(prefix="swim-mixed-") as tmp:
-        work = Path(tmp)
-        if args.workdir is not None:
-            work = args.workdir
-            work.mkdir(parents=True)
+    with result_files.workdir(args.workdir, "swim-mixed-", fresh=True) as work:
         began = time.monotonic()
         mixed = Mixed(args, work, args.start_timeout_s + args.baseline_s + window_s + 120)
         try:

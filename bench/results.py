@@ -38,13 +38,15 @@ current answer to every question.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -370,6 +372,19 @@ def newest(directory: Path = DIR) -> dict[str, dict[str, Any]]:
         if data["question"] not in best or key > best[data["question"]][0]:
             best[data["question"]] = (key, data)
     return {q: d for q, (_, d) in sorted(best.items())}
+
+
+@contextlib.contextmanager
+def workdir(kept: Path | None, prefix: str, *, fresh: bool = False) -> Iterator[Path]:
+    """A benchmark's working folder: ``kept`` (its ``--workdir``, created, kept for reading
+    the logs afterwards; ``fresh``: refused if it exists, so that no earlier run's logs
+    mix in) or a temporary folder removed on the way out."""
+    if kept is not None:
+        kept.mkdir(parents=True, exist_ok=not fresh)
+        yield kept
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

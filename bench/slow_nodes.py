@@ -32,7 +32,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -162,10 +161,7 @@ def _job(args: argparse.Namespace, work: Path, quick: float, clean_s: float) -> 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"load_before": load()}
-    with tempfile.TemporaryDirectory(prefix="swim-slow-") as tmp:
-        work = Path(tmp)
-        if args.workdir is not None:  # kept for reading the logs afterwards
-            work = args.workdir
+    with result_files.workdir(args.workdir, "swim-slow-") as work:
         # one job per quick factor, the first listed last: its trials follow the others'
         # at once (the loads compare), then its clean run
         jobs: list[dict[str, Any]] = []

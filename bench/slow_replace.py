@@ -37,7 +37,6 @@ import itertools
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -274,11 +273,7 @@ def run_job(nodes: list[TrainingNode], work: Path, args: Any) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"load_before": load()}
-    with tempfile.TemporaryDirectory(prefix="swim-slow-replace-") as tmp:
-        work = Path(tmp)
-        if args.workdir is not None:  # kept for reading the logs afterwards
-            work = args.workdir
-            work.mkdir(parents=True)
+    with result_files.workdir(args.workdir, "swim-slow-replace-", fresh=True) as work:
         nodes = start_nodes(["n0", "n1", "n2", "n3"], work, "fast", RANKS)
         try:
             out |= run_job(nodes, work, args)

@@ -58,7 +58,6 @@ import contextlib
 import fcntl
 import itertools
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,9 +139,7 @@ def measure_inprocess(
     profile's default."""
     full, reduced = nodes * ranks, (nodes - 1) * ranks
     after_world = full if spares else reduced
-    with tempfile.TemporaryDirectory(prefix="swim-torchbench-") as tmp:
-        work = workdir or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    with results.workdir(workdir, "swim-torchbench-") as work:
         fault_file = work / "fault"
         agent_args = agent_variants.agent_args(work, early_drop, small_group)
         with _cluster(net, nodes + spares, work, profile, ranks, agent_args) as (cluster, ns):

@@ -27,7 +27,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -286,8 +285,7 @@ def measure(
     time the first step of a new 2-node group, world 2N (None if none within ``window_s``).
     That step is the group's: every worker of it logged a step there, and the earliest
     record counts, as no rank completes a step before all have sent their gradients."""
-    with tempfile.TemporaryDirectory(prefix="swim-trbench-") as tmp:
-        work = workdir or Path(tmp)
+    with results.workdir(workdir, "swim-trbench-") as work:
         nodes = start_nodes(work, backend, profile, 3, nproc_per_node=nproc_per_node)
         try:
             started = time.monotonic()

@@ -145,3 +145,11 @@ def test_a_forked_trainer_lives_in_the_asked_network_namespace(
         assert got["netns"] != os.readlink("/proc/self/ns/net")
     finally:
         subprocess.run(["ip", "netns", "delete", ns], check=True)
+
+
+def test_exit_handlers_run_as_at_an_interpreter_exit(server: ForkServer, tmp_path: Path) -> None:
+    script = tmp_path / "atexit_probe.py"
+    script.write_text("import atexit\natexit.register(print, 'bye', flush=True)\n")
+    log = tmp_path / "a.log"
+    assert server.launch([sys.executable, str(script)], {}, log, os.getpgid(0), ROOT).wait(30) == 0
+    assert log.read_text().splitlines() == ["bye"], "the script's handler, once"

@@ -310,3 +310,19 @@ def test_a_results_command_leaves_out_local_paths() -> None:
     assert results.command_line("bench.x", argv) == "python -m bench.x --n 3 --m"
     for path in sorted(ROOT.glob("results/**/*.json")):
         assert "/work/" not in json.loads(path.read_text())["command"], path
+
+
+def test_a_benchmark_workdir_is_kept_or_temporary(tmp_path: Path) -> None:
+    from bench.results import workdir
+
+    with workdir(None, "swim-test-") as tmp:
+        assert tmp.is_dir() and tmp.name.startswith("swim-test-")
+    assert not tmp.exists(), "a temporary folder goes on the way out"
+    kept = tmp_path / "a" / "b"
+    with workdir(kept, "swim-test-") as got:
+        assert got == kept and kept.is_dir()
+    with workdir(kept, "swim-test-") as again:
+        assert again == kept, "kept twice: fine unless fresh"
+    assert kept.is_dir(), "kept after the run"
+    with pytest.raises(FileExistsError), workdir(kept, "swim-test-", fresh=True):
+        pass
