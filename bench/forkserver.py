@@ -2,10 +2,11 @@
 restarted node's start does not spend its CPU-seconds on the test machine's shared cores.
 
 Why: on this 2-core test machine every node shares the CPUs, and any CPU work slows the
-training nodes' steps, whatever its scheduling class. Measured during a failure-free run
-of bench/mixed_efficiency.py (3 nodes × 2 ranks + 1 spare, 77-78 ms a step): one busy
-loop at ``SCHED_IDLE`` made the steps 86-88 ms, one at normal priority 90 ms, two torch
-imports at ``SCHED_IDLE`` 91 ms. So what a restart costs is its CPU-seconds, and two
+training nodes' steps, whatever its scheduling class. Measured once by hand, loads
+started beside the failure-free baseline of bench/mixed_efficiency.py (3 nodes × 2 ranks
++ 1 spare, 77-78 ms a step; about 8 s each): one busy loop at ``SCHED_IDLE`` made the
+steps 86-88 ms, one at normal priority 90 ms, two torch imports at a time at
+``SCHED_IDLE`` 91 ms. So what a restart costs is its CPU-seconds, and two
 ``import torch`` are ~3.6 of its ~6.5 (1.8 CPU-s each here). A rebooting host on a
 cluster spends them on CPUs of its own. A *fork server* (as Python's
 ``multiprocessing`` forkserver and DataLoader workers do) imports torch and the trainer's
