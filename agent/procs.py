@@ -14,8 +14,9 @@ and tears down with these, so a wait and a teardown behave the same everywhere:
 - ``stop(*targets, sig=SIGTERM, timeout_s=10)``: by pid, never by name. Send ``sig`` (and
   SIGCONT, so a SIGSTOPped process acts on it), wait up to ``timeout_s`` for every target to
   exit, SIGKILL the ones left and wait again (``KILL_WAIT_S``), reaping each: a ``Popen``
-  through its own ``wait`` (so its ``returncode`` is right), a pid that is our child through
-  ``waitpid``, any other pid by polling until it is gone. With ``group=True`` each target
+  (or another ``Proc``, such as a process forked by bench/forkserver.py) through its own
+  ``poll`` (so its ``returncode`` is right), a pid that is our child through ``waitpid``,
+  any other pid by polling until it is gone. With ``group=True`` each target
   leads a process group (``process_group=0`` or ``start_new_session=True``) and the whole
   group is signalled. A target that is already gone is fine; one that outlives SIGKILL
   raises ``TimeoutError``.
@@ -31,20 +32,33 @@ import os
 import random
 import signal
 import socket
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
-__all__ = ["KILL_WAIT_S", "POLL_S", "free_port", "stop", "until", "until_async"]
+__all__ = ["KILL_WAIT_S", "POLL_S", "Proc", "free_port", "stop", "until", "until_async"]
 
 POLL_S = 0.05  # how often ``until`` and ``stop`` look again
 KILL_WAIT_S = 5.0  # how long a SIGKILLed process may take to be gone
 
 _HANDED_OUT: set[int] = set()
 
-Target = subprocess.Popen[Any] | int
+
+class Proc(Protocol):
+    """A started process as the helpers use it: ``subprocess.Popen`` has it all."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
+Target = Proc | int
 
 
 def _ephemeral_range() -> tuple[int, int]:

@@ -28,11 +28,11 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from agent.control import ControlClient, ControlError
 from agent.demo import agent_command
-from agent.procs import free_port, stop, until
+from agent.procs import Proc, free_port, stop, until
 
 __all__ = [
     "LOOPBACK",
@@ -61,19 +61,6 @@ class Placement:
 
 
 LOOPBACK = Placement()
-
-
-class Proc(Protocol):
-    """What the helpers use of a started trainer: ``subprocess.Popen`` has it all."""
-
-    pid: int
-    returncode: int | None
-
-    def poll(self) -> int | None: ...
-
-    def wait(self, timeout: float | None = None) -> int: ...
-
-    def kill(self) -> None: ...
 
 
 Launch = Callable[[Sequence[str], Mapping[str, str], Path, int, Path], Proc]
@@ -227,13 +214,8 @@ class TrainingNode:
 
     def stop(self) -> None:
         """SIGKILL the whole node (a stopped process dies of SIGKILL too) and reap it."""
-        agent = self.agent if isinstance(self.agent, subprocess.Popen) else self.agent.pid
-        stop(agent, sig=signal.SIGKILL, group=True)  # the agent leads the node's group
-        # gone with the group: reaped here (another way's process by its pid)
-        stop(
-            *(t if isinstance(t, subprocess.Popen) else t.pid for t in self.trainers),
-            sig=signal.SIGKILL,
-        )
+        stop(self.agent, sig=signal.SIGKILL, group=True)  # the agent leads the node's group
+        stop(*self.trainers, sig=signal.SIGKILL)  # gone with the group: reaped here
 
 
 def reference_losses(script: str | Path, steps: int, seed: int) -> list[float]:

@@ -21,7 +21,7 @@ start costs is still measured (bench/mixed_restarts.py).
     server.close()
 
 The command is the one ``TrainingNode.start_trainers`` builds: prefixes the server knows
-(``PREFIXES``: a network namespace, ``SCHED_IDLE``, a ``timeout -s KILL`` bound) and then
+(``parse``: a network namespace, ``SCHED_IDLE``, a ``timeout -s KILL`` bound) and then
 ``PYTHON SCRIPT ARGS``; anything else is refused with ``ForkError``, never run another way.
 Requests are one JSON line each over a Unix socket; the server reaps every child and writes
 its exit status to ``<pid>.exit`` in its state folder, so a handle's ``poll`` and ``wait``
@@ -245,14 +245,13 @@ def _child(req: Mapping[str, Any], plan: Plan) -> None:
         os.chdir(req["cwd"])
         random.seed()  # a fresh process seeds from the OS; a fork would share the parent's
         gc.unfreeze()
+        sys.argv = [plan.script, *plan.args]  # run_module sets argv[0] to the module's file
         try:
             if plan.module:  # python -m: the working directory first on the path
-                sys.argv = [plan.script, *plan.args]
                 sys.path[0] = os.getcwd()
                 sys.modules.pop(plan.script, None)  # as in a fresh process: only __main__
                 runpy.run_module(plan.script, run_name="__main__", alter_sys=True)
             else:
-                sys.argv = [plan.script, *plan.args]
                 sys.path[0] = str(Path(plan.script).resolve().parent)
                 runpy.run_path(plan.script, run_name="__main__")
             code = 0
