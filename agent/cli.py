@@ -106,6 +106,11 @@ def _agent_options(f: Any) -> Any:
             help="Drop a crashed node from job views on strong evidence (default: on with fast).",
         ),
         click.option(
+            "--job-stall-drop/--no-job-stall-drop",
+            default=None,
+            help="A stalled job stops waiting for a suspect node (default: on with fast).",
+        ),
+        click.option(
             "--config",
             "config_file",
             type=click.Path(path_type=Path),

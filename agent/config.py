@@ -28,6 +28,8 @@ File format (see packaging/agent.toml for a commented example)::
     metrics_addr = "127.0.0.1:9946" # off unless set
     job_early_drop = true           # jobs stop waiting for a crashed node early (default:
                                     # on with profile fast; agent/crash_evidence.py)
+    job_stall_drop = true           # a stalled job stops waiting for a suspect node
+                                    # (default: on with fast; agent/stall_evidence.py)
     log_level = "info"
     leave_timeout_ms = 5000
     leave_propagate_delay_ms = 300  # leave intent first, so Serf peers say "left"
@@ -150,6 +152,16 @@ class AgentConfig:
     job_early_drop: bool | None = None
     """A job stops waiting for a suspect node on strong crash evidence (a local trainer
     lost it and our own probe failed: agent/crash_evidence.py); None: on with ``fast``."""
+
+    job_stall_drop: bool | None = None
+    """A job stalled on this node stops waiting for a suspect member
+    (agent/stall_evidence.py); None: on with ``fast``."""
+
+    def stall_drop(self) -> bool:
+        """``job_stall_drop``, or the profile's choice when unset (``EARLY_DROP_PROFILES``)."""
+        if self.job_stall_drop is None:
+            return self.profile in EARLY_DROP_PROFILES
+        return self.job_stall_drop
 
     def early_drop(self) -> bool:
         """``job_early_drop``, or the profile's choice when unset (``EARLY_DROP_PROFILES``)."""
@@ -301,7 +313,8 @@ def build(values: Mapping[str, Any], config_file: Path | None = None) -> AgentCo
         kwargs["tags"] = _tags(v["tags"])
     if "encrypt" in v:
         kwargs["encrypt"] = _key(v["encrypt"])
-    for key in ("encrypt_verify_incoming", "encrypt_verify_outgoing", "job_early_drop"):
+    bools = ("encrypt_verify_incoming", "encrypt_verify_outgoing", "job_early_drop")
+    for key in (*bools, "job_stall_drop"):
         if key in v:
             if not isinstance(v[key], bool):
                 raise AgentConfigError(f"{key} must be true or false, got {v[key]!r}")

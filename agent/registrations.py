@@ -18,6 +18,7 @@ import trio
 from agent.crash_evidence import CrashEvidence
 from agent.jobs import Generations, LocalJobs, Registration, summaries, tag_key, view
 from agent.slow_jobs import SlowChange, SlowJobs
+from agent.stall_evidence import StallEvidence, stalled_since_ms
 from swim import Member, NodeStateType
 
 log = logging.getLogger("swim.agent")
@@ -37,6 +38,10 @@ class JobRegistry:
         """Told of every change of a job's flagged set (the event handlers' runner)."""
         self.evidence = CrashEvidence()
         """Strong crash evidence (``enabled`` from the agent's ``job_early_drop``)."""
+        self.stall = StallEvidence()
+        """A stalled job's suspects (``enabled`` from the agent's ``job_stall_drop``)."""
+        self._stalled: dict[str, bool] = {}
+        """job → whether its ranks here were stalled at the last ``check_stall``."""
         self.notify_changed: Callable[[], None] = lambda: None
         """Wakes the view watchers: evidence can change a view without a member event."""
         self._lock = trio.Lock()
@@ -50,6 +55,8 @@ class JobRegistry:
         if reg.job not in self.local:
             self.slow.forget(reg.job)
             self.evidence.forget(reg.job)
+            self.stall.forget(reg.job)
+            self._stalled.pop(reg.job, None)
 
     def report_lost(self, job: str, names: Sequence[str]) -> None:
         """A local trainer of ``job`` lost these peers (agent/crash_evidence.py)."""
@@ -61,6 +68,20 @@ class JobRegistry:
         """This agent's probe of ``name`` failed, its TCP ping refused (``on_probe_refused``)."""
         if self.evidence.enabled:
             self.evidence.probe_refused(name, _now_ms())
+            self.notify_changed()
+
+    def check_stall(self, job: str) -> None:
+        """Wake the view watchers when ``job``'s ranks here start or end a stall
+        (agent/stall_evidence.py): a stall changes a view without a member event. Called
+        by every registration's health watch, so within ``HEALTH_CHECK_S``."""
+        if not self.stall.enabled:
+            return
+        node_job = self.local.jobs.get(job)
+        stalled = node_job is not None and (
+            stalled_since_ms(node_job.ranks.values(), _now_ms()) is not None
+        )
+        if stalled != self._stalled.get(job, False):
+            self._stalled[job] = stalled
             self.notify_changed()
 
     def report_slow(self, job: str, nodes: Mapping[str, float]) -> SlowChange | None:
@@ -113,14 +134,20 @@ class JobRegistry:
         return result
 
     def _excluded(self, job: str, members: list[Member]) -> frozenset[str]:
-        dropped = self.evidence.excluded(job, members)
+        now_ms = _now_ms()
+        node_job = self.local.jobs.get(job)
+        stalled = None if node_job is None else stalled_since_ms(node_job.ranks.values(), now_ms)
+        silent = self.stall.excluded(job, members, stalled, now_ms)
+        dropped = self.evidence.excluded(job, members) | silent
         newly, back = self.evidence.changes(job, dropped)
         for name in newly:
             log.warning(
-                "job %s: %s left out of the view on crash evidence (a trainer here lost it "
-                "and our probe was refused; still a suspect member)",
+                "job %s: %s left out of the view: %s; still a suspect member",
                 job,
                 name,
+                "the job here is stalled"
+                if name in silent
+                else "crash evidence (a trainer here lost it and our probe was refused)",
             )
         states = {m.name: m.state for m in members}
         for name in back:

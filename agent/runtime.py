@@ -191,6 +191,7 @@ class Agent:
         )
         driver.delegate = serf_runtime
         self.jobs.evidence.enabled = cfg.early_drop()
+        self.jobs.stall.enabled = cfg.stall_drop()
         self.jobs.notify_changed = self.events.notify_changed
         driver.on_probe_refused = self.jobs.probe_refused
         self.driver, self.serf = driver, serf_runtime

@@ -153,6 +153,7 @@ async def _watch_health(agent: AgentAPI, reg: Registration) -> None:
         await trio.sleep(HEALTH_CHECK_S)
         now = _now_ms()
         seen = reg.health_at(now)
+        agent.jobs.check_stall(reg.job)
         if reg.overruns != overruns:
             overruns = reg.overruns
             log.warning(
