@@ -74,6 +74,7 @@ from agent.job_tag import (
     check_node_role,
     tag_key,
 )
+from agent.step_clock import StepClock
 from phi import PhiAccrualDetector, PhiConfig
 from swim import Member, NodeStateType
 
@@ -291,6 +292,8 @@ class Registration:
     """The job's target number of training nodes, as this rank last reported it (local
     rank 0's is shown by ``jobs``; not gossiped)."""
     last_step: int = -1
+    steps: StepClock = field(default_factory=StepClock)
+    """Its progress and step lengths (agent/stall_evidence.py reads them)."""
     heartbeats: int = 0
     paused: Pause | None = None
     pauses: int = 0
@@ -341,6 +344,7 @@ class Registration:
     def heartbeat(self, step: object, now_ms: int) -> None:
         if isinstance(step, int) and not isinstance(step, bool):
             self.last_step = step
+            self.steps.beat(step, now_ms)
         self.heartbeats += 1
         self.settle(now_ms)
         if self.paused is not None and self.detector.last_heartbeat_ms is not None:

@@ -10,12 +10,12 @@ the membership still lists it, when all of these hold:
 1. X is suspect in this agent's table (its own probe or another member's accusation);
 2. every local rank of the job here has heartbeated before (it trains) and none is in a
    declared pause (``Membership.paused``: a checkpoint, an evaluation pass);
-3. the job is *stalled* here: no local rank has heartbeated for
-   ``max(STALL_MIN_MS, STALL_STEPS × the ranks' median heartbeat interval)``:
-   the median of the Phi window (200 intervals), so the stalls of earlier faults and the
-   detector's first estimate do not stretch it. A synchronous job
-   whose member froze blocks in its next collective within one step, so every rank of
-   every survivor stops heartbeating at once;
+3. the job is *stalled* here: no local rank has heartbeated with a new step for
+   ``max(STALL_MIN_MS, STALL_STEPS × the ranks' median step)`` (agent/step_clock.py: a
+   median, so the stalls of earlier faults do not stretch it). A synchronous job whose
+   member froze blocks in its next collective within one step, so every rank of every
+   survivor stops stepping at once (a rank waiting on a collective still heartbeats, so
+   that its agent does not flag it hung, but with the same step: torchhook's engine);
 4. the stall began no more than ``STALL_LEAD_MS`` before X's suspicion: the fault that
    stalls the job is the one that opened the suspicion. A long unrelated stall (a slow
    file system under the data loader) does not borrow a suspicion that came much later;
@@ -47,7 +47,6 @@ of ``Member.state_change_ms``. Bounded: records per job as ``MAX_STALL_NAMES``, 
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -92,19 +91,19 @@ def stall_after_ms(step_ms: float | None) -> int:
 
 
 def stalled_since_ms(ranks: Iterable[Registration], now_ms: int) -> int | None:
-    """When this node's ranks of a job last heartbeated, if they are stalled now (rules 2
-    and 3), else None."""
+    """When this node's ranks of a job last made progress (a heartbeat with a new step), if
+    they are stalled now (rules 2 and 3), else None."""
     last_ms = None
     steps: list[float] = []
     for reg in ranks:
         reg.settle(now_ms)
-        beat_ms = reg.detector.last_heartbeat_ms
+        beat_ms = reg.steps.since_ms
         if reg.heartbeats == 0 or reg.paused is not None or beat_ms is None:
             return None
         last_ms = beat_ms if last_ms is None else max(last_ms, beat_ms)
-        intervals_ms = reg.detector.intervals_ms()
-        if intervals_ms:
-            steps.append(statistics.median(intervals_ms))
+        step_ms = reg.steps.median_step_ms()
+        if step_ms is not None:
+            steps.append(step_ms)
     if last_ms is None:
         return None
     if now_ms - last_ms < stall_after_ms(min(steps) if steps else None):

@@ -12,18 +12,19 @@ and data pipeline, registers, and then waits here instead of forming a group. Ru
   leader that lost power answers nothing and a TCPStore request to it blocks for as
   long as TCP retransmits, which must not stop the rank's heartbeat (its agent would
   flag it hung and the spare would leave the view just when it is needed). A read still
-  stuck is not repeated on that leader; a view that names a new leader is read next. A
-  dead leader's directory refuses the connection, which ends the attempt at once
-  (``torchhook.stores.connect_store``), so the spare keeps looking at its view and reads
-  the next leader's offer as soon as its agent drops the dead one (the early drop:
-  agent/crash_evidence.py, its own refused probe of a node another member accused).
+  stuck is not repeated on that leader for ``PASS_S``. A dead leader's directory refuses
+  the connection, which ends the attempt at once (``torchhook.stores.connect_store``).
 - **Following the leader's decision.** A dead node stays in the spare's view until its
   agent drops it, and with no trainer of its own in the group that agent may have no
-  early evidence (agent/crash_evidence.py): it waits for the death verdict. So when the
-  view's oldest member's directory refuses the connection (its process is gone:
-  ``Refused``), the spare reads the next oldest member's offer, past at most
-  ``MAX_PASSED`` refusing ones, and follows the member whose offer lists it
-  (``torchhook.formation`` rule 12): that leader already left the dead node out.
+  early evidence (agent/crash_evidence.py, agent/stall_evidence.py: a spare's job never
+  stalls): it waits for the death verdict. So when the view's oldest member's directory
+  refuses the connection (its process is gone: ``Refused``) or holds a read past
+  ``READ_TIMEOUT`` (the process is stopped or the host lost power: passed for
+  ``PASS_S``), the spare reads the next oldest member's offer, past at most
+  ``MAX_PASSED`` such members, and follows the member whose offer lists it
+  (``torchhook.formation`` rule 12): that leader already left the lost node out. A member
+  passed by mistake (a leader only slow to answer) costs nothing: the spare follows only
+  an offer that lists it, and reads that member again after ``PASS_S``.
 - **Drafted.** Once an offer lists this node's registration, or this node is the oldest
   of the view (it leads: every training node is gone), the wait ends and the rank forms
   a group the usual way (``torchhook.formation``), receiving its state from the survivors
@@ -74,6 +75,15 @@ the spare looks at its view again (a dead leader's view change follows within a 
 MAX_PASSED = 8
 """Members with a refusing directory a spare looks past for its drafter, per poll: a crash
 loses one node or a few; each costs one refused connection."""
+PASS_S = 1.0
+"""How long a spare passes a member whose directory held a read for ``READ_TIMEOUT``:
+past the suspicion window of a stopped node with ``fast`` (it is dead by then, and out of
+the view), and short enough that a leader that was only slow, and then offers a formation
+that lists this spare, waits at most this for its claim (``formation_timeout_s`` is
+seconds)."""
+MAX_PASSED_KEPT = 64
+"""Passed members remembered: one per member that stopped answering; past this many, a
+new one is not remembered and is read again at the next poll."""
 TARGET_POLL_S = 0.2
 """``spare=True``: how often a node waiting to register looks at the job's size."""
 
@@ -100,7 +110,9 @@ class Spares:
         self.waits = 0
         """Times this rank waited as a spare (for tests and measurements)."""
         self._client: tuple[tuple[str, int], TCPStore] | None = None
-        self._reading: threading.Thread | None = None
+        self._passed: dict[tuple[str, int], float] = {}
+        """Directories whose last read took ``READ_TIMEOUT`` (stuck, or timed out), by
+        (address, port): until when (``time.monotonic``) ``_listed`` passes them."""
         if target_nodes and membership.local_rank == 0:
             with contextlib.suppress(MembershipClosed):
                 membership.set_target(target_nodes)  # shown by the agent's ``jobs``
@@ -153,13 +165,14 @@ class Spares:
     def _drafter(self, view: View, me: tuple[str, int]) -> str | None:
         """The member whose offer lists ``me``: the view's oldest, or past members whose
         directories refuse (their processes are gone) the next oldest, at most
-        ``MAX_PASSED`` of them (module docstring)."""
+        ``MAX_PASSED`` of them; a directory that holds a read (stopped, or cut off) is
+        passed the same way (module docstring)."""
         for leader in view.members[: MAX_PASSED + 1]:
             if leader.name == self.node:
                 return None
             try:
                 return leader.name if self._listed(leader, me) else None
-            except Refused:
+            except (Refused, _Stuck):
                 continue
         return None
 
@@ -168,10 +181,11 @@ class Spares:
         if leader.store_port == 0:
             return False
         key = (leader.addr, leader.store_port)
-        if self._reading is not None and self._reading.is_alive():
-            if self._client is not None and self._client[0] == key:
-                return False  # a read of this leader is stuck: wait for a new view
-            self._reading = None  # a new leader: the stuck read keeps its own client
+        until = self._passed.get(key)
+        if until is not None:
+            if time.monotonic() < until:
+                raise _Stuck  # stopped or cut off: not read again for ``PASS_S``
+            del self._passed[key]
         try:
             if self._client is None or self._client[0] != key:
                 # the client of another member is kept until this one connects: a refusing
@@ -180,7 +194,7 @@ class Spares:
                 client = self.formation.connect(leader.addr, leader.store_port, "directory")
                 client.set_timeout(READ_TIMEOUT)
                 self._client = (key, client)
-            raw = self._read_offer(self._client[1])
+            raw = self._read_offer(key, self._client[1])
             offer = None if raw is None else parse_offer(raw)
         except (Retry, RuntimeError, OSError) as exc:
             # a dead or stopped leader: its view change follows; connect afresh then
@@ -192,9 +206,10 @@ class Spares:
             return False
         return offer is not None and me in offer.layout.ids
 
-    def _read_offer(self, client: TCPStore) -> bytes | None:
+    def _read_offer(self, key: tuple[str, int], client: TCPStore) -> bytes | None:
         """The ``formation`` key on a helper thread, waited for at most ``READ_TIMEOUT``
-        (None then, or when there is none)."""
+        (None when there is none; ``_Stuck`` when the read takes that long: the read
+        keeps its client, and ``key`` is passed for ``PASS_S``)."""
         result: list[bytes | BaseException | None] = []
 
         def run() -> None:
@@ -203,17 +218,30 @@ class Spares:
             except (RuntimeError, OSError) as exc:
                 result.append(exc)
 
-        self._reading = threading.Thread(target=run, name="spare-read", daemon=True)
-        self._reading.start()
-        self._reading.join(READ_TIMEOUT.total_seconds())
-        if not result:
-            abandon(self._reading)  # the process waits for it at exit (torchhook.stores)
-            return None
-        self._reading = None
+        reading = threading.Thread(target=run, name="spare-read", daemon=True)
+        started = time.monotonic()
+        reading.start()
+        reading.join(READ_TIMEOUT.total_seconds())
+        if not result or time.monotonic() - started >= READ_TIMEOUT.total_seconds():
+            # held past the timeout (or timed out in the store client itself): stopped or
+            # cut off, since a live server thread answers a read of one key at once
+            if not result:
+                abandon(reading)  # the process waits for it at exit (torchhook.stores)
+            self._client = None
+            now = time.monotonic()
+            for ended in [k for k, t in self._passed.items() if t <= now]:
+                del self._passed[ended]
+            if len(self._passed) < MAX_PASSED_KEPT:
+                self._passed[key] = now + PASS_S
+            raise _Stuck
         got = result[0]
         if isinstance(got, BaseException):
             raise got
         return got
+
+
+class _Stuck(Exception):
+    """A directory held a read past ``READ_TIMEOUT``, or still holds an earlier one."""
 
 
 def _changed(fingerprint: str) -> Callable[[View], bool]:

@@ -24,6 +24,7 @@ from agent.stall_evidence import (
     stall_after_ms,
     stalled_since_ms,
 )
+from agent.step_clock import STEP_WINDOW, StepClock
 from agent.watch import serve_watch
 from swim import Address, Member, NodeStateType
 from tests.agent.test_agent_memory import Cluster, WatchClient, alive, cluster
@@ -99,9 +100,25 @@ def test_stalled_since_reads_the_registrations() -> None:
             reg.heartbeat(t // 100, t + 5 * reg.local_rank)
     after = stall_after_ms(100)
     assert stalled_since_ms(ranks, 2005 + after - 1) is None
-    assert stalled_since_ms(ranks, 2005 + after) == 2005, "the last heartbeat of any rank"
+    assert stalled_since_ms(ranks, 2005 + after) == 2005, "the last progress of any rank"
+    for t in range(2050, 2400, 50):  # waiting on a collective: heartbeats, the same step
+        for reg in ranks:
+            reg.heartbeat(20, t)
+    assert stalled_since_ms(ranks, 2005 + after) == 2005, "a beat without a new step"
     ranks[1].pause("checkpoint", 30, 2100)
     assert stalled_since_ms(ranks, 2005 + after) is None, "a declared pause is no stall"
+
+
+def test_the_step_clock_measures_steps_not_heartbeats() -> None:
+    clock = StepClock()
+    assert clock.median_step_ms() is None
+    for i, t in enumerate([0, 100, 200, 1200, 1300]):  # one long step: a fault's stall
+        clock.beat(i, t)
+        clock.beat(i, t + 40)  # a wait-loop beat with the same step
+    assert clock.median_step_ms() == 100 and clock.since_ms == 1300
+    for i in range(5, 5 + STEP_WINDOW):  # the job's steps lengthen: the median follows
+        clock.beat(i, 1300 + 500 * (i - 4))
+    assert clock.median_step_ms() == 500
 
 
 @asynccontextmanager
@@ -127,6 +144,13 @@ async def step(rank: WatchClient, steps: int, step_s: float = 0.1) -> None:
         await trio.sleep(step_s)
 
 
+async def wait_in_collective(rank: WatchClient, step: int) -> None:
+    """A rank blocked on a peer: it heartbeats (not hung) with the same step."""
+    while True:
+        await rank.send({"heartbeat": {"step": step}})
+        await trio.sleep(0.1)
+
+
 @pytest.mark.trio
 @pytest.mark.parametrize("stall_drop", [True, False])
 async def test_a_silent_node_leaves_the_view_of_a_stalled_job(
@@ -134,9 +158,12 @@ async def test_a_silent_node_leaves_the_view_of_a_stalled_job(
 ) -> None:
     async with trainers(stall_drop) as (c, ranks):
         n0, n1, n2 = c.members
-        await step(ranks[0], 30)  # the ranks block in the collective from here
+        await step(ranks[0], 30)
         c.network.partition({n2.address}, {n0.address, n1.address})  # no refusal: silence
-        await ranks[0].until_view(["n0", "n1"], timeout_s=60, any_order=True)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_in_collective, ranks[0], 29)
+            await ranks[0].until_view(["n0", "n1"], timeout_s=60, any_order=True)
+            nursery.cancel_scope.cancel()
         if stall_drop:
             assert n0.state_of("n2") == SUSPECT, "left out before the membership's verdict"
         else:

@@ -4,6 +4,7 @@ real ones)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -15,7 +16,7 @@ from torchhook import formation_wire as wire
 from torchhook.client import View
 from torchhook.errors import SpareWaitOver
 from torchhook.formation import ABSENT, FORMATION_KEY
-from torchhook.spares import Spares
+from torchhook.spares import PASS_S, READ_TIMEOUT, Spares
 from torchhook.strategy import Layout
 
 
@@ -146,3 +147,52 @@ def test_only_local_rank_0_tells_the_agent() -> None:
     s = spares(m, FakeFormation({}))
     s.tell("spare")
     assert m.sent == [] and s.role == "spare"
+
+
+class HeldStore(FakeStore):
+    """A stopped leader's directory: the kernel took the connection, nobody answers."""
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        time.sleep(READ_TIMEOUT.total_seconds() * 2)
+        raise RuntimeError("Socket Timeout")
+
+
+def test_a_leader_that_holds_the_read_is_passed_for_the_next_offer_in_the_same_view() -> None:
+    """A stopped or cut-off leader stays in the spare's view until its death: the spare
+    passes it (as a refusing one) and follows the next member whose offer lists it."""
+    m = FakeMembership("d", [view(A, B, C, D)])
+    f = FakeFormation({4002: {FORMATION_KEY: offer(D, B, C)}})
+    real = f.connect
+
+    def connect(addr: str, port: int, what: str) -> FakeStore:
+        f.connects.append(port)
+        return HeldStore({}) if port == 4001 else real(addr, port, what)
+
+    f.connect = connect  # type: ignore[method-assign]
+    started = time.monotonic()
+    assert spares(m, f).wait_for_draft() == "b"
+    assert time.monotonic() - started < PASS_S, "drafted before the pass ran out"
+    assert f.connects.count(4001) == 1, "the held leader is not read again while passed"
+
+
+def test_a_leader_passed_for_a_held_read_is_read_again_after_the_pass() -> None:
+    m = FakeMembership("d", [view(A, B, C, D)])
+    directory: dict[str, bytes] = {}
+    f = FakeFormation({4002: {FORMATION_KEY: offer(A, B, C)}})
+    held = {"n": 0}
+    real = f.connect
+
+    def connect(addr: str, port: int, what: str) -> FakeStore:
+        if port != 4001:
+            return real(addr, port, what)
+        f.connects.append(port)
+        held["n"] += 1
+        if held["n"] == 1:
+            return HeldStore({})
+        directory[FORMATION_KEY] = offer(A, D, C)  # it was only slow: now it drafts d
+        return FakeStore(directory)
+
+    f.connect = connect  # type: ignore[method-assign]
+    started = time.monotonic()
+    assert spares(m, f).wait_for_draft() == "a"
+    assert time.monotonic() - started >= PASS_S
