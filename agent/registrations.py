@@ -70,19 +70,22 @@ class JobRegistry:
             self.evidence.probe_refused(name, _now_ms())
             self.notify_changed()
 
-    def check_stall(self, job: str) -> None:
+    def check_stall(self, job: str) -> bool:
         """Wake the view watchers when ``job``'s ranks here start or end a stall
         (agent/stall_evidence.py): a stall changes a view without a member event. Called
-        by every registration's health watch, so within ``HEALTH_CHECK_S``."""
+        by every registration's health watch, so within ``HEALTH_CHECK_S``. True when the
+        stall starts (the caller probes the job's nodes at once)."""
         if not self.stall.enabled:
-            return
+            return False
         node_job = self.local.jobs.get(job)
         stalled = node_job is not None and (
             stalled_since_ms(node_job.ranks.values(), _now_ms()) is not None
         )
-        if stalled != self._stalled.get(job, False):
-            self._stalled[job] = stalled
-            self.notify_changed()
+        if stalled == self._stalled.get(job, False):
+            return False
+        self._stalled[job] = stalled
+        self.notify_changed()
+        return stalled
 
     def report_slow(self, job: str, nodes: Mapping[str, float]) -> SlowChange | None:
         """A trainer's fail-slow verdict (agent/slow_jobs.py), already checked."""
