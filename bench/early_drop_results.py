@@ -1,7 +1,8 @@
-"""The result file of ``bench.torch_recovery --early-drop on,off``: its own question.
+"""The result files of ``bench.torch_recovery --early-drop on,off`` and
+``--stall-drop on,off``: a question of their own each.
 
-Each in-process case runs with the agents' ``job_early_drop`` on and off, repeats
-interleaved (modes ending ``, early drop on`` / ``, early drop off``); the figures are
+Each in-process case runs with the agents' switch on and off, repeats interleaved (modes
+ending ``, early drop on`` / ``, early drop off``, bench/agent_variants.py); the figures are
 bench/training_results.py's, the ratios are on / off for each case, same run. A question of
 its own, so a run of a few cases never replaces the full recovery table.
 """
@@ -13,40 +14,50 @@ from typing import Any
 
 from bench.training_results import FAULTS, by_mode_and_fault, median_total
 
-__all__ = ["early_drop"]
+__all__ = ["METHODS", "switch"]
 
-ON, OFF = ", early drop on", ", early drop off"
+METHODS = {
+    "early drop": "the agents' `job_early_drop` on (a suspect whose agent refuses the TCP "
+    "ping leaves the job's view before its death verdict) and off (the job waits for the "
+    "verdict).",
+    "stall drop": "the agents' `job_stall_drop` on (a suspect leaves the job's view before "
+    "its death verdict where the job's ranks on that agent stopped stepping, and the stall "
+    "probes the job's nodes at once) and off (the job waits for the verdict).",
+    "small group": "the protocol's `small_group_confirmations` on and off.",
+}
+"""What each switch does, for the result file's method (bench/agent_variants.py ``SWITCHES``)."""
 
 
-def early_drop(
+def switch(
     built: Mapping[str, Any],
     rows: Sequence[Mapping[str, Any]],
+    name: str,
     *,
     nodes: int,
     ranks: int,
     profile: str,
 ) -> dict[str, Any]:
-    """``built`` (``recovery``/``power``/``spares``) as the early-drop question, with the
-    ratio on / off of each case's median fault → first step."""
+    """``built`` (``recovery``/``power``/``spares``) as the question of switch ``name``
+    (``early drop``, ``stall drop``, ...), with the ratio on / off of each case's median
+    fault → first step."""
+    on_mode, off_mode = f", {name} on", f", {name} off"
     groups = by_mode_and_fault(rows)
     ratios = []
     for (mode, fault), runs in groups.items():
-        if not mode.endswith(ON):
+        if on_mode not in mode:
             continue
-        base = mode[: -len(ON)]
-        on, off = median_total(runs), median_total(groups.get((base + OFF, fault), []))
+        off_key = (mode.replace(on_mode, off_mode), fault)
+        on, off = median_total(runs), median_total(groups.get(off_key, []))
         if on is not None and off:
-            label = f"{base}, {FAULTS.get(fault, fault)}: early drop on / off, fault → first step"
+            base = mode.replace(on_mode, "")
+            label = f"{base}, {FAULTS.get(fault, fault)}: {name} on / off, fault → first step"
             ratios.append({"label": label, "value": round(on / off, 2)})
     out = dict(built)
+    slug = name.replace(" ", "-")
     out |= {
-        "question": f"training-early-drop-{nodes}x{ranks}-{profile}",
-        "title": f"Early drop on and off: {nodes} nodes × {ranks} ranks, `{profile}`",
-        "method": (
-            f"{out['method']} Each case twice, repeats interleaved: the agents' "
-            "`job_early_drop` on (a suspect whose agent refuses the TCP ping leaves the job's "
-            "view before its death verdict) and off (the job waits for the verdict)."
-        ),
+        "question": f"training-{slug}-{nodes}x{ranks}-{profile}",
+        "title": f"{name.capitalize()} on and off: {nodes} nodes × {ranks} ranks, `{profile}`",
+        "method": f"{out['method']} Each case twice, repeats interleaved: {METHODS[name]}",
         "ratios": ratios + list(out.get("ratios", [])),
     }
     return out

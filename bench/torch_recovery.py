@@ -40,7 +40,7 @@ last call), as in that module.
 
     python -m bench.torch_recovery [--nodes 3 --ranks-per-node 2 --profile fast --repeats 5]
         [--netns] [--faults DDP:kill,HSDP:power:ns] [--spares 1] [--lock FILE]
-        [--early-drop on,off] [--small-group on,off]
+        [--early-drop on,off] [--stall-drop on,off] [--small-group on,off]
         [--torchrun-repeats 3] [--no-torchrun]
         [--minutes 10 --every-s 60 --baseline-s 120]
         [--no-efficiency] [--efficiency-setups in-process,torchrun-c10d,torchrun-swim]
@@ -59,7 +59,7 @@ import fcntl
 import itertools
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +126,7 @@ def measure_inprocess(
     workdir: Path | None = None,
     net: str = LOOPBACK,
     spares: int = 0,
-    early_drop: str = "",
-    small_group: str = "",
+    variant: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """``nodes`` × ``ranks`` train at full world; the last node fails with ``fault``; time
     the survivors' verdict and their first step at the reduced world (None if none within
@@ -135,13 +134,13 @@ def measure_inprocess(
     ``net``: ``loopback`` or ``ns`` (a network namespace per node, with packet counts).
     ``spares``: that many more nodes wait as spares (``--target-nodes nodes``): the first
     step is then the first at the full world with a spare in the victim's place.
-    ``early_drop``, ``small_group``: ``on`` or ``off`` (bench/agent_variants.py); empty: the
-    profile's default."""
+    ``variant``: the agents' switches for this row (bench/agent_variants.py); none set: the
+    profile's defaults."""
     full, reduced = nodes * ranks, (nodes - 1) * ranks
     after_world = full if spares else reduced
     with results.workdir(workdir, "swim-torchbench-") as work:
         fault_file = work / "fault"
-        agent_args = agent_variants.agent_args(work, early_drop, small_group)
+        agent_args = agent_variants.agent_args(work, variant or {})
         with _cluster(net, nodes + spares, work, profile, ranks, agent_args) as (cluster, ns):
             training, victim = cluster[:nodes], cluster[nodes - 1]
             # after the fault: the surviving nodes, and the oldest spare in the victim's place
@@ -171,8 +170,7 @@ def measure_inprocess(
                 "mode": f"in-process {kind}"
                 + (", namespaces" if ns is not None else "")
                 + (SPARE_MODE if spares else "")
-                + (f", early drop {early_drop}" if early_drop else "")
-                + (f", small group {small_group}" if small_group else ""),
+                + agent_variants.mode(variant or {}),
                 "spares": spares,
                 "fault": fault,
                 "net": net,
@@ -317,18 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         help="power loss beside SIGKILL and SIGSTOP, namespaces and loopback (no torchrun, "
         "no step efficiency)",
     )
-    parser.add_argument(
-        "--early-drop",
-        default="",
-        help="on,off: each in-process row with the agents' job_early_drop on and off, "
-        "interleaved (default: the profile's setting)",
-    )
-    parser.add_argument(
-        "--small-group",
-        default="",
-        help="on,off: each in-process row with the agents' small_group_confirmations on and "
-        "off, interleaved (default: the profile's setting)",
-    )
+    agent_variants.add_arguments(parser)
     parser.add_argument(
         "--spares",
         type=int,
@@ -386,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             return
 
     def inprocess(
-        kind: str, fault: str, net: str, spares: int, variant: tuple[str, str], work: Path | None
+        kind: str, fault: str, net: str, spares: int, variant: dict[str, str], work: Path | None
     ) -> dict[str, Any]:
         return measure_inprocess(
             kind,
@@ -397,20 +384,17 @@ def main(argv: list[str] | None = None) -> int:
             workdir=work,
             net=net,
             spares=spares,
-            early_drop=variant[0],
-            small_group=variant[1],
+            variant=variant,
         )
 
-    drops = agent_variants.on_off(args.early_drop, "--early-drop")
-    smalls = agent_variants.on_off(args.small_group, "--small-group")
+    switched = list(agent_variants.variants(args))
     for i in range(args.repeats):  # interleaved: load swings spread over every row alike
-        cases = itertools.product(plan, sorted({0, args.spares}), drops, smalls)
-        for (kind, fault, net), spares, drop, small in cases:
+        cases = itertools.product(plan, sorted({0, args.spares}), switched)
+        for (kind, fault, net), spares, variant in cases:
             label = f"{kind.lower()}-{fault}-{net}" + (f"-{spares}spare" if spares else "")
-            label += f"-drop-{drop}" if drop else ""
-            label += f"-small-group-{small}" if small else ""
+            label += agent_variants.mode(variant).replace(", ", "-").replace(" ", "-")
             say(f"-- in-process {label} #{i + 1} (load {step_efficiency.load()})")
-            attempt(label, i, inprocess, kind, fault, net, spares, (drop, small))
+            attempt(label, i, inprocess, kind, fault, net, spares, variant)
     if not args.no_torchrun:
         for backend, scenario in TORCHRUN:
             for i in range(args.torchrun_repeats):
@@ -450,8 +434,9 @@ def main(argv: list[str] | None = None) -> int:
         built = build(rows, step_sleep_s=STEP_SLEEP_S, **shape)
         if args.spares:
             built = training_results.spares(built, rows, spares=args.spares, **shape)
-        if len(drops) > 1:
-            built = early_drop_results.early_drop(built, rows, **shape)
+        for switch in agent_variants.SWITCHES:
+            if len({v[switch] for v in switched}) > 1:
+                built = early_drop_results.switch(built, rows, switch, **shape)
         notes = [f"Never trained at full size (retried once): {f}" for f in failures]
         results.record(args, "bench.torch_recovery", argv, started, built, notes)
     if efficiency:

@@ -4,6 +4,7 @@ same-run namespaces / loopback and power / SIGSTOP ratios."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +88,20 @@ def test_early_drop_choices_refuse_anything_else(text: str) -> None:
 def test_a_small_group_row_starts_its_agents_with_that_protocol_setting(
     tmp_path: Path, small: str
 ) -> None:
-    args = agent_variants.agent_args(tmp_path, "off", small)
-    assert args[:2] == ("--no-job-early-drop", "--config")
-    config = agent_config.load(Path(args[2]), {"profile": "fast"})
+    variant = {"early drop": "off", "stall drop": "on", "small group": small}
+    args = agent_variants.agent_args(tmp_path, variant)
+    assert args[:3] == ("--no-job-early-drop", "--job-stall-drop", "--config")
+    config = agent_config.load(Path(args[3]), {"profile": "fast"})
     assert config.swim_config().small_group_confirmations is (small == "on")
-    assert agent_variants.agent_args(tmp_path, "", "") == ()
+    assert agent_variants.agent_args(tmp_path, {}) == ()
+    assert agent_variants.mode(variant) == f", early drop off, stall drop on, small group {small}"
+
+
+def test_every_combination_of_the_switches_asked_for_is_a_variant() -> None:
+    parser = argparse.ArgumentParser()
+    agent_variants.add_arguments(parser)
+    args = parser.parse_args(["--stall-drop", "on,off", "--small-group", "off"])
+    assert list(agent_variants.variants(args)) == [
+        {"early drop": "", "stall drop": "on", "small group": "off"},
+        {"early drop": "", "stall drop": "off", "small group": "off"},
+    ]
