@@ -8,8 +8,11 @@ The rule (``StallEvidence.excluded``): a member X leaves a job's view *on this a
 the membership still lists it, when all of these hold:
 
 1. X is suspect in this agent's table (its own probe or another member's accusation);
-2. every local rank of the job here has heartbeated before (it trains) and none is in a
-   declared pause (``Membership.paused``: a checkpoint, an evaluation pass);
+2. every local rank of the job here has stepped before (two new steps at least: a rank
+   still loading or forming its first group has no step length yet), none is in a
+   declared pause (``Membership.paused``: a checkpoint, an evaluation pass), and the node
+   is not a spare (a spare runs no collective: its step never moves, and it must not
+   leave its view's training nodes out on every suspicion);
 3. the job is *stalled* here: no local rank has heartbeated with a new step for
    ``max(STALL_MIN_MS, STALL_STEPS × the ranks' median step)`` (agent/step_clock.py: a
    median, so the stalls of earlier faults do not stretch it). A synchronous job whose
@@ -50,6 +53,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from agent.control import ROLE_SPARE
 from agent.jobs import MAX_WATCHED_JOBS, Registration
 from swim import Member, NodeStateType
 
@@ -83,10 +87,8 @@ MAX_STALL_NAMES = 1024
 oldest go first."""
 
 
-def stall_after_ms(step_ms: float | None) -> int:
-    """The silence after which a job's ranks count as stalled (rule 3)."""
-    if step_ms is None:
-        return STALL_MIN_MS
+def stall_after_ms(step_ms: float) -> int:
+    """The time without a new step after which a job's ranks count as stalled (rule 3)."""
     return max(STALL_MIN_MS, round(STALL_STEPS * step_ms))
 
 
@@ -97,16 +99,14 @@ def stalled_since_ms(ranks: Iterable[Registration], now_ms: int) -> int | None:
     steps: list[float] = []
     for reg in ranks:
         reg.settle(now_ms)
-        beat_ms = reg.steps.since_ms
-        if reg.heartbeats == 0 or reg.paused is not None or beat_ms is None:
+        beat_ms, step_ms = reg.steps.since_ms, reg.steps.median_step_ms()
+        if reg.role == ROLE_SPARE or reg.paused is not None or beat_ms is None or step_ms is None:
             return None
         last_ms = beat_ms if last_ms is None else max(last_ms, beat_ms)
-        step_ms = reg.steps.median_step_ms()
-        if step_ms is not None:
-            steps.append(step_ms)
+        steps.append(step_ms)
     if last_ms is None:
         return None
-    if now_ms - last_ms < stall_after_ms(min(steps) if steps else None):
+    if now_ms - last_ms < stall_after_ms(min(steps)):
         return None
     return last_ms
 

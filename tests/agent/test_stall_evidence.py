@@ -87,7 +87,6 @@ def test_backoffs_are_per_job_and_forgotten_with_the_job() -> None:
 
 
 def test_the_stall_threshold_follows_the_step() -> None:
-    assert stall_after_ms(None) == STALL_MIN_MS
     assert stall_after_ms(10) == STALL_MIN_MS
     assert stall_after_ms(500) == STALL_STEPS * 500
 
@@ -95,6 +94,9 @@ def test_the_stall_threshold_follows_the_step() -> None:
 def test_stalled_since_reads_the_registrations() -> None:
     ranks = [Registration.create("j", local_rank=r, local_world_size=2) for r in (0, 1)]
     assert stalled_since_ms(ranks, 10_000) is None, "no heartbeat yet: loading, not stalled"
+    for reg in ranks:
+        reg.heartbeat(0, 0)
+    assert stalled_since_ms(ranks, 10_000) is None, "no step yet: forming, not stalled"
     for t in range(0, 2001, 100):
         for reg in ranks:
             reg.heartbeat(t // 100, t + 5 * reg.local_rank)
@@ -107,6 +109,10 @@ def test_stalled_since_reads_the_registrations() -> None:
     assert stalled_since_ms(ranks, 2005 + after) == 2005, "a beat without a new step"
     ranks[1].pause("checkpoint", 30, 2100)
     assert stalled_since_ms(ranks, 2005 + after) is None, "a declared pause is no stall"
+    ranks[1].resume(2200)
+    assert stalled_since_ms(ranks, 2005 + after) == 2005
+    ranks[0].role = "spare"  # a spare's step never moves: it is never stalled
+    assert stalled_since_ms(ranks, 2005 + after) is None
 
 
 def test_the_step_clock_measures_steps_not_heartbeats() -> None:
