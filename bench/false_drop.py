@@ -1,4 +1,4 @@
-"""What a wrong early drop costs: a live node that gives its peers the evidence of a crash.
+"""What a wrong drop costs: a live node that gives its peers the evidence of a crash.
 
 3 nodes × 2 ranks (examples/elastic_ddp.py or elastic_hsdp.py), each node's agent and
 trainers in a network namespace of its own (tests/netns/training.py). Node n2's local rank
@@ -8,8 +8,13 @@ rest with ICMP port unreachable, then the rules go and the node, which never sto
 reachable again. Its peers' collectives see resets and their agents' probes fail: with the
 agents' ``job_early_drop`` on, the survivors leave n2 out of their views and re-form
 without it, then regrow when it refutes; with it off they wait for the suspicion to end
-in its refutation (a window longer than the fault) and re-form once, with n2. Interleaved
-on and off, per run:
+in its refutation (a window longer than the fault) and re-form once, with n2.
+
+``--fault blackout`` drops every packet of n2's link for ``--reject-ms`` instead (no reset,
+no ICMP: to its peers a stopped node or a host without power) and compares the agents'
+``job_stall_drop``: the survivors' ranks block on n2, their agents suspect it, and with
+the switch on they leave it out and re-form without it until it refutes. Interleaved on
+and off, per run:
 
 - ``reduced_s``: fault → first step at the reduced world (None: the job never shrank);
 - ``full_s``: fault → the step at which every rank trains at the full world again (the
@@ -19,7 +24,8 @@ on and off, per run:
 - ``deaths``: ``dead`` events about any member in any agent's log after the fault (a wrong
   drop must never become a false death).
 
-    python -m bench.false_drop [--repeats 5] [--reject-ms 300] [--kind DDP] [--workdir DIR]
+    python -m bench.false_drop [--repeats 5] [--reject-ms 300] [--kind DDP]
+        [--fault reject|blackout] [--workdir DIR]
 
 Needs root (network namespaces, iptables); prints one JSON line per run and a summary.
 """
@@ -43,16 +49,22 @@ SCRIPTS = {"DDP": "examples/elastic_ddp.py", "HSDP": "examples/elastic_hsdp.py"}
 NODES, RANKS = 3, 2
 
 
-def measure(kind: str, early_drop: bool, reject_ms: int, work: Path) -> dict[str, Any]:
+SWITCHES = {"reject": "job-early-drop", "blackout": "job-stall-drop"}
+"""The agents' switch whose wrong drop each fault provokes."""
+
+
+def measure(
+    kind: str, switch_on: bool, reject_ms: int, work: Path, fault: str = "reject"
+) -> dict[str, Any]:
     full, reduced = NODES * RANKS, (NODES - 1) * RANKS
     work.mkdir(parents=True, exist_ok=True)
     fault_file = work / "fault"
-    flag = "--job-early-drop" if early_drop else "--no-job-early-drop"
+    flag = f"--{'' if switch_on else 'no-'}{SWITCHES[fault]}"
     with NsTraining(NODES, work, "fast", RANKS, (flag,)) as ns:
         cluster = ns.nodes
         victim = cluster[-1]
         for n in cluster:
-            extra = ["--fault", "reject", "--fault-file", str(fault_file)] if n is victim else []
+            extra = ["--fault", fault, "--fault-file", str(fault_file)] if n is victim else []
             n.start_trainers(
                 SCRIPTS[kind],
                 *("--job", "bench", "--steps", "1000000", "--step-sleep", "0.02"),
@@ -100,7 +112,9 @@ def measure(kind: str, early_drop: bool, reject_ms: int, work: Path) -> dict[str
         )
         return {
             "kind": kind,
-            "early_drop": "on" if early_drop else "off",
+            "fault": fault,
+            "switch": SWITCHES[fault],
+            "drop": "on" if switch_on else "off",
             "reduced_s": (min(float(r["t"]) for r in shrunk) - fault_t if shrunk else None),
             "full_s": max(float(r["t"]) for r in firsts.values()) - fault_t,
             "rolled_back": (
@@ -127,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--reject-ms", type=int, default=300)
     parser.add_argument("--kind", choices=sorted(SCRIPTS), default="DDP")
+    parser.add_argument("--fault", choices=sorted(SWITCHES), default="reject")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
@@ -135,20 +150,20 @@ def main(argv: list[str] | None = None) -> int:
             for on in (True, False):
                 load = step_efficiency.load()
                 try:
-                    row = measure(args.kind, on, args.reject_ms, root / f"{i}-{on}")
+                    row = measure(args.kind, on, args.reject_ms, root / f"{i}-{on}", args.fault)
                 except (TimeoutError, RuntimeError) as exc:
-                    print(f"run {i} early drop {on}: {exc}", file=sys.stderr, flush=True)
+                    print(f"run {i} switch {on}: {exc}", file=sys.stderr, flush=True)
                     continue
                 row["load"] = load
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     for setting in ("on", "off"):
-        runs = [r for r in rows if r["early_drop"] == setting]
+        runs = [r for r in rows if r["drop"] == setting]
         if not runs:
             continue
         shrank = [r["reduced_s"] for r in runs if r["reduced_s"] is not None]
         print(
-            f"early drop {setting}: {len(runs)} runs, shrank in {len(shrank)}"
+            f"{SWITCHES[args.fault]} {setting}: {len(runs)} runs, shrank in {len(shrank)}"
             + (f" (median {statistics.median(shrank):.2f} s)" if shrank else "")
             + f"; full world again after {statistics.median(r['full_s'] for r in runs):.2f} s"
             f" median (max {max(r['full_s'] for r in runs):.2f}); rolled back at most "

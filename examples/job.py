@@ -45,18 +45,24 @@ FAULTS = (
     "stop",
     "power",
     "reject",
+    "blackout",
     "bug",
 )
+STEP_BOUNDARY_FAULTS = ("kill", "stop", "power", "reject", "blackout")
 POWER_IFACE = "eth0"
 """The interface a ``power`` fault cuts: the node's only link in its network namespace."""
 
 
-def power_cut_rules(iface: str) -> str:
+def power_cut_rules(iface: str, action: str = "-I") -> str:
     """``iptables-restore --noflush`` input that drops every packet in and out of
-    ``iface``, both rules committed at once: a host losing power sends nothing more, no
-    TCP reset and no ICMP, and answers nothing. The rules come first in their chains, so
-    the dropped packets are counted by them alone."""
-    return f"*filter\n-I INPUT 1 -i {iface} -j DROP\n-I OUTPUT 1 -o {iface} -j DROP\nCOMMIT\n"
+    ``iface`` (``-I``; ``-D`` deletes the same rules), both rules committed at once: a host
+    losing power sends nothing more, no TCP reset and no ICMP, and answers nothing. The
+    rules come first in their chains, so the dropped packets are counted by them alone."""
+    at = " 1" if action == "-I" else ""
+    return (
+        f"*filter\n{action} INPUT{at} -i {iface} -j DROP\n"
+        f"{action} OUTPUT{at} -o {iface} -j DROP\nCOMMIT\n"
+    )
 
 
 def reject_rules(iface: str, action: str = "-I") -> str:
@@ -314,7 +320,8 @@ class Faults:
     and every local rank, when the caller started them in one), or a power loss (every
     packet of ``--power-iface`` dropped, ``power_cut_rules``, then the SIGKILL: the node
     must run in a network namespace of its own, and as root), or (``reject``, there too)
-    every connection of that link reset for ``--reject-ms``, the node left alive; at
+    every connection of that link reset for ``--reject-ms``, the node left alive, or
+    (``blackout``) every packet of it dropped for as long, the node left alive; at
     ``--fault-step`` or at the first step after ``--fault-file`` appears (and that ``skip``
     does not reject), at the step boundary or inside backward; or (``bug``) an exception
     from the step function. Only local rank 0 fires it."""
@@ -336,7 +343,7 @@ class Faults:
         self._armed = False
         self.iface: str = args.power_iface
         self.reject_s: float = getattr(args, "reject_ms", 300) / 1000
-        cuts = self.kind.startswith("power") or self.kind == "reject"
+        cuts = self.kind.startswith("power") or self.kind in ("reject", "blackout")
         if self.fires and cuts and not own_network_namespace():
             raise SystemExit(
                 f"--fault {self.kind} drops every packet of {self.iface}: run the node in "
@@ -349,7 +356,7 @@ class Faults:
             self.step = step + 1  # the next step, so the fault lands mid-training
             while self.skip(self.step):
                 self.step += 1
-        if self.fires and step == self.step and self.kind in ("kill", "stop", "power", "reject"):
+        if self.fires and step == self.step and self.kind in STEP_BOUNDARY_FAULTS:
             self._fire()
 
     def in_step(self, step: int) -> None:
@@ -364,10 +371,11 @@ class Faults:
             loss.register_hook(lambda grad: self._fire())  # type: ignore[no-untyped-call]
 
     def _fire(self) -> None:
-        if self.kind == "reject":  # alive: reset for a while, then the link is back
-            self._cut(reject_rules(self.iface))
+        if self.kind in ("reject", "blackout"):  # alive: cut for a while, then back
+            rules = reject_rules if self.kind == "reject" else power_cut_rules
+            self._cut(rules(self.iface))
             time.sleep(self.reject_s)
-            self._restore(reject_rules(self.iface, "-D"))
+            self._restore(rules(self.iface, "-D"))
             return
         if self.kind.startswith("power"):
             self._cut()  # logs the fault
