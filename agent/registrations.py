@@ -70,22 +70,21 @@ class JobRegistry:
             self.evidence.probe_refused(name, _now_ms())
             self.notify_changed()
 
-    def check_stall(self, job: str) -> bool:
+    def check_stall(self, job: str) -> None:
         """Wake the view watchers when ``job``'s ranks here start or end a stall
         (agent/stall_evidence.py): a stall changes a view without a member event. Called
-        by every registration's health watch, so within ``HEALTH_CHECK_S``. True when the
-        stall starts (the caller probes the job's nodes at once)."""
+        by every registration's health watch, so within ``HEALTH_CHECK_S``. It probes
+        nobody: an urgent probe from a node whose own link is down (its job stalls too)
+        would only make live members suspect sooner."""
         if not self.stall.enabled:
-            return False
+            return
         node_job = self.local.jobs.get(job)
         stalled = node_job is not None and (
             stalled_since_ms(node_job.ranks.values(), _now_ms()) is not None
         )
-        if stalled == self._stalled.get(job, False):
-            return False
-        self._stalled[job] = stalled
-        self.notify_changed()
-        return stalled
+        if stalled != self._stalled.get(job, False):
+            self._stalled[job] = stalled
+            self.notify_changed()
 
     def report_slow(self, job: str, nodes: Mapping[str, float]) -> SlowChange | None:
         """A trainer's fail-slow verdict (agent/slow_jobs.py), already checked."""

@@ -50,15 +50,7 @@ import trio
 
 from agent import serf
 from agent.api import AgentAPI
-from agent.control import (
-    MAX_PROBE_NODES,
-    ControlError,
-    FrameDecoder,
-    check_target,
-    encode_frame,
-    error,
-    ok,
-)
+from agent.control import ControlError, FrameDecoder, check_target, encode_frame, error, ok
 from agent.jobs import (
     HEALTH_OK,
     MAX_REGISTRATIONS,
@@ -161,8 +153,7 @@ async def _watch_health(agent: AgentAPI, reg: Registration) -> None:
         await trio.sleep(HEALTH_CHECK_S)
         now = _now_ms()
         seen = reg.health_at(now)
-        if agent.jobs.check_stall(reg.job):
-            await _probe_stalled(agent, reg.job)
+        agent.jobs.check_stall(reg.job)
         if reg.overruns != overruns:
             overruns = reg.overruns
             log.warning(
@@ -303,19 +294,6 @@ async def _report_lost(agent: AgentAPI, reg: Registration, names: object) -> Non
     agent.jobs.report_lost(reg.job, names)  # before the probe, which may fail at once
     result = await agent.probe_now(names)
     log.info("job %s: local rank %d lost %s: probing %s", reg.job, reg.local_rank, names, result)
-
-
-async def _probe_stalled(agent: AgentAPI, job: str) -> None:
-    """The job's ranks here stopped stepping (agent/stall_evidence.py): probe its other
-    nodes at once, as for a lost report, so that a node that froze or lost power is suspect
-    within one probe instead of at its round-robin turn. A live node answers and nothing
-    changes; the agent probes at most ``swim.probe.MAX_URGENT_PROBES`` at once, the
-    job's oldest nodes first (the others wait for their turn)."""
-    current = await job_view(agent, job)
-    names = [m["name"] for m in current.get("members", []) if m["name"] != agent.name]
-    if names:
-        result = await agent.probe_now(names[:MAX_PROBE_NODES])
-        log.info("job %s: stalled here: probing %s", job, result)
 
 
 def _report_slow(agent: AgentAPI, reg: Registration, report: object) -> None:

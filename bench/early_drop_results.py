@@ -21,8 +21,8 @@ METHODS = {
     "ping leaves the job's view before its death verdict) and off (the job waits for the "
     "verdict).",
     "stall drop": "the agents' `job_stall_drop` on (a suspect leaves the job's view before "
-    "its death verdict where the job's ranks on that agent stopped stepping, and the stall "
-    "probes the job's nodes at once) and off (the job waits for the verdict).",
+    "its death verdict where the job's ranks on that agent stopped stepping) and off (the "
+    "job waits for the verdict).",
     "small group": "the protocol's `small_group_confirmations` on and off.",
 }
 """What each switch does, for the result file's method (bench/agent_variants.py ``SWITCHES``)."""

@@ -172,10 +172,7 @@ async def test_a_silent_node_leaves_the_view_of_a_stalled_job(
             nursery.cancel_scope.cancel()
         if stall_drop:
             assert n0.state_of("n2") == SUSPECT, "left out before the membership's verdict"
-            started = (
-                n0.node.stats.urgent_probes["started"] + n1.node.stats.urgent_probes["started"]
-            )
-            assert started >= 1, "the stall probed the job's nodes at once"
+            assert n0.node.stats.urgent_probes["started"] == 0, "a stall probes nobody"
         else:
             assert n0.state_of("n2") == DEAD, "without the switch the view waits for death"
 
