@@ -10,7 +10,9 @@ job rules in ``agent.jobs``).
 - the client sends ``{"heartbeat": {"step": int}}`` per training step and
   ``{"group": str}`` when it enters a process group (local rank 0's is gossiped); the agent
   scores heartbeats with Phi accrual per rank and flags the node ``hung`` while any rank's
-  stop (the tag's health field);
+  stop (the tag's health field); with ``job_stall_drop``, a job whose ranks here all
+  heartbeat without a new step (blocked on a collective) leaves a suspect out of this
+  agent's job view early (agent/stall_evidence.py; checked every ``HEALTH_CHECK_S``);
 - ``{"role": "training"|"spare"}``: what the job's trainers made this node (local rank
   0's is gossiped in the job tag, like the group): every agent's view shows it; the
   fingerprint and ``registered_ms`` stay (a role is not a membership change). A role
