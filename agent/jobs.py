@@ -43,8 +43,9 @@ not offered.
 The *view* of a job is every member that is alive or suspect (SWIM §4.2: a suspect has not
 been declared failed yet) and carries a healthy registration, hot spares included, less
 the suspects this agent leaves out on strong crash evidence or a stalled job
-(agent/crash_evidence.py, agent/stall_evidence.py), ordered by join age; global ranks follow that order and, within a node, the local rank (a job with
-hot spares numbers only its training nodes, as its trainers decide). Its ``fingerprint``
+(agent/crash_evidence.py, agent/stall_evidence.py), ordered by join age; global ranks
+follow that order and, within a node, the local rank (a job with hot spares numbers only
+its training nodes, as its trainers decide). Its ``fingerprint``
 hashes the ordered (name, registered_ms, ranks) triples, not the roles: equal on every
 node that sees the same member set. ``generation`` is this agent's count of fingerprint changes: it
 numbers the views one client sees, it is not comparable across nodes.
