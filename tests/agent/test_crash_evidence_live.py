@@ -26,9 +26,10 @@ ALL = ["n0", "n1", "n2"]
 
 
 @asynccontextmanager
-async def trainers(early_drop: bool) -> AsyncIterator[tuple[Cluster, list[WatchClient]]]:
-    """Three ``local`` agents, each with one registered trainer watching job ``j``."""
-    async with cluster(3, job_early_drop=early_drop) as c, trio.open_nursery() as nursery:
+async def trainers(**switches: bool) -> AsyncIterator[tuple[Cluster, list[WatchClient]]]:
+    """Three ``local`` agents with these settings (``job_early_drop=True``, ...), each with
+    one registered trainer watching job ``j`` (tests/agent/test_stall_evidence.py too)."""
+    async with cluster(3, **switches) as c, trio.open_nursery() as nursery:
         await until(alive(c.members), 20)
         ranks = []
         for m in c.members:
@@ -46,7 +47,7 @@ async def trainers(early_drop: bool) -> AsyncIterator[tuple[Cluster, list[WatchC
 async def test_a_crashed_node_leaves_the_view_of_the_agent_with_evidence(
     autojump_clock: trio.testing.MockClock, early_drop: bool
 ) -> None:
-    async with trainers(early_drop) as (c, ranks):
+    async with trainers(job_early_drop=early_drop) as (c, ranks):
         n0, n1, n2 = c.members
         c.crash(n2)
         await ranks[0].send({"lost": ["n1", "n2"]})  # one address for all: both named
@@ -66,7 +67,7 @@ async def test_a_crashed_node_leaves_the_view_of_the_agent_with_evidence(
 async def test_a_node_that_refutes_comes_back_into_the_view(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with trainers(True) as (c, ranks):
+    async with trainers(job_early_drop=True) as (c, ranks):
         n0, n1, n2 = c.members
         c.network.partition({n2.address}, {n0.address, n1.address}, reject=True)
         await ranks[0].send({"lost": ["n2"]})
@@ -83,7 +84,7 @@ async def test_a_silent_node_stays_in_the_view_until_its_death(
 ) -> None:
     """Cut off without a refusal (a pause, a power loss: its TCP ping goes unanswered): the
     report alone is no strong evidence, so the view waits for the membership's verdict."""
-    async with trainers(True) as (c, ranks):
+    async with trainers(job_early_drop=True) as (c, ranks):
         n0, n1, n2 = c.members
         c.network.partition({n2.address}, {n0.address, n1.address})
         await ranks[0].send({"lost": ["n2"]})

@@ -6,15 +6,11 @@ dropped again within the backoff; trainers that keep stepping keep it until its 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import pytest
 import trio
 import trio.testing
 
 from agent.jobs import Registration
-from agent.procs import until_async as until
 from agent.stall_evidence import (
     STALL_BACKOFF_MS,
     STALL_LEAD_MS,
@@ -25,9 +21,9 @@ from agent.stall_evidence import (
     stalled_since_ms,
 )
 from agent.step_clock import STEP_WINDOW, StepClock
-from agent.watch import serve_watch
 from swim import Address, Member, NodeStateType
-from tests.agent.test_agent_memory import Cluster, WatchClient, alive, cluster
+from tests.agent.test_agent_memory import WatchClient
+from tests.agent.test_crash_evidence_live import trainers
 
 ALIVE, SUSPECT, DEAD = NodeStateType.ALIVE, NodeStateType.SUSPECT, NodeStateType.DEAD
 ALL = ["n0", "n1", "n2"]
@@ -127,23 +123,6 @@ def test_the_step_clock_measures_steps_not_heartbeats() -> None:
     assert clock.median_step_ms() == 500
 
 
-@asynccontextmanager
-async def trainers(stall_drop: bool) -> AsyncIterator[tuple[Cluster, list[WatchClient]]]:
-    """Three ``local`` agents, each with one registered trainer watching job ``j``."""
-    async with cluster(3, job_stall_drop=stall_drop) as c, trio.open_nursery() as nursery:
-        await until(alive(c.members), 20)
-        ranks = []
-        for m in c.members:
-            ours, theirs = trio.testing.memory_stream_pair()
-            nursery.start_soon(serve_watch, m.agent, theirs, {"job": "j", "register": {}})
-            ranks.append(WatchClient(ours))
-        for rank in ranks:
-            if not rank.views or sorted(m["name"] for m in rank.views[-1]["members"]) != ALL:
-                await rank.until_view(ALL, any_order=True)
-        yield c, ranks
-        nursery.cancel_scope.cancel()
-
-
 async def step(rank: WatchClient, steps: int, step_s: float = 0.1) -> None:
     for i in range(steps):
         await rank.send({"heartbeat": {"step": i}})
@@ -162,7 +141,7 @@ async def wait_in_collective(rank: WatchClient, step: int) -> None:
 async def test_a_silent_node_leaves_the_view_of_a_stalled_job(
     autojump_clock: trio.testing.MockClock, stall_drop: bool
 ) -> None:
-    async with trainers(stall_drop) as (c, ranks):
+    async with trainers(job_stall_drop=stall_drop) as (c, ranks):
         n0, n1, n2 = c.members
         await step(ranks[0], 30)
         c.network.partition({n2.address}, {n0.address, n1.address})  # no refusal: silence
@@ -181,7 +160,7 @@ async def test_a_silent_node_leaves_the_view_of_a_stalled_job(
 async def test_a_refuting_node_comes_back_and_the_rule_backs_off(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with trainers(True) as (c, ranks):
+    async with trainers(job_stall_drop=True) as (c, ranks):
         n0, n1, n2 = c.members
         await step(ranks[0], 30)
         c.network.partition({n2.address}, {n0.address, n1.address})
@@ -200,7 +179,7 @@ async def test_a_refuting_node_comes_back_and_the_rule_backs_off(
 async def test_a_job_that_steps_keeps_a_silent_node_until_its_death(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async with trainers(True) as (c, ranks):
+    async with trainers(job_stall_drop=True) as (c, ranks):
         n0, n1, n2 = c.members
         async with trio.open_nursery() as nursery:
             nursery.start_soon(step, ranks[0], 10_000)
