@@ -159,15 +159,14 @@ class AgentConfig:
 
     def stall_drop(self) -> bool:
         """``job_stall_drop``, or the profile's choice when unset (``EARLY_DROP_PROFILES``)."""
-        if self.job_stall_drop is None:
-            return self.profile in EARLY_DROP_PROFILES
-        return self.job_stall_drop
+        return self._profile_default(self.job_stall_drop)
 
     def early_drop(self) -> bool:
         """``job_early_drop``, or the profile's choice when unset (``EARLY_DROP_PROFILES``)."""
-        if self.job_early_drop is None:
-            return self.profile in EARLY_DROP_PROFILES
-        return self.job_early_drop
+        return self._profile_default(self.job_early_drop)
+
+    def _profile_default(self, setting: bool | None) -> bool:
+        return self.profile in EARLY_DROP_PROFILES if setting is None else setting
 
     def swim_config(self) -> Config:
         """The protocol configuration: the profile's preset with ``[protocol]`` overrides."""
@@ -313,8 +312,8 @@ def build(values: Mapping[str, Any], config_file: Path | None = None) -> AgentCo
         kwargs["tags"] = _tags(v["tags"])
     if "encrypt" in v:
         kwargs["encrypt"] = _key(v["encrypt"])
-    bools = ("encrypt_verify_incoming", "encrypt_verify_outgoing", "job_early_drop")
-    for key in (*bools, "job_stall_drop"):
+    bools = ("encrypt_verify_incoming", "encrypt_verify_outgoing")
+    for key in (*bools, "job_early_drop", "job_stall_drop"):
         if key in v:
             if not isinstance(v[key], bool):
                 raise AgentConfigError(f"{key} must be true or false, got {v[key]!r}")

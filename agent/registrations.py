@@ -137,7 +137,7 @@ class JobRegistry:
 
     def _excluded(self, job: str, members: list[Member]) -> frozenset[str]:
         now_ms = _now_ms()
-        node_job = self.local.jobs.get(job)
+        node_job = self.local.jobs.get(job) if self.stall.enabled else None
         stalled = None if node_job is None else stalled_since_ms(node_job.ranks.values(), now_ms)
         silent = self.stall.excluded(job, members, stalled, now_ms)
         dropped = self.evidence.excluded(job, members) | silent

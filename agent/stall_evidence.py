@@ -121,7 +121,7 @@ class StallEvidence:
     _backoff: dict[str, dict[str, int]] = field(default_factory=dict)
     """job → member → until when the rule ignores it (a wrong drop)."""
     wrong_drops: int = 0
-    """Drops that the member refuted (for the agent's stats)."""
+    """Drops that the member refuted (read by tests; not exported as a metric)."""
 
     def excluded(
         self, job: str, members: Iterable[Member], stalled_since_ms: int | None, now_ms: int
