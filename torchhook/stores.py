@@ -22,6 +22,20 @@ refusal says the peer's process is gone. Measured: a spare reading the offer of 
 that was SIGKILLed spent the whole ``STORE_CONNECT`` (0.5 s) in that retry, past its own
 view's early drop of the leader, and was the last rank to reach the next formation.
 
+One connection at a time per address. TCPStore looks up every connection's addresses in
+reverse DNS (``getnameinfo`` without ``NI_NUMERICHOST``, to name them in its logs): the
+client before it says anything, and the server on its single event-loop thread, once per
+connection it accepts, which answers no other client meanwhile. Where a lookup's packet
+is lost the resolver waits its timeout (glibc: 5 s, then tries again). Measured on a
+2-core host whose resolver dropped 11 of 600 queries: one formation store stopped
+answering for 30 s, because every follower gave up after ``STORE_CONNECT``, opened two
+more connections (a lookup each) and left the earlier ones queued; six ranks queued
+connections faster than the lookups drained them, and no rank of the job trained until
+the leader abandoned the formation. So a call that finds a connection to the same
+address still in flight (an earlier call gave up on it) waits for that one and takes its
+store, instead of opening another; a store that arrives with nobody waiting is kept
+``PENDING_KEEP_S`` for the next call.
+
 A thread given up on is ``abandon``ed: it keeps running until its store call returns, and
 at interpreter exit the process waits for such threads for at most ``EXIT_WAIT_S``. A
 daemon thread still inside TCPStore's C++ code when the interpreter finalizes is torn
@@ -55,13 +69,26 @@ EXIT_WAIT_S = 2.0
 call is bounded (``STORE_CONNECT``, a read's timeout), so they end well within this; a
 call stuck past it is torn down, as before."""
 
+PENDING_KEEP_S = 5.0
+"""A connection that completed after its caller gave up waits this long for the next call
+to the same address: the caller retries within a second or two; a store older than this
+may belong to a process that has gone since, and is closed instead."""
+MAX_PENDING = 64
+"""Connections in flight or waiting for a caller, remembered by address: one per peer a
+process connects to at once (its leader's directory and formation store, a spare's
+candidates); past this many the oldest is forgotten (its thread still ends by itself)."""
+
+_pending: dict[tuple[str, int], _Attempt] = {}
+"""Connections by (address, port) that a caller gave up on and that have not been taken
+since (``connect_store``); guarded by ``_pending_lock``."""
+_pending_lock = threading.Lock()
 _abandoned: list[threading.Thread] = []
 """Store threads a caller stopped waiting for (``abandon``); appended under the GIL."""
 
 
 def abandon(thread: threading.Thread) -> None:
     """Stop waiting for ``thread`` here; the process waits for it at exit (``EXIT_WAIT_S``)."""
-    _abandoned[:] = [t for t in _abandoned if t.is_alive()]
+    _abandoned[:] = [t for t in _abandoned if t.is_alive() and t is not thread]
     _abandoned.append(thread)
 
 
@@ -155,34 +182,76 @@ def connect_store(
     """A TCPStore client, built on a helper thread while this one keeps beating (module docstring):
     gives up with ``Retry(unreachable=True)`` at once on a refused connection (the peer's
     process is gone), after ``STORE_CONNECT`` on a peer that never answers (stopped, power
-    lost). The abandoned thread ends when the peer resumes or dies. The client's timeout for later
-    operations is the caller's to set (``set_timeout``)."""
-    from torch._C._distributed_c10d import TCPStore
+    lost). The abandoned thread ends when the peer resumes or dies; until it does, a later
+    call for the same ``addr:port`` waits for that thread instead of opening another
+    connection, and takes its store if it connects (module docstring). The client's timeout
+    for later operations is the caller's to set (``set_timeout``)."""
+    key = (addr, port)
+    with _pending_lock:
+        attempt = _pending.get(key)
+        if attempt is None or not attempt.usable(time.monotonic()):
+            attempt = _Attempt(addr, port, what)
+            _keep_pending(key, attempt)
+    deadline = time.monotonic() + STORE_CONNECT.total_seconds()
+    while attempt.thread.is_alive() and time.monotonic() < deadline:
+        attempt.thread.join(JOIN_SLICE_S)
+        beat()
+    if not attempt.result:
+        abandon(attempt.thread)
+        raise Retry(f"{what} at {addr}:{port}: no answer within {STORE_CONNECT}", unreachable=True)
+    with _pending_lock:
+        if _pending.get(key) is attempt:
+            del _pending[key]  # its store (or error) goes to this caller alone
+    got = attempt.result[0]
+    if isinstance(got, ConnectionRefusedError):
+        raise Refused(f"{what} at {addr}:{port}: {got}")
+    if isinstance(got, BaseException):
+        raise Retry(f"{what} at {addr}:{port}: {got}", unreachable=True)
+    store: TCPStore = got
+    return store
 
-    result: list[Any] = []
 
-    def connect() -> None:
+class _Attempt:
+    """One connection to a store on a thread of its own: its outcome (a ``TCPStore`` or the
+    error) once it ends, and when it ended (``time.monotonic``)."""
+
+    def __init__(self, addr: str, port: int, what: str) -> None:
+        self.result: list[Any] = []
+        self.ended_at: float | None = None
+        self.thread = threading.Thread(
+            target=self._connect, args=(addr, port), name=f"connect-{what}", daemon=True
+        )
+        self.thread.start()
+
+    def _connect(self, addr: str, port: int) -> None:
+        from torch._C._distributed_c10d import TCPStore
+
         try:
             _answers(addr, port)  # a refusal ends here, not after STORE_CONNECT
-            result.append(TCPStore(addr, port, is_master=False, timeout=STORE_CONNECT))
+            self.result.append(TCPStore(addr, port, is_master=False, timeout=STORE_CONNECT))
         except (RuntimeError, OSError) as exc:
-            result.append(exc)
+            self.result.append(exc)
+        self.ended_at = time.monotonic()
 
-    thread = threading.Thread(target=connect, name=f"connect-{what}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + STORE_CONNECT.total_seconds()
-    while thread.is_alive() and time.monotonic() < deadline:
-        thread.join(JOIN_SLICE_S)
-        beat()
-    if not result:
-        abandon(thread)
-        raise Retry(f"{what} at {addr}:{port}: no answer within {STORE_CONNECT}", unreachable=True)
-    if isinstance(result[0], ConnectionRefusedError):
-        raise Refused(f"{what} at {addr}:{port}: {result[0]}")
-    if isinstance(result[0], BaseException):
-        raise Retry(f"{what} at {addr}:{port}: {result[0]}", unreachable=True)
-    store: TCPStore = result[0]
-    return store
+    def usable(self, now: float) -> bool:
+        """Still connecting, or connected at most ``PENDING_KEEP_S`` ago (an older store
+        may belong to a process that has gone since; an error is not handed on: the next
+        call tries again)."""
+        if self.ended_at is None:
+            return True
+        connected = bool(self.result) and not isinstance(self.result[0], BaseException)
+        return connected and now - self.ended_at <= PENDING_KEEP_S
+
+
+def _keep_pending(key: tuple[str, int], attempt: _Attempt) -> None:
+    """Remember ``attempt`` for ``key`` (``_pending_lock`` held), past at most
+    ``MAX_PENDING`` others: attempts that ended too long ago go first, then the oldest."""
+    now = time.monotonic()
+    for old in [k for k, a in _pending.items() if not a.usable(now)]:
+        del _pending[old]
+    while len(_pending) >= MAX_PENDING:
+        del _pending[next(iter(_pending))]
+    _pending[key] = attempt
 
 
 def _answers(addr: str, port: int) -> None:

@@ -50,6 +50,18 @@ def _ranks(node: TrainingNode, world: int, before: float | None = None) -> list[
     return out
 
 
+def _roles(nodes: list[TrainingNode], world: int) -> tuple[list[TrainingNode], TrainingNode]:
+    """The three nodes that train at ``world`` and the one that waits. Usually the one
+    started with ``--spare`` waits, but not always: a leader whose agent has not yet heard
+    of a node's registration (gossip with the ``local`` profile reaches each member of
+    four with a few per cent chance of a miss, repaired by the next push-pull, 15 s) grows
+    the job with the next node it knows, and the node it missed becomes the spare."""
+    until(lambda: sum(n.training_at(world) for n in nodes) == 3, 150, "3 nodes train")
+    training = [n for n in nodes if n.training_at(world)]
+    (spare,) = [n for n in nodes if n not in training]
+    return training, spare
+
+
 def _spare_waits(spare: TrainingNode, trainer: TrainingNode, job: str, steps: int) -> None:
     """``spare`` is in the job's view, alive, and runs no step while the job runs ``steps``."""
     until(lambda: spare.name in fetch_view(job, trainer.control).names, 60, "the spare registers")
@@ -60,8 +72,10 @@ def _spare_waits(spare: TrainingNode, trainer: TrainingNode, job: str, steps: in
     member = fetch_view(job, trainer.control).member(spare.name)
     assert member is not None, "the spare left the view: flagged hung?"  # it heartbeats
 
-    # in another node's view: told by the spare's local rank 0, gossiped in its job tag
-    until(lambda: _role(job, trainer, spare) == "spare", 10, "the spare's role in the view")
+    # in another node's view: told by the spare's local rank 0, gossiped in its job tag;
+    # a node that the leader did not know of when it grew the job (``_roles``) tells it
+    # once its wait for the leader's offer ends (formation_timeout_s, 30 s)
+    until(lambda: _role(job, trainer, spare) == "spare", 45, "the spare's role in the view")
 
 
 def _role(job: str, seen_by: TrainingNode, node: TrainingNode) -> str | None:
@@ -85,20 +99,18 @@ def test_a_spare_waits_takes_the_killed_leaders_place_and_a_returning_node_waits
     # reads): the spare must give up on the dead directory at its refusal, not after
     # TCPStore's retries (torchhook/stores.py), and follow the next leader's offer
     nodes = start_nodes(["n0", "n1", "n2", "n3"], tmp_path, ranks=2)
-    faults = {n.name: tmp_path / f"fault-{n.name}" for n in nodes[:3]}
+    faults = {n.name: tmp_path / f"fault-{n.name}" for n in nodes}
     try:
         for n in nodes:
             extra = ["--spare"] if n.name == "n3" else []
-            if n.name in faults:
-                extra += ["--fault", "kill-in-backward", "--fault-file", str(faults[n.name])]
+            extra += ["--fault", "kill-in-backward", "--fault-file", str(faults[n.name])]
             n.start_trainers(DDP, *_args(tmp_path), *extra)
-        spare = nodes[3]
-        until(lambda: all(n.training_at(6) for n in nodes[:3]), 150, "3 nodes x 2 ranks train")
-        _spare_waits(spare, nodes[0], "j", steps=5)
-        leader = nodes[0].steps()[-1]["leader"]  # nodes register in any order
-        victim = next(n for n in nodes[:3] if n.name == leader)
-        survivors = [n for n in nodes[:3] if n is not victim]
-        dead = fetch_view("j", nodes[0].control).member(victim.name)
+        training, spare = _roles(nodes, 6)
+        _spare_waits(spare, training[0], "j", steps=5)
+        leader = training[0].steps()[-1]["leader"]  # nodes register in any order
+        victim = next(n for n in training if n.name == leader)
+        survivors = [n for n in training if n is not victim]
+        dead = fetch_view("j", training[0].control).member(victim.name)
         assert dead is not None
         before = {n.name: _ranks(n, 6) for n in survivors}
         lost = _ranks(victim, 6)
@@ -135,36 +147,35 @@ def test_a_spare_waits_takes_the_killed_leaders_place_and_a_returning_node_waits
 def test_hsdp_spare_takes_the_lost_replica_row_then_no_spare_shrinks(tmp_path: Path) -> None:
     seed = 5
     nodes = start_nodes(["n0", "n1", "n2", "n3"], tmp_path, ranks=2)
-    faults = {"n1": tmp_path / "fault1", "n3": tmp_path / "fault3"}
+    faults = {n.name: tmp_path / f"fault-{n.name}" for n in nodes}
     try:
         for n in nodes:
             extra = ["--spare"] if n.name == "n3" else []
-            if n.name in faults:
-                extra += ["--fault", "kill-in-backward", "--fault-file", str(faults[n.name])]
+            extra += ["--fault", "kill-in-backward", "--fault-file", str(faults[n.name])]
             n.start_trainers(HSDP, *_args(tmp_path, "h"), "--seed", str(seed), *extra)
-        n0, _, n2, spare = nodes
-        until(lambda: all(n.training_at(6) for n in nodes[:3]), 150, "a 3 x 2 mesh trains")
+        training, spare = _roles(nodes, 6)
         assert spare.all_records() == []
-        lost = _ranks(nodes[1], 6)  # n1's replica row (nodes register in any order)
-        faults["n1"].touch()
-        until(lambda: all(n.training_at(6) for n in (n0, n2, spare)), 60, "the spare is row 1")
+        a, victim, b = training  # the middle node's replica row (nodes register in any order)
+        lost = _ranks(victim, 6)
+        faults[victim.name].touch()
+        until(lambda: all(n.training_at(6) for n in (a, b, spare)), 60, "the spare takes the row")
         after = spare.steps(0)[0]
         assert after["restore"] == "memory" and after["resumed"] == after["step"], after
-        assert _ranks(spare, 6) == lost  # n1's replica row, its shards from a survivor
+        assert _ranks(spare, 6) == lost  # the lost replica row, its shards from a survivor
 
-        faults["n3"].touch()  # no spare left: a 2 x 2 mesh, as without a target
-        until(lambda: all(n.training_at(4) for n in (n0, n2)), 60, "a 2 x 2 mesh trains")
-        stop_at = _stop([n0, n2], tmp_path, extra=4)
+        faults[spare.name].touch()  # no spare left: a 2 x 2 mesh, as without a target
+        until(lambda: all(n.training_at(4) for n in (a, b)), 60, "a 2 x 2 mesh trains")
+        stop_at = _stop([a, b], tmp_path, extra=4)
         reference = reference_losses(HSDP, stop_at, seed)
         records: list[dict[str, Any]] = [
-            r for n in (n0, n2, spare) for r in n.all_records() if "loss" in r
+            r for n in (a, b, spare) for r in n.all_records() if "loss" in r
         ]
         worst = max(abs(r["loss"] - reference[r["step"]]) / abs(reference[r["step"]])
                     for r in records)  # fmt: skip
         assert worst < 1e-4, f"loss curve off the reference by {worst:.2e}"
         assert all(r["counter"] == r["step"] + 1 for r in records)
         for lr in range(2):  # every replica of shard j holds the same state
-            assert len({n.finals()[lr]["checksum"] for n in (n0, n2)}) == 1  # type: ignore[index]
+            assert len({n.finals()[lr]["checksum"] for n in (a, b)}) == 1  # type: ignore[index]
         print(json.dumps({"worst_rel_loss": worst}))
     finally:
         for n in nodes:
@@ -173,26 +184,26 @@ def test_hsdp_spare_takes_the_lost_replica_row_then_no_spare_shrinks(tmp_path: P
 
 def test_replace_swaps_a_slow_node_for_the_spare(tmp_path: Path) -> None:
     nodes = start_nodes(["n0", "n1", "n2", "n3"], tmp_path)
-    slow = tmp_path / "slow"
+    slow = {n.name: tmp_path / f"slow-{n.name}" for n in nodes}
     try:
         for n in nodes:
-            extra = {"n2": ["--slow-file", str(slow), "--slow-times", "3"],
-                     "n3": ["--spare"]}.get(n.name, [])  # fmt: skip
+            extra = ["--spare"] if n.name == "n3" else []
             n.start_trainers(
                 DDP, *_args(tmp_path), "--step-work", "0.01", "--slow-policy", "replace",
-                *("--slow-window-steps", "5", "--slow-windows", "2"), *extra,
+                *("--slow-window-steps", "5", "--slow-windows", "2"),
+                *("--slow-file", str(slow[n.name]), "--slow-times", "3"), *extra,
             )  # fmt: skip
-        n0, n1, n2, spare = nodes
-        until(lambda: all(n.training_at(3) for n in nodes[:3]), 150, "3 nodes train")
-        lost = _ranks(n2, 3)
-        slow.touch()
+        training, spare = _roles(nodes, 3)
+        *kept, victim = training
+        lost = _ranks(victim, 3)
+        slow[victim.name].touch()
         slowed = time.time()
-        until(lambda: n2.trainers[0].poll() is not None, 60, "n2 leaves")
-        assert n2.trainers[0].returncode == EXCLUDED_EXIT, n2.tail()
-        until(lambda: all(n.training_at(3) for n in (n0, n1, spare)), 60, "the spare trains")
+        until(lambda: victim.trainers[0].poll() is not None, 60, "the slow node leaves")
+        assert victim.trainers[0].returncode == EXCLUDED_EXIT, victim.tail()
+        until(lambda: all(n.training_at(3) for n in (*kept, spare)), 60, "the spare trains")
         assert _ranks(spare, 3) == lost, "the spare took the slow node's rank"
-        stop_at = _stop([n0, n1, spare], tmp_path)
-        finals = [f for n in (n0, n1, spare) for f in n.finals()]
+        stop_at = _stop([*kept, spare], tmp_path)
+        finals = [f for n in (*kept, spare) for f in n.finals()]
         assert len({f["checksum"] for f in finals if f}) == 1, "parameters/optimizer differ"
         assert all(f is not None and f["world"] == 3 and f["step"] == stop_at for f in finals)
         print(json.dumps({"slow_to_replaced_s": min(

@@ -102,3 +102,81 @@ def connect_store_here(addr: str, port: int) -> None:
     from torchhook.stores import connect_store
 
     connect_store(addr, port, "directory")
+
+
+def _accepted(listener: socket.socket) -> int:
+    """Connections waiting in ``listener``'s backlog (each accepted and closed)."""
+    listener.settimeout(0.2)
+    count = 0
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            return count
+        conn.close()
+        count += 1
+
+
+def test_a_retry_waits_for_the_connection_in_flight_instead_of_opening_more() -> None:
+    # TCPStore's server looks up each connection's address in reverse DNS on its one
+    # thread (module docstring of torchhook/stores.py): a retry that opened new
+    # connections while the earlier ones were still queued kept a stalled server stalled
+    from torchhook.stores import connect_store
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)  # no accept(): nobody answers, as while the server stalls
+        port = listener.getsockname()[1]
+        for _ in range(3):
+            with pytest.raises(Retry, match="no answer within"):
+                connect_store("127.0.0.1", port, "formation store")
+        attempts = [t for t in threading.enumerate() if t.name == "connect-formation store"]
+        # one attempt: its plain connection (closed at once) and TCPStore's own
+        assert _accepted(listener) == 2
+    for thread in attempts:  # the listener closed: the attempt ends, here (module docstring)
+        thread.join(10)
+    assert len(attempts) == 1 and not attempts[0].is_alive()
+
+
+SERVER = """
+import sys
+from datetime import timedelta
+from torch._C._distributed_c10d import TCPStore
+store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                 timeout=timedelta(seconds=30))
+store.set("ready", "yes")
+print(store.port, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_connection_that_completes_late_is_handed_to_the_next_call() -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from torchhook.stores import connect_store
+
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert server.stdout is not None and server.stdin is not None
+        port = int(server.stdout.readline())
+        os.kill(server.pid, signal.SIGSTOP)  # its kernel still accepts; it answers nothing
+        with pytest.raises(Retry, match="no answer within"):
+            connect_store("127.0.0.1", port, "formation store")
+        os.kill(server.pid, signal.SIGCONT)
+        store = connect_store("127.0.0.1", port, "formation store")
+        store.set_timeout(timedelta(seconds=5))
+        assert store.get("ready") == b"yes"
+        del store
+        server.stdin.write("exit\n")
+        server.stdin.flush()
+        assert server.wait(30) == 0
+    finally:
+        if server.poll() is None:
+            os.kill(server.pid, signal.SIGCONT)
+            server.kill()
+            server.wait(10)
