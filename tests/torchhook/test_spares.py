@@ -32,6 +32,24 @@ HSDP = "examples/elastic_hsdp.py"
 EXCLUDED_EXIT = 3  # examples/job.py
 
 
+def _spare_nodes(tmp_path: Path, ranks: int = 1) -> list[TrainingNode]:
+    """Four agents (``local`` profile) whose gossip reaches every member at once. With
+    the profile's retransmit multiplier of 2, a member of four sends an update to two of
+    its three peers, and each of them passes it on to two of theirs: a member can miss it
+    until the next push-pull (15 s). In 20 runs of these tests two leaders missed a
+    registration and formed without that node (once the spare: the survivors shrank,
+    grew with it at the end, and lost their ranks). With 4, every member sends each
+    update to all three peers. These tests check what the roster does with the views it
+    gets; a missed update is the protocol's to repair (push-pull)."""
+    return start_nodes(["n0", "n1", "n2", "n3"], tmp_path, ranks=ranks, agent_args=_agent(tmp_path))
+
+
+def _agent(tmp_path: Path) -> tuple[str, ...]:
+    config = tmp_path / "agent.toml"
+    config.write_text("[protocol]\nretransmit_mult = 4\n")
+    return ("--config", str(config))
+
+
 def _args(tmp_path: Path, job: str = "j") -> list[str]:
     return [
         "--job", job, "--steps", "100000", "--stop-file", str(tmp_path / "stop"),
@@ -53,9 +71,8 @@ def _ranks(node: TrainingNode, world: int, before: float | None = None) -> list[
 def _roles(nodes: list[TrainingNode], world: int) -> tuple[list[TrainingNode], TrainingNode]:
     """The three nodes that train at ``world`` and the one that waits. Usually the one
     started with ``--spare`` waits, but not always: a leader whose agent has not yet heard
-    of a node's registration (gossip with the ``local`` profile reaches each member of
-    four with a few per cent chance of a miss, repaired by the next push-pull, 15 s) grows
-    the job with the next node it knows, and the node it missed becomes the spare."""
+    of a node's registration (a lost packet, repaired by the next push-pull) grows the job
+    with the next node it knows, and the node it missed becomes the spare."""
     until(lambda: sum(n.training_at(world) for n in nodes) == 3, 150, "3 nodes train")
     training = [n for n in nodes if n.training_at(world)]
     (spare,) = [n for n in nodes if n not in training]
@@ -98,7 +115,7 @@ def test_a_spare_waits_takes_the_killed_leaders_place_and_a_returning_node_waits
     # the victim is the formation's leader (the oldest node, whose directory the spare
     # reads): the spare must give up on the dead directory at its refusal, not after
     # TCPStore's retries (torchhook/stores.py), and follow the next leader's offer
-    nodes = start_nodes(["n0", "n1", "n2", "n3"], tmp_path, ranks=2)
+    nodes = _spare_nodes(tmp_path, ranks=2)
     faults = {n.name: tmp_path / f"fault-{n.name}" for n in nodes}
     try:
         for n in nodes:
@@ -130,7 +147,7 @@ def test_a_spare_waits_takes_the_killed_leaders_place_and_a_returning_node_waits
         assert f"while trying to connect to ({dead.addr}, {dead.store_port})" not in logs, logs
 
         # the victim comes back (a new registration) while the job is at its target: a spare
-        back = TrainingNode("n4", tmp_path, survivors[0].port, ranks=2)
+        back = TrainingNode("n4", tmp_path, survivors[0].port, ranks=2, agent_args=_agent(tmp_path))
         nodes.append(back)
         back.wait_ready()
         back.start_trainers(DDP, *_args(tmp_path))
@@ -146,7 +163,7 @@ def test_a_spare_waits_takes_the_killed_leaders_place_and_a_returning_node_waits
 
 def test_hsdp_spare_takes_the_lost_replica_row_then_no_spare_shrinks(tmp_path: Path) -> None:
     seed = 5
-    nodes = start_nodes(["n0", "n1", "n2", "n3"], tmp_path, ranks=2)
+    nodes = _spare_nodes(tmp_path, ranks=2)
     faults = {n.name: tmp_path / f"fault-{n.name}" for n in nodes}
     try:
         for n in nodes:
@@ -183,7 +200,7 @@ def test_hsdp_spare_takes_the_lost_replica_row_then_no_spare_shrinks(tmp_path: P
 
 
 def test_replace_swaps_a_slow_node_for_the_spare(tmp_path: Path) -> None:
-    nodes = start_nodes(["n0", "n1", "n2", "n3"], tmp_path)
+    nodes = _spare_nodes(tmp_path)
     slow = {n.name: tmp_path / f"slow-{n.name}" for n in nodes}
     try:
         for n in nodes:
