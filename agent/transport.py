@@ -39,6 +39,7 @@ Rules:
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 from collections.abc import Awaitable, Callable
@@ -54,6 +55,9 @@ MAX_INBOUND_STREAMS = 128
 """memberlist ``maxPushPullRequests``."""
 MAX_OUTBOUND_STREAMS = 128
 RECV_BYTES = 65_536
+BIND_ATTEMPTS = 10
+"""UDP ports tried for port 0 until one is free for TCP too (memberlist's limit): a port's
+TCP side is taken by a connection's local port often enough to fail a busy test suite."""
 FREE_STREAM_BYTES = 65_536
 """What an inbound stream may hold outside the shared budget: pings, acks and small user
 messages never wait on it (128 streams x 64 KiB = 8 MiB at most)."""
@@ -304,24 +308,37 @@ class SocketTransport:
 
     @classmethod
     async def bind(cls, host: str, port: int) -> SocketTransport:
-        """Bind UDP then TCP on ``host:port`` (port 0: any free port, the same for both)."""
-        raw = socket.socket(_family(host), socket.SOCK_DGRAM)
+        """Bind UDP then TCP on ``host:port``. Port 0: any port free for both; a port free
+        for UDP may be taken for TCP (a connection's local port, another listener), so up
+        to ``BIND_ATTEMPTS`` UDP ports are tried, each kept bound until the end so that
+        the next pick is another port (memberlist's ``newMemberlist`` retries a bind to port
+        0 ten times on "address already in use")."""
+        tried: list[socket.socket] = []
         try:
-            raw.bind((host, port))
-        except OSError:
-            raw.close()
-            raise
-        _grow_receive_buffer(raw)
-        raw.setblocking(False)
-        bound_port = raw.getsockname()[1]
-        try:
-            listeners = await trio.open_tcp_listeners(bound_port, host=host)
-        except OSError:
-            raw.close()
-            raise
-        if host in ("0.0.0.0", "::"):
-            host = _default_ip(host)
-        return cls(raw, listeners, Address(host, bound_port))
+            for attempt in range(1, (BIND_ATTEMPTS if port == 0 else 1) + 1):
+                raw = socket.socket(_family(host), socket.SOCK_DGRAM)
+                try:
+                    raw.bind((host, port))
+                except OSError:
+                    raw.close()
+                    raise
+                bound_port = raw.getsockname()[1]
+                try:
+                    listeners = await trio.open_tcp_listeners(bound_port, host=host)
+                except OSError as exc:
+                    tried.append(raw)
+                    if exc.errno == errno.EADDRINUSE and attempt < BIND_ATTEMPTS and port == 0:
+                        continue
+                    raise
+                _grow_receive_buffer(raw)
+                raw.setblocking(False)
+                if host in ("0.0.0.0", "::"):
+                    host = _default_ip(host)
+                return cls(raw, listeners, Address(host, bound_port))
+            raise AssertionError("unreachable: the last attempt returns or raises")
+        finally:
+            for unused in tried:
+                unused.close()
 
     @property
     def address(self) -> Address:
@@ -376,6 +393,8 @@ class SocketTransport:
 
     def close(self) -> None:
         self._udp.close()
+        for listener in self._listeners:  # the TCP side of the port too
+            listener.socket.close()
 
 
 def _grow_receive_buffer(sock: socket.socket) -> None:
