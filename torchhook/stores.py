@@ -188,15 +188,23 @@ def connect_store(
     for later operations is the caller's to set (``set_timeout``)."""
     key = (addr, port)
     with _pending_lock:
-        attempt = _pending.get(key)
-        if attempt is None or not attempt.usable(time.monotonic()):
+        pending = _pending.get(key)
+        if pending is not None and not pending.claimed and pending.usable(time.monotonic()):
+            attempt = pending
+        else:
             attempt = _Attempt(addr, port, what)
-            _keep_pending(key, attempt)
+            if pending is None or not pending.claimed:
+                _keep_pending(key, attempt)
+            # else another thread of this process waits for the remembered one: this
+            # attempt is this caller's alone (threads never share a client)
+        attempt.claimed = True
     deadline = time.monotonic() + STORE_CONNECT.total_seconds()
     while attempt.thread.is_alive() and time.monotonic() < deadline:
         attempt.thread.join(JOIN_SLICE_S)
         beat()
     if not attempt.result:
+        with _pending_lock:
+            attempt.claimed = False  # the next call waits for it
         abandon(attempt.thread)
         raise Retry(f"{what} at {addr}:{port}: no answer within {STORE_CONNECT}", unreachable=True)
     with _pending_lock:
@@ -218,6 +226,8 @@ class _Attempt:
     def __init__(self, addr: str, port: int, what: str) -> None:
         self.result: list[Any] = []
         self.ended_at: float | None = None
+        self.claimed = False
+        """A caller waits for it now (``_pending_lock``)."""
         self.thread = threading.Thread(
             target=self._connect, args=(addr, port), name=f"connect-{what}", daemon=True
         )
@@ -247,7 +257,7 @@ def _keep_pending(key: tuple[str, int], attempt: _Attempt) -> None:
     """Remember ``attempt`` for ``key`` (``_pending_lock`` held), past at most
     ``MAX_PENDING`` others: attempts that ended too long ago go first, then the oldest."""
     now = time.monotonic()
-    for old in [k for k, a in _pending.items() if not a.usable(now)]:
+    for old in [k for k, a in _pending.items() if not a.usable(now) and not a.claimed]:
         del _pending[old]
     while len(_pending) >= MAX_PENDING:
         del _pending[next(iter(_pending))]

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -168,10 +169,24 @@ def test_a_connection_that_completes_late_is_handed_to_the_next_call() -> None:
         with pytest.raises(Retry, match="no answer within"):
             connect_store("127.0.0.1", port, "formation store")
         os.kill(server.pid, signal.SIGCONT)
-        store = connect_store("127.0.0.1", port, "formation store")
-        store.set_timeout(timedelta(seconds=5))
-        assert store.get("ready") == b"yes"
-        del store
+        # two threads of this process at once: one takes the late connection, the other
+        # gets one of its own (threads never share a client)
+        stores: list[Any] = []
+        callers = [
+            threading.Thread(
+                target=lambda: stores.append(connect_store("127.0.0.1", port, "formation store"))
+            )
+            for _ in range(2)
+        ]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(30)
+        assert len(stores) == 2 and stores[0] is not stores[1]
+        for store in stores:
+            store.set_timeout(timedelta(seconds=5))
+            assert store.get("ready") == b"yes"
+        stores.clear()
         server.stdin.write("exit\n")
         server.stdin.flush()
         assert server.wait(30) == 0
