@@ -313,9 +313,10 @@ class SocketTransport:
         to ``BIND_ATTEMPTS`` UDP ports are tried, each kept bound until the end so that
         the next pick is another port (memberlist's ``newMemberlist`` retries a bind to port
         0 ten times on "address already in use")."""
+        attempts = BIND_ATTEMPTS if port == 0 else 1
         tried: list[socket.socket] = []
         try:
-            for attempt in range(1, (BIND_ATTEMPTS if port == 0 else 1) + 1):
+            for attempt in range(1, attempts + 1):
                 raw = socket.socket(_family(host), socket.SOCK_DGRAM)
                 try:
                     raw.bind((host, port))
@@ -327,7 +328,7 @@ class SocketTransport:
                     listeners = await trio.open_tcp_listeners(bound_port, host=host)
                 except OSError as exc:
                     tried.append(raw)
-                    if exc.errno == errno.EADDRINUSE and attempt < BIND_ATTEMPTS and port == 0:
+                    if exc.errno == errno.EADDRINUSE and attempt < attempts:
                         continue
                     raise
                 _grow_receive_buffer(raw)

@@ -79,8 +79,9 @@ process connects to at once (its leader's directory and formation store, a spare
 candidates); past this many the oldest is forgotten (its thread still ends by itself)."""
 
 _pending: dict[tuple[str, int], _Attempt] = {}
-"""Connections by (address, port) that a caller gave up on and that have not been taken
-since (``connect_store``); guarded by ``_pending_lock``."""
+"""Connections by (address, port) that a caller gave up on and no caller has taken since
+(``connect_store``): still connecting, or connected and not yet handed on; guarded by
+``_pending_lock``."""
 _pending_lock = threading.Lock()
 _abandoned: list[threading.Thread] = []
 """Store threads a caller stopped waiting for (``abandon``); appended under the GIL."""
@@ -188,28 +189,20 @@ def connect_store(
     for later operations is the caller's to set (``set_timeout``)."""
     key = (addr, port)
     with _pending_lock:
-        pending = _pending.get(key)
-        if pending is not None and not pending.claimed and pending.usable(time.monotonic()):
-            attempt = pending
-        else:
-            attempt = _Attempt(addr, port, what)
-            if pending is None or not pending.claimed:
-                _keep_pending(key, attempt)
-            # else another thread of this process waits for the remembered one: this
-            # attempt is this caller's alone (threads never share a client)
-        attempt.claimed = True
+        # taken out while this caller waits: a concurrent caller (another thread of this
+        # process) makes its own, so threads never share a client
+        attempt = _pending.pop(key, None)
+    if attempt is None or not attempt.usable(time.monotonic()):
+        attempt = _Attempt(addr, port, what)
     deadline = time.monotonic() + STORE_CONNECT.total_seconds()
     while attempt.thread.is_alive() and time.monotonic() < deadline:
         attempt.thread.join(JOIN_SLICE_S)
         beat()
     if not attempt.result:
         with _pending_lock:
-            attempt.claimed = False  # the next call waits for it
+            _keep_pending(key, attempt)  # the next call waits for it
         abandon(attempt.thread)
         raise Retry(f"{what} at {addr}:{port}: no answer within {STORE_CONNECT}", unreachable=True)
-    with _pending_lock:
-        if _pending.get(key) is attempt:
-            del _pending[key]  # its store (or error) goes to this caller alone
     got = attempt.result[0]
     if isinstance(got, ConnectionRefusedError):
         raise Refused(f"{what} at {addr}:{port}: {got}")
@@ -226,8 +219,6 @@ class _Attempt:
     def __init__(self, addr: str, port: int, what: str) -> None:
         self.result: list[Any] = []
         self.ended_at: float | None = None
-        self.claimed = False
-        """A caller waits for it now (``_pending_lock``)."""
         self.thread = threading.Thread(
             target=self._connect, args=(addr, port), name=f"connect-{what}", daemon=True
         )
@@ -257,7 +248,7 @@ def _keep_pending(key: tuple[str, int], attempt: _Attempt) -> None:
     """Remember ``attempt`` for ``key`` (``_pending_lock`` held), past at most
     ``MAX_PENDING`` others: attempts that ended too long ago go first, then the oldest."""
     now = time.monotonic()
-    for old in [k for k, a in _pending.items() if not a.usable(now) and not a.claimed]:
+    for old in [k for k, a in _pending.items() if not a.usable(now)]:
         del _pending[old]
     while len(_pending) >= MAX_PENDING:
         del _pending[next(iter(_pending))]
